@@ -1,0 +1,127 @@
+"""The protocol every backend implements, and small shared pieces (detokenizer, chat messages).
+
+A backend wraps one loaded model and its KV cache. The engine only ever appends tokens with
+`forward` and cuts the cache back with `rollback`; the backend tracks what the cache holds.
+"""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from localspec.vocab import VocabInfo
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: str  # "system" | "user" | "assistant"
+    content: str
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    backend: str  # "llama.cpp" | "mlx"
+    path: str
+    name: str
+    architecture: str
+    device: str  # e.g. "CUDA (all 29 layers offloaded)", "Metal", "CPU (2 threads)"
+    n_ctx: int
+    n_params: int | None = None
+    size_bytes: int | None = None
+
+
+class Detokenizer(Protocol):
+    """Turns a growing token stream into text, never splitting a UTF-8 character."""
+
+    def add(self, tokens: Sequence[int]) -> str: ...
+
+    def flush(self) -> str: ...
+
+
+class ByteDetokenizer:
+    """Incremental detokenizer over per-token byte pieces (llama.cpp's token_to_piece)."""
+
+    def __init__(self, piece: Callable[[int], bytes]) -> None:
+        self._piece = piece
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def add(self, tokens: Sequence[int]) -> str:
+        return self._utf8.decode(b"".join(self._piece(t) for t in tokens))
+
+    def flush(self) -> str:
+        return self._utf8.decode(b"", final=True)
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """One loaded model with its KV cache."""
+
+    @property
+    def info(self) -> ModelInfo: ...
+
+    @property
+    def n_vocab(self) -> int:
+        """Width of the logits rows (may exceed the tokenizer's size: padded embeddings)."""
+        ...
+
+    @property
+    def n_ctx(self) -> int: ...
+
+    @property
+    def cached_tokens(self) -> Sequence[int]:
+        """The tokens whose keys and values the cache holds, in order (read-only view)."""
+        ...
+
+    @property
+    def eog_ids(self) -> frozenset[int]:
+        """Tokens that end generation (EOS, EOT, <|im_end|>, ...)."""
+        ...
+
+    def vocab_info(self) -> VocabInfo: ...
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]: ...
+
+    def detokenizer(self) -> Detokenizer: ...
+
+    def apply_chat_template(self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True) -> str:
+        """The prompt text for a conversation, rendered with the model's own chat template."""
+        ...
+
+    def forward(self, tokens: Sequence[int], *, all_logits: bool = True) -> np.ndarray:
+        """Append `tokens` to the cache in one batched pass.
+
+        Returns float32 logits, [len(tokens), n_vocab] when all_logits else [1, n_vocab] for the
+        last position. The array may be reused by the next call: copy what must outlive it.
+        """
+        ...
+
+    def rollback(self, n_keep: int) -> None:
+        """Drop every cached position from n_keep on."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def common_prefix(cached: Sequence[int], tokens: Sequence[int], *, limit: int) -> int:
+    """Length of the shared prefix of a cache's tokens and a token sequence, at most `limit`."""
+    n = min(len(cached), len(tokens), limit)
+    if n <= 0:
+        return 0
+    diff = np.flatnonzero(np.asarray(cached[:n]) != np.asarray(tokens[:n]))
+    return int(diff[0]) if diff.size else n
+
+
+def chat_prompt_tokens(backend: Backend, messages: Sequence[ChatMessage]) -> list[int]:
+    """Render a conversation with the model's template and tokenize it, specials included.
+
+    Templates that write the BOS token themselves would get a second one from the tokenizer; drop it.
+    """
+    tokens = backend.tokenize(backend.apply_chat_template(messages), add_special=True, parse_special=True)
+    bos = backend.vocab_info().bos_id
+    if bos is not None and len(tokens) >= 2 and tokens[0] == tokens[1] == bos:
+        tokens = tokens[1:]
+    return tokens

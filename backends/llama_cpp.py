@@ -1,0 +1,309 @@
+"""llama.cpp backend on llama-cpp-python's low-level API.
+
+One batched `llama_decode` per `forward`, with a logits flag on every position the engine grades;
+rollback is `llama_memory_seq_rm` on the single sequence. Logits are returned as a numpy view of
+llama.cpp's own buffer (no copy): valid until the next forward on the same model.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+
+from localspec.backends.base import ByteDetokenizer, ChatMessage, ModelInfo
+from localspec.backends.chat_template import render_chat
+from localspec.errors import GenerationError, ModelFileError, UnsupportedModelError
+from localspec.gguf_meta import GGUFHeader, read_gguf_header
+from localspec.vocab import VocabInfo
+
+_log_lines: list[str] = []
+
+
+@llama_cpp.llama_log_callback
+def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    # Keep llama.cpp quiet, but remember its last lines: they explain a failed load.
+    _log_lines.append(text.decode("utf-8", errors="replace"))
+    del _log_lines[:-40]
+    if os.environ.get("LOCALSPEC_LLAMA_VERBOSE"):
+        sys.stderr.write(text.decode("utf-8", errors="replace"))
+
+
+@functools.cache
+def _init_llama() -> None:
+    llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
+    llama_cpp.llama_backend_init()
+
+
+@functools.cache
+def gpu_kind() -> str | None:
+    """The GPU backend this llama-cpp-python build has ("CUDA", "Metal", ...), or None for CPU only."""
+    if not llama_cpp.llama_supports_gpu_offload():
+        return None
+    libs = " ".join(p.name.lower() for p in (Path(llama_cpp.__file__).parent / "lib").glob("*"))
+    for key, name in (("cuda", "CUDA"), ("metal", "Metal"), ("hip", "ROCm"), ("vulkan", "Vulkan"), ("sycl", "SYCL")):
+        if key in libs:
+            return name
+    return "Metal" if sys.platform == "darwin" else "GPU"
+
+
+@functools.lru_cache(maxsize=8)
+def _header(path: str, mtime_ns: int, size: int) -> GGUFHeader:
+    return read_gguf_header(path)
+
+
+def read_header(path: str | Path) -> GGUFHeader:
+    """Validated GGUF header, cached per file version (peek_vocab and load both need it)."""
+    p = Path(path).expanduser()
+    try:
+        st = p.stat()
+    except OSError:
+        return read_gguf_header(p)  # raises the right ModelFileError
+    return _header(str(p), st.st_mtime_ns, st.st_size)
+
+
+def peek_vocab(path: str | Path) -> VocabInfo:
+    """Vocabulary facts from the GGUF header alone, without loading weights."""
+    return VocabInfo.from_gguf_metadata(read_header(path).metadata)
+
+
+def load(path: str | Path, *, n_ctx: int = 4096, threads: int | None = None, n_gpu_layers: int = -1) -> LlamaCppBackend:
+    return LlamaCppBackend(path, n_ctx=n_ctx, threads=threads, n_gpu_layers=n_gpu_layers)
+
+
+class LlamaCppBackend:
+    """A GGUF model with its context (KV cache) on one sequence."""
+
+    def __init__(self, path: str | Path, *, n_ctx: int, threads: int | None, n_gpu_layers: int, n_batch: int = 512) -> None:
+        _init_llama()
+        p = Path(path).expanduser()
+        self._header = read_header(p)
+        self._meta = self._header.metadata
+        self._model = self._load_model(p, n_gpu_layers)
+        self._ctx = None
+        self._batch = None
+        try:
+            self._vocab = llama_cpp.llama_model_get_vocab(self._model)
+            self._refuse_unrollable(p)
+            self._threads = threads or os.cpu_count() or 1
+            self._ctx = self._new_context(n_ctx, n_batch)
+            self._n_batch = int(llama_cpp.llama_n_batch(self._ctx))  # llama.cpp may lower it
+            self._batch = llama_cpp.llama_batch_init(self._n_batch, 0, 1)
+            self._memory = llama_cpp.llama_get_memory(self._ctx)
+            self._n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
+            self._tokens: list[int] = []
+            self._pieces: dict[int, bytes] = {}
+            self._eog = frozenset(t for t in range(self._n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab, t))
+            self._info = self._describe(p, n_gpu_layers)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- loading ----------------------------------------------------------------------------------
+
+    def _load_model(self, p: Path, n_gpu_layers: int):  # type: ignore[no-untyped-def]
+        params = llama_cpp.llama_model_default_params()
+        params.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else n_gpu_layers
+        _log_lines.clear()
+        model = llama_cpp.llama_model_load_from_file(str(p).encode("utf-8"), params)
+        if not model:
+            reason = _last_error() or "llama.cpp gave no reason"
+            raise ModelFileError(
+                f"llama.cpp could not load {p}: {reason}",
+                "the file may be damaged or use an architecture this llama-cpp-python build does not know "
+                "(`pip install -U llama-cpp-python`)",
+            )
+        return model
+
+    def _refuse_unrollable(self, p: Path) -> None:
+        if llama_cpp.llama_model_is_recurrent(self._model) or llama_cpp.llama_model_is_hybrid(self._model):
+            raise UnsupportedModelError(
+                f"{p.name} has recurrent layers, whose state cannot be rolled back to an earlier token",
+                "speculative decoding needs a transformer with a KV cache; pick another model",
+            )
+
+    def _new_context(self, n_ctx: int, n_batch: int):  # type: ignore[no-untyped-def]
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = n_batch
+        params.n_ubatch = n_batch
+        params.n_seq_max = 1
+        params.n_threads = self._threads
+        params.n_threads_batch = self._threads
+        params.no_perf = True
+        ctx = llama_cpp.llama_init_from_model(self._model, params)
+        if not ctx:
+            raise ModelFileError(
+                f"llama.cpp could not create a context of {n_ctx:,} tokens: {_last_error() or 'no reason given'}",
+                "lower --n-ctx, or free memory",
+            )
+        return ctx
+
+    def _describe(self, p: Path, n_gpu_layers: int) -> ModelInfo:
+        n_layer = llama_cpp.llama_model_n_layer(self._model)
+        gpu = gpu_kind()
+        if gpu is None:
+            device = f"CPU ({self._threads} threads)"
+        elif n_gpu_layers < 0 or n_gpu_layers > n_layer:
+            device = f"{gpu} (all {n_layer} layers offloaded)"
+        elif n_gpu_layers == 0:
+            device = f"CPU ({self._threads} threads; {gpu} available but not used)"
+        else:
+            device = f"{gpu} ({n_gpu_layers} of {n_layer} layers offloaded, rest on CPU)"
+        return ModelInfo(
+            backend="llama.cpp",
+            path=str(p),
+            name=str(self._meta.get("general.name") or p.stem),
+            architecture=self._header.architecture,
+            device=device,
+            n_ctx=llama_cpp.llama_n_ctx(self._ctx),
+            n_params=int(llama_cpp.llama_model_n_params(self._model)),
+            size_bytes=int(llama_cpp.llama_model_size(self._model)),
+        )
+
+    # -- Backend protocol -------------------------------------------------------------------------
+
+    @property
+    def info(self) -> ModelInfo:
+        return self._info
+
+    @property
+    def n_vocab(self) -> int:
+        return self._n_vocab
+
+    @property
+    def n_ctx(self) -> int:
+        return self._info.n_ctx
+
+    @property
+    def cached_tokens(self) -> Sequence[int]:
+        return self._tokens
+
+    @property
+    def eog_ids(self) -> frozenset[int]:
+        return self._eog
+
+    def vocab_info(self) -> VocabInfo:
+        return VocabInfo.from_gguf_metadata(self._meta)
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        n_max = len(data) + 8
+        buf = (llama_cpp.llama_token * n_max)()
+        n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)
+        if n < 0:
+            n_max = -n
+            buf = (llama_cpp.llama_token * n_max)()
+            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)
+        return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        """The bytes a token stands for (special tokens render as nothing)."""
+        cached = self._pieces.get(token)
+        if cached is None:
+            buf = ctypes.create_string_buffer(64)
+            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, 64, 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, -n, 0, False)
+            cached = self._pieces[token] = buf.raw[:n]
+        return cached
+
+    def detokenizer(self) -> ByteDetokenizer:
+        return ByteDetokenizer(self.piece)
+
+    def apply_chat_template(self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True) -> str:
+        return render_chat(
+            self._meta.get("tokenizer.chat_template"),
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self._special_text("tokenizer.ggml.bos_token_id"),
+            eos_token=self._special_text("tokenizer.ggml.eos_token_id"),
+        )
+
+    def _special_text(self, key: str) -> str:
+        tid = self._meta.get(key)
+        tokens = self._meta.get("tokenizer.ggml.tokens") or []
+        return tokens[tid] if tid is not None and 0 <= tid < len(tokens) else ""
+
+    def forward(self, tokens: Sequence[int], *, all_logits: bool = True) -> np.ndarray:
+        if not tokens:
+            raise ValueError("forward needs at least one token")
+        if len(self._tokens) + len(tokens) > self.n_ctx:
+            raise GenerationError(
+                f"the context is full ({self.n_ctx:,} tokens)", "raise --n-ctx or lower --max-tokens"
+            )
+        if len(tokens) > self._n_batch:
+            return self._forward_chunked(tokens, all_logits)
+        self._decode(tokens, all_logits)
+        n_out = len(tokens) if all_logits else 1
+        ptr = llama_cpp.llama_get_logits(self._ctx)
+        return np.ctypeslib.as_array(ptr, shape=(n_out, self._n_vocab))
+
+    def _forward_chunked(self, tokens: Sequence[int], all_logits: bool) -> np.ndarray:
+        parts = []
+        for start in range(0, len(tokens), self._n_batch):
+            chunk = tokens[start : start + self._n_batch]
+            last = start + self._n_batch >= len(tokens)
+            out = self.forward(chunk, all_logits=all_logits)
+            if all_logits or last:
+                parts.append(out.copy())
+        return np.concatenate(parts) if all_logits else parts[-1]
+
+    def _decode(self, tokens: Sequence[int], all_logits: bool) -> None:
+        b = self._batch
+        n_past = len(self._tokens)
+        n = len(tokens)
+        b.n_tokens = n
+        for i, t in enumerate(tokens):
+            b.token[i] = t
+            b.pos[i] = n_past + i
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = 0
+            b.logits[i] = all_logits
+        b.logits[n - 1] = True
+        rc = llama_cpp.llama_decode(self._ctx, b)
+        if rc != 0:
+            # A failed decode may leave part of the batch in the cache: cut back to what we track.
+            llama_cpp.llama_memory_seq_rm(self._memory, 0, n_past, -1)
+            raise GenerationError(
+                f"llama_decode failed (code {rc}): {_last_error() or 'no reason given'}",
+                "this usually means the KV cache is full or out of memory; lower --n-ctx or --num-draft",
+            )
+        self._tokens.extend(int(t) for t in tokens)
+
+    def rollback(self, n_keep: int) -> None:
+        if n_keep >= len(self._tokens):
+            return
+        if not llama_cpp.llama_memory_seq_rm(self._memory, 0, n_keep, -1):
+            raise UnsupportedModelError(
+                f"llama.cpp could not roll the cache of {self._info.name} back to {n_keep} tokens",
+                "speculative decoding needs a model whose cache can be cut back; use --draft-method none",
+            )
+        del self._tokens[n_keep:]
+
+    def close(self) -> None:
+        if getattr(self, "_batch", None) is not None:
+            llama_cpp.llama_batch_free(self._batch)
+            self._batch = None
+        if getattr(self, "_ctx", None) is not None:
+            llama_cpp.llama_free(self._ctx)
+            self._ctx = None
+        if getattr(self, "_model", None) is not None:
+            llama_cpp.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self) -> None:
+        self.close()
+
+
+def _last_error() -> str:
+    lines = [line.strip() for line in _log_lines if line.strip()]
+    errors = [line for line in lines if "error" in line.lower() or "failed" in line.lower()]
+    return (errors or lines or [""])[-1]

@@ -1,0 +1,56 @@
+"""Command-line entry point: `localspec run|chat|pull|models|bench|doctor`.
+
+Only argparse and the command modules' parser definitions load here; each command imports its
+heavy dependencies when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from localspec import __version__
+from localspec.errors import LocalspecError
+
+COMMANDS: tuple[str, ...] = ("run",)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="localspec",
+        description="Local speculative decoding: a small draft model writes ahead, the target grades it.",
+    )
+    parser.add_argument("--version", action="version", version=f"localspec {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        module = importlib.import_module(f"localspec.commands.{name}")
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "handler", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.handler(args) or 0)
+    except LocalspecError as e:
+        print_error(e)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+
+
+def print_error(e: LocalspecError) -> None:
+    print(f"error: {e.message}", file=sys.stderr)
+    if e.hint:
+        print(f"hint: {e.hint}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""Read a GGUF file's header (metadata and tensor table) without loading the model.
+
+Works on a local file or on the first bytes of a remote one: `parse_header` raises `NeedMoreBytes`
+when the buffer ends early, so a caller holding a prefix can fetch more and try again. Used to
+refuse non-GGUF and truncated files before llama.cpp sees them, and to check pair compatibility
+from headers alone.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from localspec.errors import ModelFileError
+
+GGUF_MAGIC = b"GGUF"
+_SCALARS: dict[int, tuple[str, int]] = {
+    0: ("<B", 1), 1: ("<b", 1), 2: ("<H", 2), 3: ("<h", 2), 4: ("<I", 4), 5: ("<i", 4),
+    6: ("<f", 4), 7: ("<?", 1), 10: ("<Q", 8), 11: ("<q", 8), 12: ("<d", 8),
+}  # fmt: skip
+_STRING, _ARRAY = 8, 9
+
+
+class NeedMoreBytes(Exception):
+    """The buffer ended inside the header; `needed` is a lower bound on the bytes required."""
+
+    def __init__(self, needed: int) -> None:
+        super().__init__(needed)
+        self.needed = needed
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]
+    ggml_type: int
+    offset: int  # relative to the data section
+
+
+@dataclass(frozen=True)
+class GGUFHeader:
+    version: int
+    metadata: dict[str, Any]
+    tensors: tuple[TensorInfo, ...]
+    data_start: int  # absolute offset of the tensor data section
+    header_bytes: int = field(default=0)  # bytes of the header before alignment padding
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.metadata.get(key, default)
+
+    @property
+    def architecture(self) -> str:
+        return str(self.metadata.get("general.architecture", "unknown"))
+
+    def required_size(self) -> int:
+        """File size that the tensor table says the file must have."""
+        end = self.data_start
+        for t in self.tensors:
+            end = max(end, self.data_start + t.offset + _tensor_nbytes(t))
+        return end
+
+
+class _Reader:
+    def __init__(self, buf: bytes | memoryview | mmap.mmap) -> None:
+        self.buf = buf
+        self.pos = 0
+        self.size = len(buf)
+
+    def take(self, n: int) -> int:
+        start = self.pos
+        end = start + n
+        if end > self.size:
+            raise NeedMoreBytes(end)
+        self.pos = end
+        return start
+
+    def scalar(self, vtype: int) -> Any:
+        fmt, n = _SCALARS[vtype]
+        return struct.unpack_from(fmt, self.buf, self.take(n))[0]
+
+    def u32(self) -> int:
+        return self.scalar(4)
+
+    def u64(self) -> int:
+        return self.scalar(10)
+
+    def string(self) -> str:
+        n = self.u64()
+        start = self.take(n)
+        return bytes(self.buf[start : start + n]).decode("utf-8", errors="surrogateescape")
+
+    def value(self, vtype: int) -> Any:
+        if vtype == _STRING:
+            return self.string()
+        if vtype == _ARRAY:
+            item_type = self.u32()
+            count = self.u64()
+            if item_type == _STRING:
+                return [self.string() for _ in range(count)]
+            if item_type in _SCALARS:
+                fmt, n = _SCALARS[item_type]
+                start = self.take(n * count)
+                return list(struct.unpack_from(f"<{count}{fmt[1]}", self.buf, start))
+            return [self.value(item_type) for _ in range(count)]
+        if vtype not in _SCALARS:
+            raise ValueError(f"unknown GGUF value type {vtype}")
+        return self.scalar(vtype)
+
+
+def parse_header(buf: bytes | memoryview | mmap.mmap) -> GGUFHeader:
+    """Parse magic, metadata and tensor table. Raises ValueError if not GGUF, NeedMoreBytes if short."""
+    r = _Reader(buf)
+    magic_at = r.take(4)
+    if bytes(buf[magic_at : magic_at + 4]) != GGUF_MAGIC:
+        raise ValueError("not a GGUF file (bad magic)")
+    version = r.u32()
+    if version not in (2, 3):
+        raise ValueError(f"unsupported GGUF version {version}")
+    n_tensors, n_kv = r.u64(), r.u64()
+    if n_tensors > 1 << 20 or n_kv > 1 << 20:
+        raise ValueError("implausible GGUF header counts")
+    metadata: dict[str, Any] = {}
+    for _ in range(n_kv):
+        key = r.string()
+        metadata[key] = r.value(r.u32())
+    tensors = []
+    for _ in range(n_tensors):
+        name = r.string()
+        n_dims = r.u32()
+        shape = tuple(r.u64() for _ in range(n_dims))
+        tensors.append(TensorInfo(name, shape, r.u32(), r.u64()))
+    align = int(metadata.get("general.alignment", 32))
+    data_start = (r.pos + align - 1) // align * align
+    return GGUFHeader(version, metadata, tuple(tensors), data_start, r.pos)
+
+
+def _tensor_nbytes(t: TensorInfo) -> int:
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(t.ggml_type)]
+    n = 1
+    for d in t.shape:
+        n *= d
+    return n // block * type_size
+
+
+def read_gguf_header(path: str | Path, *, check_size: bool = True) -> GGUFHeader:
+    """Read and validate a local GGUF file's header, with errors a user can act on."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise ModelFileError(f"model file not found: {p}", "check the path, or use `localspec pull` to download a model")
+    if p.is_dir():
+        raise ModelFileError(f"{p} is a directory, not a GGUF file", "pass the .gguf file inside it")
+    try:
+        with p.open("rb") as f:
+            size = p.stat().st_size
+            if size < 24:
+                raise ModelFileError(f"{p} is not a GGUF model file ({size} bytes)", _NOT_GGUF_HINT)
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                header = parse_header(mm)
+    except NeedMoreBytes:
+        raise ModelFileError(f"{p} is truncated: it ends inside the GGUF header", _TRUNCATED_HINT) from None
+    except ValueError as e:
+        raise ModelFileError(f"{p} is not a GGUF model file: {e}", _NOT_GGUF_HINT) from None
+    except OSError as e:
+        raise ModelFileError(f"cannot read {p}: {e.strerror or e}", "check the file's permissions") from None
+    if check_size:
+        try:
+            need = header.required_size()
+        except (KeyError, ValueError):
+            need = 0  # unknown tensor type: let llama.cpp decide
+        if size < need:
+            raise ModelFileError(
+                f"{p} is truncated: {size:,} bytes, but its tensor table needs {need:,}", _TRUNCATED_HINT
+            )
+    return header
+
+
+_NOT_GGUF_HINT = "llama.cpp reads GGUF files (*.gguf); convert other formats with llama.cpp's convert_hf_to_gguf.py"
+_TRUNCATED_HINT = "the download was probably interrupted: delete the file and download it again (`localspec pull` resumes)"

@@ -1,0 +1,1 @@
+"""Backend-independent speculative decoding: sampling, verification rules, drafters, the engine."""

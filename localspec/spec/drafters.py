@@ -1,0 +1,138 @@
+"""Drafters: who writes the k tokens ahead. A draft model, n-gram prompt lookup, or nobody."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from localspec.backends.base import Backend, common_prefix
+from localspec.spec.sampling import SamplingParams, probabilities, sample
+
+
+@dataclass(frozen=True)
+class Draft:
+    tokens: list[int]
+    q: np.ndarray | None  # [len(tokens), V] processed draft distributions; None: one-hot (no model)
+
+
+EMPTY_DRAFT = Draft([], None)
+
+
+class Drafter(Protocol):
+    method: str  # "model" | "ngram" | "none"
+    name: str
+
+    def prepare(self, context: Sequence[int]) -> None:
+        """A new generation starts from `context` (the prompt); prefill any state."""
+        ...
+
+    def propose(self, context: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator) -> Draft:
+        """Up to k tokens continuing `context` (every token committed so far)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class NoDrafter:
+    """Plain decoding through the same engine path: the baseline every speedup is measured against."""
+
+    method = "none"
+    name = "none"
+
+    def prepare(self, context: Sequence[int]) -> None:
+        pass
+
+    def propose(self, context: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator) -> Draft:
+        return EMPTY_DRAFT
+
+    def close(self) -> None:
+        pass
+
+
+class NgramDrafter:
+    """Prompt lookup: find the latest earlier occurrence of the context's last n tokens, propose what followed.
+
+    Tries n = max_ngram down to min_ngram. The index of n-grams grows incrementally with the context,
+    so a round costs O(new tokens), not O(context).
+    """
+
+    method = "ngram"
+    name = "ngram"
+
+    def __init__(self, *, max_ngram: int = 3, min_ngram: int = 1) -> None:
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+        self._index: dict[tuple[int, ...], int] = {}  # n-gram -> position right after its latest occurrence
+        self._n_indexed = 0  # the context is append-only within a generation; this much is indexed
+
+    def prepare(self, context: Sequence[int]) -> None:
+        self._index.clear()
+        self._n_indexed = 0
+
+    def propose(self, context: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator) -> Draft:
+        if k <= 0 or len(context) < 2:
+            return EMPTY_DRAFT
+        self._extend_index(context)
+        for n in range(min(self.max_ngram, len(context) - 1), self.min_ngram - 1, -1):
+            at = self._index.get(tuple(context[-n:]))
+            if at is not None:
+                return Draft(list(context[at : at + k]), None)
+        return EMPTY_DRAFT
+
+    def _extend_index(self, context: Sequence[int]) -> None:
+        if self._n_indexed > len(context):
+            self.prepare(context)
+        # Index n-grams that end before the last token, so a lookup finds an *earlier* occurrence.
+        for end in range(max(self._n_indexed, 1), len(context)):
+            for n in range(self.min_ngram, min(self.max_ngram, end) + 1):
+                self._index[tuple(context[end - n : end])] = end
+        self._n_indexed = len(context)
+
+    def close(self) -> None:
+        pass
+
+
+class ModelDrafter:
+    """A small draft model through the same backend interface; owns its own KV cache."""
+
+    method = "model"
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.name = backend.info.name
+
+    def prepare(self, context: Sequence[int]) -> None:
+        # Prefill all but the last token; propose() feeds the rest and gets the first draft's logits.
+        keep = common_prefix(self.backend.cached_tokens, context, limit=len(context) - 1)
+        self.backend.rollback(keep)
+        if keep < len(context) - 1:
+            self.backend.forward(context[keep:-1], all_logits=False)
+
+    def propose(self, context: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator) -> Draft:
+        if k <= 0:
+            return EMPTY_DRAFT
+        keep = common_prefix(self.backend.cached_tokens, context, limit=len(context) - 1)
+        self.backend.rollback(keep)
+        logits = self.backend.forward(context[keep:], all_logits=False)[-1]
+        eog = self.backend.eog_ids
+        tokens: list[int] = []
+        rows: list[np.ndarray] = []
+        while True:
+            if sampling.greedy:
+                tok = int(np.argmax(logits))
+            else:
+                q = probabilities(logits, sampling)
+                tok = sample(q, rng)
+                rows.append(q)
+            tokens.append(tok)
+            if len(tokens) >= k or tok in eog:  # drafting past the end of the answer is wasted work
+                break
+            logits = self.backend.forward([tok], all_logits=False)[-1]
+        return Draft(tokens, np.stack(rows) if rows else None)
+
+    def close(self) -> None:
+        self.backend.close()
+

@@ -1,0 +1,243 @@
+"""The speculative decoding loop: prefill, then rounds of draft, verify, accept, roll back, emit.
+
+`generate` yields events: one `Step` per round (new text, its tokens and where each came from, the
+round's stats) and a final `Done` with the run's SpecStats. Plain decoding is the same loop with a
+drafter that proposes nothing, so every comparison runs through identical code.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+import numpy as np
+
+from localspec.backends.base import Backend, Detokenizer, common_prefix
+from localspec.errors import ContextOverflowError, UsageError
+from localspec.spec import verify
+from localspec.spec.drafters import Draft, Drafter
+from localspec.spec.sampling import SamplingParams, greedy, probabilities, sample
+from localspec.spec.stats import RoundStats, SpecStats, StatsCollector, StopReason
+
+Origin = Literal["draft", "target"]  # accepted draft token, or a token the target chose itself
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    max_tokens: int = 256
+    num_draft: int = 4
+    rule: str = "exact"
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+    def __post_init__(self) -> None:
+        if self.rule not in verify.RULES:
+            raise UsageError(f"unknown verification rule {self.rule!r}", f"choose one of: {', '.join(verify.RULES)}")
+        if self.num_draft < 0:
+            raise UsageError(f"number of draft tokens must be >= 0, got {self.num_draft}", "try -k 4")
+        if self.max_tokens < 1:
+            raise UsageError(f"max tokens must be >= 1, got {self.max_tokens}", "try --max-tokens 256")
+
+
+@dataclass(frozen=True)
+class Step:
+    text: str  # newly decoded text (may be empty while a UTF-8 character is incomplete)
+    tokens: tuple[int, ...]
+    origins: tuple[Origin, ...]
+    round: RoundStats | None  # None for the first token, which comes from the prompt pass
+
+
+@dataclass(frozen=True)
+class Done:
+    text: str  # the whole generated text
+    tokens: tuple[int, ...]
+    stats: SpecStats
+
+
+Event = Step | Done
+
+
+def generate(
+    target: Backend,
+    drafter: Drafter,
+    prompt: Sequence[int],
+    config: GenerationConfig,
+    *,
+    stop: threading.Event | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Iterator[Event]:
+    """Generate from `prompt` (token ids). The output is distributed as the target's own sampling."""
+    return _Run(target, drafter, prompt, config, stop, clock).events()
+
+
+class _Run:
+    def __init__(
+        self,
+        target: Backend,
+        drafter: Drafter,
+        prompt: Sequence[int],
+        config: GenerationConfig,
+        stop: threading.Event | None,
+        clock: Callable[[], float],
+    ) -> None:
+        if not prompt:
+            raise UsageError("the prompt is empty", "give the model some text to continue")
+        if len(prompt) >= target.n_ctx:
+            raise ContextOverflowError(
+                f"the prompt is {len(prompt):,} tokens but the context holds {target.n_ctx:,}",
+                "raise --n-ctx (memory permitting) or shorten the prompt",
+            )
+        self.target = target
+        self.drafter = drafter
+        self.prompt = list(prompt)
+        self.config = config
+        self.sampling = config.sampling
+        self.stop = stop
+        self.clock = clock
+        self.seed = config.sampling.seed if config.sampling.seed is not None else _fresh_seed()
+        self.rng = np.random.default_rng(self.seed)
+        self.context: list[int] = list(prompt)  # every committed token: prompt + generated
+        self.generated: list[int] = []
+        self.detok: Detokenizer = target.detokenizer()
+        self.text_parts: list[str] = []
+        self.collector = StatsCollector()
+        self.eog = target.eog_ids
+
+    # -- the loop ---------------------------------------------------------------------------------
+
+    def events(self) -> Iterator[Event]:
+        t0 = self.clock()
+        n_cached, first = self._prefill()
+        t1 = self.clock()
+        self.prompt_s, self.n_cached = t1 - t0, n_cached
+        reason = yield from self._emit([first], ["target"], None)
+        while reason is None:
+            if self.stop is not None and self.stop.is_set():
+                reason = "stopped"
+                break
+            k = self._draft_budget()
+            if k < 0:
+                reason = "context"
+                break
+            step = self._round(k)
+            reason = yield from self._emit(*step)
+        self.decode_s = self.clock() - t1
+        tail = self.detok.flush()
+        if tail:
+            self.text_parts.append(tail)
+            yield Step(tail, (), (), None)
+        yield Done("".join(self.text_parts), tuple(self.generated), self._stats(reason))
+
+    def _prefill(self) -> tuple[int, int]:
+        """Fill both caches with the prompt (reusing any cached prefix); return (reused, first token)."""
+        keep = common_prefix(self.target.cached_tokens, self.prompt, limit=len(self.prompt) - 1)
+        self.target.rollback(keep)
+        logits = self.target.forward(self.prompt[keep:], all_logits=False)[-1]
+        first = self._sample_one(logits)
+        self.drafter.prepare(self.prompt)
+        return keep, first
+
+    def _round(self, k: int) -> tuple[list[int], list[Origin], RoundStats]:
+        t0 = self.clock()
+        draft = self.drafter.propose(self.context, k, self.sampling, self.rng) if k > 0 else Draft([], None)
+        t1 = self.clock()
+        n_before = len(self.target.cached_tokens)
+        logits = self.target.forward([self.context[-1], *draft.tokens])  # [k+1, V]
+        verdict = self._verify(draft, logits)
+        self.target.rollback(n_before + 1 + verdict.n_accepted)
+        t2 = self.clock()
+        tokens = [*draft.tokens[: verdict.n_accepted], verdict.token]
+        origins: list[Origin] = ["draft"] * verdict.n_accepted + ["target"]
+        stats = RoundStats(
+            index=len(self.collector.rounds),
+            n_drafted=len(draft.tokens),
+            n_accepted=verdict.n_accepted,
+            n_emitted=len(tokens),
+            draft_s=t1 - t0,
+            verify_s=t2 - t1,
+            kind=verdict.kind,
+            k=k,
+        )
+        return tokens, origins, stats
+
+    def _verify(self, draft: Draft, logits: np.ndarray) -> verify.Verdict:
+        if self.sampling.greedy:
+            return verify.verify_greedy(draft.tokens, greedy(logits))
+        p = probabilities(logits, self.sampling)  # [k+1, V]
+        q = draft.q
+        if q is not None and q.shape[1] != p.shape[1]:
+            p, q = _same_width(p, q)
+        return verify.RULES[self.config.rule](draft.tokens, q, p, self.rng)
+
+    def _emit(
+        self, tokens: list[int], origins: list[Origin], stats: RoundStats | None
+    ) -> Iterator[Event]:
+        """Commit tokens up to the first end-of-generation token or the token limit; yield them."""
+        reason: StopReason | None = None
+        cut = len(tokens)
+        for i, t in enumerate(tokens):
+            if t in self.eog:
+                cut, reason = i, "eog"
+                break
+        room = self.config.max_tokens - len(self.generated)
+        if cut > room or (cut == room and reason is None):
+            cut, reason = room, "max_tokens"
+        tokens, origins = tokens[:cut], origins[:cut]
+        if stats is not None:
+            if cut != stats.n_emitted:
+                stats = replace(stats, n_emitted=cut)
+            self.collector.add(stats)
+        self.generated += tokens
+        self.context += tokens
+        text = self.detok.add(tokens)
+        self.text_parts.append(text)
+        yield Step(text, tuple(tokens), tuple(origins), stats)
+        return reason
+
+    # -- helpers ----------------------------------------------------------------------------------
+
+    def _draft_budget(self) -> int:
+        """Draft length for this round: k, less near the token limit or the end of the context."""
+        room_ctx = self.target.n_ctx - len(self.target.cached_tokens) - 1  # the verify pass adds k+1
+        room_out = self.config.max_tokens - len(self.generated) - 1
+        if room_ctx < 0:
+            return -1
+        return max(0, min(self.config.num_draft, room_ctx, room_out))
+
+    def _sample_one(self, logits: np.ndarray) -> int:
+        if self.sampling.greedy:
+            return int(np.argmax(logits))
+        return sample(probabilities(logits, self.sampling), self.rng)
+
+    def _stats(self, reason: StopReason) -> SpecStats:
+        info = self.target.info
+        return SpecStats(
+            backend=info.backend,
+            device=info.device,
+            target=info.name,
+            draft=self.drafter.name,
+            draft_method=self.drafter.method,
+            rule="greedy" if self.sampling.greedy else self.config.rule,
+            num_draft=self.config.num_draft if self.drafter.method != "none" else 0,
+            temperature=self.sampling.temperature,
+            seed=self.seed,
+            n_prompt=len(self.prompt),
+            n_prompt_cached=self.n_cached,
+            prompt_s=self.prompt_s,
+            n_generated=len(self.generated),
+            decode_s=self.decode_s,
+            stop_reason=reason,
+            **self.collector.totals(),
+        )
+
+
+def _same_width(p: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Pad p [k+1, Vp] and q [k, Vq] with zeros to one width (vocabularies may differ by padding)."""
+    width = max(p.shape[1], q.shape[1])
+    return (np.pad(p, ((0, 0), (0, width - p.shape[1]))), np.pad(q, ((0, 0), (0, width - q.shape[1]))))
+
+
+def _fresh_seed() -> int:
+    return int(np.random.SeedSequence().entropy % (2**31))
