@@ -54,23 +54,23 @@ def gpu_kind() -> str | None:
 
 
 @functools.lru_cache(maxsize=8)
-def _header(path: str, mtime_ns: int, size: int) -> GGUFHeader:
-    return read_gguf_header(path)
+def _header(path: str, mtime_ns: int, size: int, check_size: bool) -> GGUFHeader:
+    return read_gguf_header(path, check_size=check_size)
 
 
-def read_header(path: str | Path) -> GGUFHeader:
+def read_header(path: str | Path, *, check_size: bool = True) -> GGUFHeader:
     """Validated GGUF header, cached per file version (peek_vocab and load both need it)."""
     p = Path(path).expanduser()
     try:
         st = p.stat()
     except OSError:
         return read_gguf_header(p)  # raises the right ModelFileError
-    return _header(str(p), st.st_mtime_ns, st.st_size)
+    return _header(str(p), st.st_mtime_ns, st.st_size, check_size)
 
 
 def peek_vocab(path: str | Path) -> VocabInfo:
-    """Vocabulary facts from the GGUF header alone, without loading weights."""
-    return VocabInfo.from_gguf_metadata(read_header(path).metadata)
+    """Vocabulary facts from the GGUF header alone (the weights need not be there yet)."""
+    return VocabInfo.from_gguf_metadata(read_header(path, check_size=False).metadata)
 
 
 def load(path: str | Path, *, n_ctx: int = 4096, threads: int | None = None, n_gpu_layers: int = -1) -> LlamaCppBackend:

@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
                     sys.stdout.write(event.text)
                     sys.stdout.flush()
         if args.json:
-            out = {"text": done.text, "n_tokens": len(done.tokens), "stats": done.stats.to_dict(), "rounds": rounds}
+            out = {"text": done.text, "tokens": list(done.tokens), "stats": done.stats.to_dict(), "rounds": rounds}
             if pipeline.backend_note:
                 out["backend_note"] = pipeline.backend_note
             json.dump(out, sys.stdout)

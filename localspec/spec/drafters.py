@@ -10,12 +10,14 @@ import numpy as np
 
 from localspec.backends.base import Backend, common_prefix
 from localspec.spec.sampling import SamplingParams, probabilities, sample
+from localspec.spec.stats import RoundStats
 
 
 @dataclass(frozen=True)
 class Draft:
     tokens: list[int]
     q: np.ndarray | None  # [len(tokens), V] processed draft distributions; None: one-hot (no model)
+    note: str = ""  # why the drafter proposed this (shown in RoundStats.note)
 
 
 EMPTY_DRAFT = Draft([], None)
@@ -33,6 +35,10 @@ class Drafter(Protocol):
         """Up to k tokens continuing `context` (every token committed so far)."""
         ...
 
+    def observe(self, stats: RoundStats) -> None:
+        """What the round made of the last proposal (adaptive drafters learn from it)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -47,6 +53,9 @@ class NoDrafter:
 
     def propose(self, context: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator) -> Draft:
         return EMPTY_DRAFT
+
+    def observe(self, stats: RoundStats) -> None:
+        pass
 
     def close(self) -> None:
         pass
@@ -67,18 +76,21 @@ class NgramDrafter:
         self.min_ngram = min_ngram
         self._index: dict[tuple[int, ...], int] = {}  # n-gram -> position right after its latest occurrence
         self._n_indexed = 0  # the context is append-only within a generation; this much is indexed
+        self.last_order = 0  # n of the n-gram the last proposal matched (0: none); auto drafting reads it
 
     def prepare(self, context: Sequence[int]) -> None:
         self._index.clear()
         self._n_indexed = 0
 
     def propose(self, context: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator) -> Draft:
+        self.last_order = 0
         if k <= 0 or len(context) < 2:
             return EMPTY_DRAFT
         self._extend_index(context)
         for n in range(min(self.max_ngram, len(context) - 1), self.min_ngram - 1, -1):
             at = self._index.get(tuple(context[-n:]))
             if at is not None:
+                self.last_order = n
                 return Draft(list(context[at : at + k]), None)
         return EMPTY_DRAFT
 
@@ -91,18 +103,27 @@ class NgramDrafter:
                 self._index[tuple(context[end - n : end])] = end
         self._n_indexed = len(context)
 
+    def observe(self, stats: RoundStats) -> None:
+        pass
+
     def close(self) -> None:
         pass
 
 
 class ModelDrafter:
-    """A small draft model through the same backend interface; owns its own KV cache."""
+    """A small draft model through the same backend interface; owns its own KV cache.
+
+    min_confidence > 0 stops a draft before a token whose draft probability is below it (as
+    llama.cpp's p_min): a token the draft itself doubts is rarely accepted and costs a draft pass and
+    a wider verify. Off (0) by default; auto drafting sets it from the measured costs.
+    """
 
     method = "model"
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, *, min_confidence: float = 0.0) -> None:
         self.backend = backend
         self.name = backend.info.name
+        self.min_confidence = min_confidence
 
     def prepare(self, context: Sequence[int]) -> None:
         # Prefill all but the last token; propose() feeds the rest and gets the first draft's logits.
@@ -120,19 +141,34 @@ class ModelDrafter:
         eog = self.backend.eog_ids
         tokens: list[int] = []
         rows: list[np.ndarray] = []
+        note = ""
         while True:
             if sampling.greedy:
                 tok = int(np.argmax(logits))
+                conf = _top_probability(logits) if self.min_confidence > 0 else 1.0
             else:
                 q = probabilities(logits, sampling)
                 tok = sample(q, rng)
+                conf = float(q[tok]) if self.min_confidence > 0 else 1.0
+            if conf < self.min_confidence:
+                note = f"draft stopped at position {len(tokens) + 1}: confidence {conf:.2f} < {self.min_confidence:.2f}"
+                break
+            if not sampling.greedy:
                 rows.append(q)
             tokens.append(tok)
             if len(tokens) >= k or tok in eog:  # drafting past the end of the answer is wasted work
                 break
             logits = self.backend.forward([tok], all_logits=False)[-1]
-        return Draft(tokens, np.stack(rows) if rows else None)
+        return Draft(tokens, np.stack(rows) if rows else None, note)
+
+    def observe(self, stats: RoundStats) -> None:
+        pass
 
     def close(self) -> None:
         self.backend.close()
 
+
+def _top_probability(logits: np.ndarray) -> float:
+    """softmax(logits).max() without materializing the distribution: 1 / sum(exp(z - max z))."""
+    z = np.asarray(logits, dtype=np.float32)
+    return float(1.0 / np.exp(z - z.max()).sum())

@@ -159,6 +159,7 @@ class _Run:
             verify_s=t2 - t1,
             kind=verdict.kind,
             k=k,
+            note=draft.note,
         )
         return tokens, origins, stats
 
@@ -189,6 +190,7 @@ class _Run:
             if cut != stats.n_emitted:
                 stats = replace(stats, n_emitted=cut)
             self.collector.add(stats)
+            self.drafter.observe(stats)
         self.generated += tokens
         self.context += tokens
         text = self.detok.add(tokens)

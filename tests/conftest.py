@@ -1,0 +1,44 @@
+"""Shared fixtures: generated tiny GGUF models and the cached real fixture models."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    from fixture_models import fetch
+
+    return fetch("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def gemma_path() -> Path:
+    from fixture_models import fetch
+
+    return fetch("gemma3-270m")
+
+
+@pytest.fixture(scope="session")
+def qwen_pair() -> tuple[Path, Path]:
+    from fixture_models import fetch
+
+    return fetch("qwen-1.5b"), fetch("qwen-0.5b")
+
+
+@pytest.fixture(scope="session")
+def tiny_ggufs(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> tuple[Path, Path, Path]:
+    """(target, similar draft, unrelated model): tiny random llama GGUFs with SmolLM2's tokenizer."""
+    from gguf_factory import write_tiny_llama
+
+    d = tmp_path_factory.mktemp("tiny-gguf")
+    target, draft, other = d / "tiny-target.gguf", d / "tiny-draft.gguf", d / "tiny-other.gguf"
+    base = write_tiny_llama(target, smollm2_path, seed=0)
+    write_tiny_llama(draft, smollm2_path, seed=1, base=base, noise=0.02)
+    write_tiny_llama(other, smollm2_path, seed=2)
+    return target, draft, other

@@ -1,0 +1,118 @@
+"""Write tiny random llama-architecture GGUF models for fast real-llama.cpp tests.
+
+The tokenizer metadata (gpt2 BPE, 49,152 tokens, chat template) is copied from the SmolLM2 fixture,
+so prompts tokenize like a real model; the weights are random, untied and small (a few MB).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from localspec.gguf_meta import read_gguf_header
+
+_TOKENIZER_KEYS = (
+    "tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens", "tokenizer.ggml.token_type",
+    "tokenizer.ggml.merges", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
+    "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.padding_token_id", "tokenizer.ggml.add_bos_token",
+    "tokenizer.chat_template",
+)  # fmt: skip
+
+
+def write_tiny_llama(
+    path: Path,
+    tokenizer_source: Path,
+    *,
+    seed: int = 0,
+    n_embd: int = 64,
+    n_layer: int = 2,
+    n_head: int = 4,
+    n_ff: int = 128,
+    scale: float = 0.5,
+    base: dict[str, np.ndarray] | None = None,
+    noise: float = 0.0,
+) -> dict[str, np.ndarray]:
+    """Write a random model to `path`; return its tensors (pass them as `base` with `noise` for a
+    similar "draft" model). Weights are float32, so batched and single-token passes agree closely."""
+    import gguf
+
+    meta = read_gguf_header(tokenizer_source).metadata
+    n_vocab = len(meta["tokenizer.ggml.tokens"])
+    rng = np.random.default_rng(seed)
+    shapes = _tensor_shapes(n_vocab, n_embd, n_layer, n_ff)
+    tensors: dict[str, np.ndarray] = {}
+    for name, shape in shapes.items():
+        if name.endswith("norm.weight"):
+            t = np.ones(shape, dtype=np.float32)
+        elif base is not None:
+            t = base[name] + rng.standard_normal(shape).astype(np.float32) * noise
+        else:
+            t = (rng.standard_normal(shape) * scale / np.sqrt(shape[-1])).astype(np.float32)
+        tensors[name] = t.astype(np.float32)
+    if base is None:
+        tensors["token_embd.weight"] *= np.float32(np.sqrt(n_embd) * 2)  # visible embeddings
+        tensors["output.weight"] *= np.float32(8.0)  # peaked next-token distributions
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name(f"tiny-llama-{seed}")
+    w.add_context_length(2048)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head)
+    w.add_rope_dimension_count(n_embd // n_head)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    w.add_vocab_size(n_vocab)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    for key in _TOKENIZER_KEYS:
+        if key in meta:
+            _add(w, key, meta[key])
+    for name, t in tensors.items():
+        w.add_tensor(name, t)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return tensors
+
+
+def _tensor_shapes(n_vocab: int, n_embd: int, n_layer: int, n_ff: int) -> dict[str, tuple[int, ...]]:
+    # numpy shapes (row-major): GGUF stores them reversed, so [n_vocab, n_embd] is ggml's {n_embd, n_vocab}
+    shapes: dict[str, tuple[int, ...]] = {
+        "token_embd.weight": (n_vocab, n_embd),
+        "output_norm.weight": (n_embd,),
+        "output.weight": (n_vocab, n_embd),
+    }
+    for i in range(n_layer):
+        b = f"blk.{i}."
+        shapes |= {
+            b + "attn_norm.weight": (n_embd,),
+            b + "attn_q.weight": (n_embd, n_embd),
+            b + "attn_k.weight": (n_embd, n_embd),
+            b + "attn_v.weight": (n_embd, n_embd),
+            b + "attn_output.weight": (n_embd, n_embd),
+            b + "ffn_norm.weight": (n_embd,),
+            b + "ffn_gate.weight": (n_ff, n_embd),
+            b + "ffn_up.weight": (n_ff, n_embd),
+            b + "ffn_down.weight": (n_embd, n_ff),
+        }
+    return shapes
+
+
+def _add(w, key: str, value: object) -> None:  # type: ignore[no-untyped-def]
+    import gguf
+
+    if isinstance(value, bool):
+        w.add_bool(key, value)
+    elif isinstance(value, int):
+        w.add_uint32(key, value)
+    elif isinstance(value, str):
+        w.add_string(key, value)
+    elif isinstance(value, list):
+        w.add_array(key, value)
+    else:
+        raise TypeError(f"unsupported metadata {key}: {type(value)}")
+    del gguf
