@@ -1,0 +1,232 @@
+"""`localspec pull`: download a catalog pair, a custom pair, or one model into the Hugging Face cache.
+
+    localspec pull NAME [--backend auto|llama|mlx]         a pair from `localspec models`
+    localspec pull REPO[:FILE][@REV]                       one model (a GGUF file, or an mlx-lm repo)
+    localspec pull --target REPO:FILE --draft REPO:FILE    your own pair, checked from headers first
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import time
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from localspec.hub import ProgressEvent, PullResult
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "pull",
+        help="download a model pair (or one model) from the Hugging Face Hub",
+        description="Download into the standard Hugging Face cache (HF_HOME). A second pull transfers nothing; "
+        "GGUF pairs are checked for a matching vocabulary from their headers before the large transfer. "
+        "Honours HF_TOKEN, HF_ENDPOINT and HF_HUB_OFFLINE.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n"
+        "  localspec pull qwen2.5-coder-1.5b\n"
+        "  localspec pull qwen2.5-coder-1.5b --backend mlx\n"
+        "  localspec pull Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF:qwen2.5-coder-0.5b-instruct-q4_k_m.gguf\n"
+        "  localspec pull --target bartowski/Qwen2.5-Coder-7B-Instruct-GGUF:Qwen2.5-Coder-7B-Instruct-Q4_K_M.gguf \\\n"
+        "                 --draft Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF:qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    )
+    p.add_argument("what", nargs="?", metavar="NAME|REPO[:FILE]", help="a catalog pair name, or a Hub repo")
+    p.add_argument(
+        "--backend",
+        choices=("auto", "llama", "mlx"),
+        default=None,
+        help="which files of a pair: llama (GGUF) or mlx (mlx-lm repos); default auto (MLX on Apple silicon "
+        "with mlx-lm installed, else llama)",
+    )
+    p.add_argument("--target", metavar="REPO[:FILE]", help="custom pair: the target model")
+    p.add_argument("--draft", metavar="REPO[:FILE]", help="custom pair: the draft model")
+    p.add_argument("--no-check", action="store_true", help="skip the vocabulary check from the GGUF headers")
+    p.add_argument("--check-only", action="store_true", help="check a GGUF pair from its headers; download nothing")
+    p.add_argument("--endpoint", default=None, help="Hub URL (default: $HF_ENDPOINT or https://huggingface.co)")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from localspec.errors import UsageError
+
+    custom = bool(args.target or args.draft)
+    if custom and not (args.target and args.draft):
+        raise UsageError("a custom pair needs both --target and --draft", "pass --target REPO:FILE --draft REPO:FILE")
+    if custom and args.what:
+        raise UsageError(f"give either {args.what!r} or --target/--draft, not both", "")
+    if not custom and not args.what:
+        raise UsageError(
+            "nothing to pull", "name a pair (see `localspec models`), a repo REPO[:FILE], or --target/--draft"
+        )
+    printer = ProgressPrinter(sys.stderr)
+    common = dict(progress=printer, endpoint=args.endpoint, log=printer.log)
+    try:
+        if args.check_only:
+            return _check_only(args, custom)
+        if custom:
+            from localspec.hub import pull_custom_pair
+
+            backend = None if args.backend in (None, "auto") else args.backend
+            result = pull_custom_pair(args.target, args.draft, backend=backend, check=not args.no_check, **common)
+            _print_result(result, None)
+        elif "/" in args.what:
+            from localspec.hub import pull_model
+
+            backend = None if args.backend in (None, "auto") else args.backend
+            result = pull_model(args.what, backend=backend, **common)
+            _print_result(result, None)
+        else:
+            from localspec.hub import pull_pair
+
+            result = pull_pair(args.what, args.backend or "auto", check=not args.no_check, **common)
+            _print_result(result, args.what)
+    except KeyboardInterrupt:
+        printer.end_line()
+        print(
+            "interrupted: finished files are kept; run the same command to fetch the rest "
+            "(the file in progress starts over)",
+            file=sys.stderr,
+        )
+        return 130
+    finally:
+        printer.end_line()
+    return 0
+
+
+def _check_only(args: argparse.Namespace, custom: bool) -> int:
+    from localspec.errors import UsageError
+    from localspec.hub import check_remote_pair
+
+    if custom:
+        target, draft = args.target, args.draft
+    else:
+        from localspec.catalog import load_catalog
+
+        if "/" in (args.what or ""):
+            raise UsageError("--check-only checks a pair", "pass a pair name or --target/--draft")
+        bp = load_catalog().get(args.what).backend("llama")
+        target, draft = bp.target, bp.draft
+    report = check_remote_pair(target, draft, endpoint=args.endpoint)
+    print(
+        f"compatible: {report.target} and {report.draft} share a vocabulary "
+        f"({report.target_vocab:,} / {report.draft_vocab:,} tokens); read {_fmt(report.bytes_read)} of headers"
+    )
+    return 0
+
+
+def _print_result(result: PullResult, pair: str | None) -> None:
+    got = _fmt(result.bytes_downloaded) + " downloaded" if result.bytes_downloaded else "nothing to download"
+    label = f"{pair} ({result.backend})" if pair else result.backend
+    print(f"ready: {label}, {got}")
+    for m in result.models:
+        print(f"  {m.role or 'model':<7} {m.path}")
+    if pair:
+        print(f"run it: localspec run --pair {pair} --backend {result.backend}")
+    elif len(result.models) == 2 and result.backend in ("llama", "mlx"):
+        print(f"run it: localspec run --backend {result.backend} --target {result.target} --draft {result.draft}")
+
+
+# -- progress display ---------------------------------------------------------------------------
+
+
+class ProgressPrinter:
+    """One bar per file on a terminal (bytes, speed, ETA); plain lines when the stream is not a TTY."""
+
+    PLAIN_STEP = 0.1  # print a plain line each 10% ...
+    PLAIN_MIN_INTERVAL = 2.0  # ... but not more often than this (the final line always)
+
+    def __init__(self, stream: TextIO, *, tty: bool | None = None, width: int | None = None) -> None:
+        self.stream = stream
+        self.tty = stream.isatty() if tty is None else tty
+        self.width = width
+        self.open_line = False
+        self.started: dict[tuple[str, str], float] = {}
+        self.plain_state: dict[tuple[str, str], tuple[float, float]] = {}  # key -> (fraction, time)
+
+    def log(self, msg: str) -> None:
+        self.end_line()
+        self._write(msg + "\n")
+
+    def end_line(self) -> None:
+        if self.open_line:
+            self._write("\n")
+            self.open_line = False
+
+    def __call__(self, ev: ProgressEvent) -> None:
+        key = (ev.repo, ev.file)
+        label = f"{ev.role or 'model'}"
+        if ev.cached:
+            self.end_line()
+            self._write(f"{label}: {ev.repo}/{ev.file} already downloaded ({_fmt(ev.bytes_total)})\n")
+            return
+        now = time.monotonic()
+        if key not in self.started:
+            self.started[key] = now
+            if not self.tty:
+                self._write(f"{label}: downloading {ev.repo}/{ev.file} ({_fmt(ev.bytes_total)})\n")
+        if self.tty:
+            self._bar(label, ev)
+        else:
+            self._plain(label, ev, now)
+
+    def _bar(self, label: str, ev: ProgressEvent) -> None:
+        width = self.width or shutil.get_terminal_size((100, 20)).columns
+        total = ev.bytes_total or 0
+        frac = min(1.0, ev.bytes_done / total) if total else 0.0
+        stats = f" {_fmt(ev.bytes_done)}/{_fmt(ev.bytes_total)}"
+        if ev.done:
+            stats += f"  {_fmt(ev.speed)}/s  done"
+        else:
+            stats += f"  {_fmt(ev.speed)}/s  ETA {_eta(ev.eta)}"
+        name = ev.file.rsplit("/", 1)[-1]
+        bar_w = max(10, min(30, width - len(stats) - len(label) - 30))
+        fill = int(frac * bar_w)
+        room = max(8, width - len(label) - bar_w - len(stats) - 8)
+        if len(name) > room:
+            name = "…" + name[-(room - 1) :]
+        line = f"{label:<6} {name} [{'#' * fill}{'-' * (bar_w - fill)}] {frac * 100:3.0f}%{stats}"
+        self._write("\r" + line[: width - 1].ljust(width - 1))
+        self.open_line = True
+        if ev.done:
+            self.end_line()
+
+    def _plain(self, label: str, ev: ProgressEvent, now: float) -> None:
+        key = (ev.repo, ev.file)
+        if ev.done:
+            took = ev.elapsed or now - self.started.get(key, now)
+            self._write(
+                f"{label}: {ev.file} done, {_fmt(ev.bytes_done)} in {took:.1f} s ({_fmt(ev.speed)}/s)\n"
+            )
+            return
+        if not ev.bytes_total:
+            return
+        frac = ev.bytes_done / ev.bytes_total
+        last_frac, last_t = self.plain_state.get(key, (0.0, self.started[key]))
+        if frac - last_frac >= self.PLAIN_STEP and now - last_t >= self.PLAIN_MIN_INTERVAL:
+            self.plain_state[key] = (frac, now)
+            self._write(
+                f"{label}: {ev.file} {frac * 100:.0f}% {_fmt(ev.bytes_done)}/{_fmt(ev.bytes_total)} "
+                f"{_fmt(ev.speed)}/s ETA {_eta(ev.eta)}\n"
+            )
+
+    def _write(self, s: str) -> None:
+        self.stream.write(s)
+        self.stream.flush()
+
+
+def _fmt(n: float | None) -> str:
+    if n is None:
+        return "?"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def _eta(s: float | None) -> str:
+    if s is None:
+        return "?"
+    s = int(s + 0.5)
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"

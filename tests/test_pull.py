@@ -1,0 +1,537 @@
+"""`localspec pull` / localspec.hub against a fake Hub on 127.0.0.1 (tests/hub_server.py).
+
+Small GGUF files are generated with the SmolLM2 fixture's tokenizer; huggingface_hub is used as is,
+pointed at the fake Hub with an explicit endpoint (and through the environment in a subprocess).
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from localspec import cli
+from localspec.catalog import load_catalog, resolve_pair
+from localspec.errors import CatalogError, IncompatiblePairError, PullError
+from localspec.gguf_meta import read_gguf_header
+
+from hub_server import FakeHub
+
+MiB = 1 << 20
+T_REPO, T_FILE = "test-org/tiny-target-GGUF", "tiny-target-q8_0.gguf"
+D_REPO, D_FILE = "test-org/tiny-draft-GGUF", "tiny-draft-q8_0.gguf"
+BAD_REPO, BAD_FILE = "test-org/other-vocab-GGUF", "other-vocab.gguf"
+BIG_REPO, BIG_FILE = "test-org/big-target-GGUF", "big-target.gguf"
+
+USER_CATALOG = f"""
+[[pair]]
+name = "tiny"
+description = "generated test pair"
+num_draft = 3
+hardware = "tests"
+[pair.llama]
+target = {{ repo = "{T_REPO}", file = "{T_FILE}" }}
+draft = {{ repo = "{D_REPO}", file = "{D_FILE}" }}
+size_gb = 0.01
+[pair.mlx]
+target = {{ repo = "test-org/tiny-target-mlx" }}
+draft = {{ repo = "test-org/tiny-draft-mlx" }}
+size_gb = 0.01
+"""
+
+
+# -- fixtures -----------------------------------------------------------------------------------
+
+
+def _write_gguf(path: Path, meta: dict, n_floats: int, *, alter_tokens: bool = False) -> Path:
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    for key, value in meta.items():
+        if not key.startswith("tokenizer.ggml.") or key == "tokenizer.ggml.merges":
+            continue
+        if key == "tokenizer.ggml.tokens" and alter_tokens:
+            value = [f"<other-{i}>" if 100 <= i < 400 else t for i, t in enumerate(value)]
+        if isinstance(value, bool):
+            w.add_bool(key, value)
+        elif isinstance(value, int):
+            w.add_uint32(key, value)
+        elif isinstance(value, str):
+            w.add_string(key, value)
+        else:
+            w.add_array(key, value)
+    rng = np.random.default_rng(n_floats)
+    w.add_tensor("weights", rng.standard_normal(n_floats).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture(scope="session")
+def ggufs(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> dict[str, bytes]:
+    meta = read_gguf_header(smollm2_path).metadata
+    d = tmp_path_factory.mktemp("ggufs")
+    return {
+        "target": _write_gguf(d / "t.gguf", meta, 3 * MiB // 4).read_bytes(),  # ~4.8 MB with the header
+        "draft": _write_gguf(d / "d.gguf", meta, MiB // 4).read_bytes(),
+        "bad": _write_gguf(d / "bad.gguf", meta, 8 * MiB, alter_tokens=True).read_bytes(),  # ~34 MB
+        "big": _write_gguf(d / "big.gguf", meta, 8 * MiB).read_bytes(),
+    }
+
+
+@pytest.fixture(autouse=True)
+def hf_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A private HF_HOME and catalog per test; returns the hub cache directory."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "HF_HUB_CACHE", "HF_ENDPOINT"):
+        monkeypatch.delenv(var, raising=False)
+    from huggingface_hub import constants
+
+    # a token saved on this machine (hf auth login) must not reach the fake Hub
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "hf" / "token"))
+    cat = tmp_path / "catalog.toml"
+    cat.write_text(USER_CATALOG)
+    monkeypatch.setenv("LOCALSPEC_CATALOG", str(cat))
+    return tmp_path / "hf" / "hub"
+
+
+@pytest.fixture(scope="session")
+def tokenizers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, bytes]]:
+    """Real (tiny, byte-level) tokenizer files for the fake MLX repos; "other" has two ids swapped."""
+    import json
+
+    from mlx_tiny import CONFIG, write_tokenizer
+
+    out = {}
+    for name, swap in (("same", None), ("other", (65, 66))):
+        d = tmp_path_factory.mktemp(f"tok-{name}")
+        try:
+            write_tokenizer(d, swap=swap)
+        except ImportError:  # no transformers/tokenizers (no mlx extra): the MLX check is skipped anyway
+            (d / "tokenizer.json").write_text(json.dumps({"swap": swap}))
+            (d / "tokenizer_config.json").write_text("{}")
+            (d / "chat_template.jinja").write_text("{{ messages }}")
+        files = {p.name: p.read_bytes() for p in d.iterdir()}
+        files["config.json"] = json.dumps(CONFIG).encode()
+        out[name] = files
+    return out
+
+
+@pytest.fixture
+def hub(ggufs: dict[str, bytes], tokenizers: dict[str, dict[str, bytes]]) -> FakeHub:
+    h = FakeHub()
+    h.add_repo(T_REPO, {T_FILE: ggufs["target"], "README.md": b"# tiny target\n"})
+    h.add_repo(D_REPO, {D_FILE: ggufs["draft"]})
+    h.add_repo(BAD_REPO, {BAD_FILE: ggufs["bad"]})
+    h.add_repo(BIG_REPO, {BIG_FILE: ggufs["big"]})
+    h.add_repo(
+        "test-org/multi-GGUF",
+        {
+            "m-Q4_K_M.gguf": ggufs["draft"],
+            "m-Q8_0.gguf": ggufs["draft"],
+            "big/m-F16-00001-of-00002.gguf": ggufs["draft"][: len(ggufs["draft"]) // 2],
+            "big/m-F16-00002-of-00002.gguf": ggufs["draft"][len(ggufs["draft"]) // 2 :],
+            "mmproj-m-f16.gguf": b"GGUF",
+        },
+    )
+    h.add_repo("test-org/gated-GGUF", {"g.gguf": ggufs["draft"]}, gated=True)
+    mlx_files = {
+        **tokenizers["same"],
+        "model.safetensors": os.urandom(MiB),
+        "README.md": b"# not downloaded for MLX\n",
+        "original/consolidated.pth": b"not wanted",
+    }
+    h.add_repo("test-org/tiny-target-mlx", mlx_files)
+    h.add_repo("test-org/tiny-draft-mlx", {**mlx_files, "model.safetensors": os.urandom(MiB // 2)})
+    h.add_repo("test-org/other-tokenizer-mlx", {**tokenizers["other"], "model.safetensors": os.urandom(MiB)})
+    with h:
+        yield h
+
+
+def _files_under(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file()] if root.exists() else []
+
+
+# -- pulling ------------------------------------------------------------------------------------
+
+
+def test_pull_pair_with_progress_then_second_pull_transfers_nothing(
+    hub: FakeHub, ggufs: dict[str, bytes], hf_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from huggingface_hub import constants
+
+    from localspec import hub as hubmod
+
+    monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", 256 << 10)
+    monkeypatch.setattr(hubmod._Tracker, "MIN_INTERVAL", 0.0)
+    events: list[hubmod.ProgressEvent] = []
+    result = hubmod.pull_pair("tiny", "llama", endpoint=hub.url, progress=events.append)
+
+    assert Path(result.target).read_bytes() == ggufs["target"]
+    assert Path(result.draft).read_bytes() == ggufs["draft"]
+    assert result.compat_checked and result.bytes_downloaded == len(ggufs["target"]) + len(ggufs["draft"])
+    assert resolve_pair("tiny", "llama") == (result.target, result.draft)
+    for role, data in (("target", ggufs["target"]), ("draft", ggufs["draft"])):
+        evs = [e for e in events if e.role == role]
+        assert len(evs) > 3, "one event per chunk at least"
+        done = [e.bytes_done for e in evs]
+        assert done == sorted(done) and evs[-1].done and evs[-1].bytes_done == len(data)
+        assert all(e.bytes_total == len(data) for e in evs)
+        assert any(e.speed for e in evs[:-1]) and any(e.eta is not None for e in evs[:-1])
+    # README.md is not part of a GGUF pull
+    assert not any(p.name == "README.md" for p in _files_under(hf_env))
+
+    hub.reset_stats()
+    events.clear()
+    again = hubmod.pull_pair("tiny", "llama", endpoint=hub.url, progress=events.append)
+    assert (again.target, again.draft) == (result.target, result.draft)
+    assert again.bytes_downloaded == 0
+    assert hub.content_bytes() == 0 and hub.count("GET", "/resolve/") == 0 and hub.count(None, "/cdn/") == 0
+    assert [e.cached for e in events] == [True, True]
+
+
+def test_pull_mlx_pair_downloads_only_what_mlx_lm_loads(hub: FakeHub, hf_env: Path) -> None:
+    from localspec.hub import pull_pair
+
+    result = pull_pair("tiny", "mlx", endpoint=hub.url)
+    target = Path(result.target)
+    assert target.is_dir() and (target / "model.safetensors").stat().st_size == MiB
+    assert sorted(p.name for p in target.iterdir()) == [
+        "chat_template.jinja", "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"
+    ]  # fmt: skip
+    assert result.compat_checked == _has_mlx()
+    assert resolve_pair("tiny", "mlx") == (result.target, result.draft)
+    hub.reset_stats()
+    assert pull_pair("tiny", "mlx", endpoint=hub.url).bytes_downloaded == 0
+    assert hub.content_bytes() == 0
+
+
+def _has_mlx() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("mlx") is not None and importlib.util.find_spec("mlx_lm") is not None
+
+
+def test_mlx_pair_with_another_tokenizer_is_refused_before_the_weights(hub: FakeHub) -> None:
+    from localspec.hub import pull_custom_pair
+
+    if not _has_mlx():
+        pytest.skip("needs mlx-lm for the tokenizer check")
+    with pytest.raises(IncompatiblePairError) as ei:
+        pull_custom_pair("test-org/tiny-target-mlx", "test-org/other-tokenizer-mlx", endpoint=hub.url)
+    assert "token text differs for 2 ids" in ei.value.message
+    assert hub.content_bytes("model.safetensors") == 0 and hub.content_bytes("tokenizer.json") > 0
+
+
+def test_resume_after_the_server_drops_mid_file(
+    hub: FakeHub, ggufs: dict[str, bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from huggingface_hub import constants
+
+    from localspec.hub import pull_model
+
+    chunk = 64 << 10
+    monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", chunk)  # resume counts whole chunks
+    size = len(ggufs["target"])
+    hub.drop_after[(T_REPO, T_FILE)] = MiB + 1000
+    result = pull_model(f"{T_REPO}:{T_FILE}", endpoint=hub.url)
+    assert Path(result.path("")).read_bytes() == ggufs["target"]
+    gets = [r for r in hub.requests if r.method == "GET" and r.file == f"{T_REPO}/{T_FILE}"]
+    assert len(gets) == 2
+    assert gets[0].body_bytes == MiB + 1000 and gets[1].range == f"bytes={MiB}-" and gets[1].status == 206
+    assert hub.content_bytes() < size + chunk  # resumed, not restarted
+
+
+def test_failed_transfer_leaves_no_complete_looking_file(
+    hub: FakeHub, ggufs: dict[str, bytes], hf_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from huggingface_hub import constants
+
+    from localspec.hub import pull_model
+
+    monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", 64 << 10)
+    hub.drop_after[(T_REPO, T_FILE)] = MiB
+    hub.fail_with[(T_REPO, T_FILE)] = [0, 500]  # the first GET goes through (and drops), the resume fails
+    with pytest.raises(PullError) as ei:
+        pull_model(f"{T_REPO}:{T_FILE}", endpoint=hub.url)
+    assert "HTTP 500" in ei.value.message and "again" in ei.value.hint
+    leftovers = _files_under(hf_env)
+    assert not any(p.stat().st_size == len(ggufs["target"]) for p in leftovers)
+    assert not any("snapshots" in p.parts for p in leftovers)
+    assert not any(p.name.endswith(".gguf") for p in leftovers)
+    with pytest.raises(CatalogError):
+        resolve_pair("tiny", "llama")
+    # the next pull completes
+    assert Path(pull_model(f"{T_REPO}:{T_FILE}", endpoint=hub.url).path("")).read_bytes() == ggufs["target"]
+
+
+def test_cancel_from_the_progress_callback(hub: FakeHub, hf_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from huggingface_hub import constants
+
+    from localspec import hub as hubmod
+
+    monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", 64 << 10)
+    monkeypatch.setattr(hubmod._Tracker, "MIN_INTERVAL", 0.0)
+    cancel = threading.Event()
+    with pytest.raises(hubmod.PullCancelled):
+        hubmod.pull_model(f"{T_REPO}:{T_FILE}", endpoint=hub.url, cancel=cancel, progress=lambda ev: cancel.set())
+    assert not any("snapshots" in p.parts for p in _files_under(hf_env))
+
+
+def test_split_gguf_pulls_every_part(hub: FakeHub, ggufs: dict[str, bytes]) -> None:
+    from localspec.hub import pull_model
+
+    r = pull_model("test-org/multi-GGUF:big/m-F16-00001-of-00002.gguf", endpoint=hub.url)
+    first = Path(r.path(""))
+    assert first.name == "m-F16-00001-of-00002.gguf"
+    assert first.read_bytes() + (first.parent / "m-F16-00002-of-00002.gguf").read_bytes() == ggufs["draft"]
+
+
+def test_ambiguous_gguf_repo_is_refused_with_the_list(hub: FakeHub) -> None:
+    from localspec.hub import pull_model
+
+    with pytest.raises(PullError) as ei:
+        pull_model("test-org/multi-GGUF", endpoint=hub.url)
+    assert "3 GGUF models" in ei.value.message
+    hint = ei.value.hint
+    assert "localspec pull test-org/multi-GGUF:m-Q4_K_M.gguf" in hint and "m-Q8_0.gguf" in hint
+    assert "big/m-F16-00001-of-00002.gguf" in hint and "2 parts" in hint
+    assert "mmproj" not in hint and "00002-of" not in hint
+    assert hub.content_bytes() == 0
+    # a repo with exactly one GGUF needs no file name
+    assert Path(pull_model(D_REPO, endpoint=hub.url).path("")).name == D_FILE
+
+
+def test_incompatible_pair_is_refused_from_the_headers_alone(
+    hub: FakeHub, ggufs: dict[str, bytes], hf_env: Path
+) -> None:
+    from localspec.hub import pull_custom_pair
+
+    with pytest.raises(IncompatiblePairError) as ei:
+        pull_custom_pair(f"{BIG_REPO}:{BIG_FILE}", f"{BAD_REPO}:{BAD_FILE}", endpoint=hub.url)
+    assert "token text differs for 300 ids" in ei.value.message
+    served = hub.content_bytes()
+    assert served <= 2 * 4 * MiB and served < (len(ggufs["big"]) + len(ggufs["bad"])) / 8
+    assert not any("snapshots" in p.parts for p in _files_under(hf_env))
+    # --no-check downloads anyway
+    r = pull_custom_pair(f"{T_REPO}:{T_FILE}", f"{BAD_REPO}:{BAD_FILE}", endpoint=hub.url, check=False)
+    assert not r.compat_checked and Path(r.draft).is_file()
+
+
+def test_hub_errors_are_mapped_to_messages_and_hints(hub: FakeHub) -> None:
+    from localspec.hub import pull_model
+
+    def err(spec: str, **kw: object) -> PullError:
+        with pytest.raises(PullError) as ei:
+            pull_model(spec, endpoint=hub.url, **kw)  # type: ignore[arg-type]
+        return ei.value
+
+    e = err("test-org/no-such-repo:x.gguf")
+    assert "repository test-org/no-such-repo not found" in e.message and "HF_TOKEN" in e.hint
+    e = err(f"{T_REPO}:missing.gguf")
+    assert "file missing.gguf not found" in e.message and f"{T_REPO}:{T_FILE}" in e.hint
+    e = err(f"{T_REPO}:{T_FILE}@no-such-branch")
+    assert "revision 'no-such-branch' not found" in e.message
+    e = err("test-org/gated-GGUF:g.gguf")
+    assert "gated" in e.message and "HF_TOKEN" in e.hint and "accept" in e.hint
+    e = err("test-org/gated-GGUF:g.gguf", token="hf_wrong")
+    assert "HTTP 401" in e.message and "invalid or expired" in e.hint
+    assert Path(pull_model("test-org/gated-GGUF:g.gguf", endpoint=hub.url, token=hub.token).path("")).is_file()
+    e = err("test-org/tiny-target-mlx", backend="llama")
+    assert "no GGUF" in e.message and "--backend mlx" in e.hint
+    e = err(T_REPO, backend="mlx")
+    assert "not an mlx-lm model repo" in e.message and "--backend llama" in e.hint
+
+
+def test_connection_and_disk_errors_are_mapped(hub: FakeHub, monkeypatch: pytest.MonkeyPatch) -> None:
+    from localspec import hub as hubmod
+
+    with pytest.raises(PullError) as ei:
+        hubmod.pull_model(f"{T_REPO}:{T_FILE}", endpoint="http://127.0.0.1:9")  # nothing listens there
+    assert "cannot reach http://127.0.0.1:9" in ei.value.message and "HF_HUB_OFFLINE" in ei.value.hint
+
+    h = hubmod._Hub("http://x", None, "/tmp/cache", None, None, None)
+    ref = hubmod.ModelRef("a/b")
+    e = hubmod._map_error(OSError(errno.ENOSPC, "No space left on device"), h, ref, "f.gguf", size=5 * 10**9)
+    assert "disk full" in e.message and "5.0 GB" in e.message and "HF_HOME" in e.hint
+    e = hubmod._map_error(OSError("Consistency check failed: file should be of size 10"), h, ref, "f")
+    assert "interrupted" in e.message and "again" in e.hint
+
+    class _Usage:
+        free = 1000
+
+    monkeypatch.setattr(hubmod.shutil, "disk_usage", lambda p: _Usage())
+    with pytest.raises(PullError) as ei:
+        hubmod.pull_model(f"{T_REPO}:{T_FILE}", endpoint=hub.url)
+    assert "not enough disk space" in ei.value.message and hub.content_bytes() == 0
+
+
+def test_hf_token_and_offline_mode_from_the_environment(hub: FakeHub, monkeypatch: pytest.MonkeyPatch) -> None:
+    from localspec.hub import pull_model
+
+    monkeypatch.setenv("HF_TOKEN", hub.token)
+    first = pull_model("test-org/gated-GGUF:g.gguf", endpoint=hub.url)
+    monkeypatch.delenv("HF_TOKEN")
+    hub.reset_stats()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    again = pull_model("test-org/gated-GGUF:g.gguf", endpoint=hub.url)
+    assert again.path("") == first.path("") and hub.requests == []
+    with pytest.raises(PullError) as ei:
+        pull_model(f"{T_REPO}:{T_FILE}", endpoint=hub.url)
+    assert "HF_HUB_OFFLINE" in ei.value.message and "unset" in ei.value.hint
+    assert hub.requests == []
+
+
+def test_catalog_qwen_pair_is_compatible_from_real_fixture_headers(
+    hub: FakeHub, qwen_pair: tuple[Path, Path], gemma_path: Path
+) -> None:
+    """The catalog's Qwen2.5-Coder llama pair, served from the real fixture GGUFs, checked by Range reads."""
+    from localspec.hub import check_remote_pair
+
+    (t_path, d_path), g_path = qwen_pair, gemma_path
+    bp = load_catalog(include_user=False).get("qwen2.5-coder-1.5b").backends["llama"]
+    assert (bp.target.file, bp.draft.file) == (t_path.name, d_path.name)
+    hub.add_repo(bp.target.repo, {bp.target.file: t_path})
+    hub.add_repo(bp.draft.repo, {bp.draft.file: d_path})
+    report = check_remote_pair(bp.target, bp.draft, endpoint=hub.url)
+    total = t_path.stat().st_size + d_path.stat().st_size
+    assert report.target_vocab == report.draft_vocab == 151_936
+    assert report.bytes_read == hub.content_bytes() <= 16 * MiB < total / 50
+    # and a real mismatch, from real headers
+    hub.add_repo("test-org/gemma", {g_path.name: g_path})
+    with pytest.raises(IncompatiblePairError) as ei:
+        check_remote_pair(bp.target, f"test-org/gemma:{g_path.name}", endpoint=hub.url)
+    assert "vocabulary type differs" in ei.value.message
+
+
+# -- the CLI ------------------------------------------------------------------------------------
+
+
+def _main(argv: list[str]) -> int:
+    """cli.main with only this file's commands registered (others may be mid-edit in the tree)."""
+    import argparse
+
+    from localspec.commands import models, pull
+    from localspec.errors import LocalspecError
+
+    parser = argparse.ArgumentParser(prog="localspec")
+    sub = parser.add_subparsers(dest="command")
+    pull.add_parser(sub)
+    models.add_parser(sub)
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except LocalspecError as e:
+        cli.print_error(e)
+        return e.exit_code
+
+
+def test_pull_and_models_are_cli_commands() -> None:
+    assert {"pull", "models"} <= set(cli.COMMANDS)
+
+
+def test_cli_pull_piped_prints_plain_lines(hub: FakeHub, capsys: pytest.CaptureFixture[str]) -> None:
+    assert _main(["pull", "tiny", "--backend", "llama", "--endpoint", hub.url]) == 0
+    out, err = capsys.readouterr()
+    assert "\r" not in err and "\x1b" not in err
+    lines = err.splitlines()
+    assert any(ln.startswith(f"target: downloading {T_REPO}/{T_FILE}") for ln in lines)
+    assert any(ln.startswith(f"draft: {D_FILE} done") for ln in lines)
+    assert "vocabularies match" in err
+    assert out.splitlines()[0].startswith("ready: tiny (llama), ")
+    assert "run it: localspec run --pair tiny --backend llama" in out
+
+    assert _main(["pull", "tiny", "--backend", "llama", "--endpoint", hub.url]) == 0
+    out, err = capsys.readouterr()
+    assert "already downloaded" in err and "nothing to download" in out
+
+    assert _main(["models", "--backend", "llama"]) == 0
+    out, _ = capsys.readouterr()
+    tiny = out[out.index("tiny  (num_draft 3)") :]
+    assert tiny.splitlines()[3].split()[:2] == ["llama", "ready"] and "MB on disk" in tiny
+    assert "not pulled" in out  # the built-in pairs
+
+
+def test_cli_errors_and_usage(hub: FakeHub, capsys: pytest.CaptureFixture[str]) -> None:
+    assert _main(["pull", "test-org/multi-GGUF", "--endpoint", hub.url]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: test-org/multi-GGUF has 3 GGUF models") and "hint: pick one:" in err
+    assert _main(["pull", "--target", f"{T_REPO}:{T_FILE}"]) == 2
+    assert "both --target and --draft" in capsys.readouterr().err
+    assert _main(["pull", "no-such-pair"]) == 1
+    assert "known pairs:" in capsys.readouterr().err
+    pair = ["--target", f"{T_REPO}:{T_FILE}", "--draft", f"{D_REPO}:{D_FILE}"]
+    assert _main(["pull", "--check-only", *pair, "--endpoint", hub.url]) == 0
+    assert "compatible:" in capsys.readouterr().out and hub.count("GET", "/cdn/") == 2
+
+
+def test_tty_progress_draws_one_bar_per_file_with_speed_and_eta() -> None:
+    from localspec.commands.pull import ProgressPrinter
+    from localspec.hub import ProgressEvent
+
+    buf = io.StringIO()
+    p = ProgressPrinter(buf, tty=True, width=110)
+    p(ProgressEvent("a.gguf", "o/r", "target", 0, 4_000_000_000, None, None, False))
+    p(ProgressEvent("a.gguf", "o/r", "target", 1_000_000_000, 4_000_000_000, 50e6, 60.0, False))
+    p(ProgressEvent("a.gguf", "o/r", "target", 4_000_000_000, 4_000_000_000, 50e6, 0.0, True))
+    p(ProgressEvent("b.gguf", "o/d", "draft", 500, 500, None, None, True, True))
+    text = buf.getvalue()
+    assert text.count("\r") == 3 and text.count("\n") == 2
+    assert "25% 1.0 GB/4.0 GB  50.0 MB/s  ETA 1:00" in text and "100% 4.0 GB/4.0 GB" in text
+    assert "draft: o/d/b.gguf already downloaded (500 B)" in text
+    assert all(len(line) < 110 for line in text.replace("\r", "\n").splitlines())
+
+
+def test_environment_variables_reach_huggingface_hub_in_a_subprocess(hub: FakeHub, tmp_path: Path) -> None:
+    """HF_ENDPOINT and HF_TOKEN are read by huggingface_hub at import: check them in a fresh process."""
+    env = {
+        **os.environ,
+        "HF_ENDPOINT": hub.url,
+        "HF_TOKEN": hub.token,
+        "HF_HOME": str(tmp_path / "sub-hf"),
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "localspec.cli", "pull", "test-org/gated-GGUF:g.gguf"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert str(tmp_path / "sub-hf" / "hub") in proc.stdout
+    assert all(r.auth == f"Bearer {hub.token}" for r in hub.requests if r.origin == "hub")
+
+
+def test_progress_class_fits_huggingface_hubs_xet_reporter() -> None:
+    """Real Hub repos are Xet-backed: hf_xet reports through this reporter, not http_get."""
+    from types import SimpleNamespace
+
+    from localspec.hub import _Tracker
+
+    xet = pytest.importorskip("huggingface_hub.utils._xet_progress_reporting")
+    XetDownloadProgressReporter = xet.XetDownloadProgressReporter
+
+    events = []
+    tracker = _Tracker("w.safetensors", "o/r", "draft", None, events.append, None)
+    tracker.MIN_INTERVAL = 0.0
+    with XetDownloadProgressReporter(
+        reconstruction_desc="w.safetensors", total=300, log_level=30, tqdm_class=tracker.bar_class()
+    ) as reporter:
+        for done in (100, 250, 300):
+            report = SimpleNamespace(
+                total_bytes=300, total_bytes_completed=done, total_transfer_bytes_completed=done - 10,
+                total_bytes_completion_rate=1e6, total_transfer_bytes_completion_rate=1e6,
+            )  # fmt: skip
+            reporter.update_progress(report, {})
+    tracker.finish(300)
+    assert [e.bytes_done for e in events] == [100, 250, 300, 300] and events[-1].done
+    assert tracker.total == 300 and tracker.transferred == 290
