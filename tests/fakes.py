@@ -110,3 +110,148 @@ def noisy(fn: LogitsFn, seed: int, scale: float) -> LogitsFn:
         return out + base_noise(context)[: out.shape[0]]
 
     return draft
+
+
+def scripted_tokens(script: Sequence[int], *, n_vocab: int = N_VOCAB, fallback: int = 0) -> LogitsFn:
+    """A model that writes `script` by absolute position: after a context of length n it predicts
+    script[n] (with certainty: every other logit is -inf), then `fallback` past the script's end.
+    Give the script's first tokens as the prompt."""
+
+    def fn(context: Sequence[int]) -> np.ndarray:
+        n = len(context)
+        out = np.full(n_vocab, -np.inf, dtype=np.float32)
+        out[script[n] if n < len(script) else fallback] = 0.0
+        return out
+
+    return fn
+
+
+def without(fn: LogitsFn, tokens: Sequence[int] = (EOG,)) -> LogitsFn:
+    """`fn` with the given tokens made impossible (-inf), e.g. a model that never ends generation."""
+    banned = list(tokens)
+
+    def wrapped(context: Sequence[int]) -> np.ndarray:
+        out = np.array(fn(context), dtype=np.float32)
+        out[banned] = -np.inf
+        return out
+
+    return wrapped
+
+
+# -- scripted costs and acceptance (adaptive drafting tests) -----------------------------------------
+
+
+class FakeClock:
+    """A clock that only moves when a costed backend does work: timings in tests are exact."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class CostedBackend(FakeBackend):
+    """A FakeBackend whose forward of n tokens advances `clock` by cost(n) seconds.
+
+    `cost` may be swapped mid-run (e.g. a draft that turns slow).
+    """
+
+    def __init__(self, logits_fn: LogitsFn, clock: FakeClock, cost: Callable[[int], float], **kw: object) -> None:
+        super().__init__(logits_fn, **kw)  # type: ignore[arg-type]
+        self.clock = clock
+        self.cost = cost
+
+    def forward(self, tokens: Sequence[int], *, all_logits: bool = True) -> np.ndarray:
+        self.clock.advance(self.cost(len(tokens)))
+        return super().forward(tokens, all_logits=all_logits)
+
+
+def scripted_draft(
+    target_fn: LogitsFn, agree: Callable[[int], bool], seed: int = 99, *, confidence: float = 4.0
+) -> LogitsFn:
+    """A draft that copies the target when agree(len(context)) holds and is unrelated noise otherwise.
+
+    At temperature 0 this scripts acceptance by position in the text: ~100% where it agrees, ~0% elsewhere.
+    Where it agrees its logits are the target's times `confidence` (same argmax, sure of it), as a real
+    draft tends to be sure where it matches.
+    """
+    other = hashed_logits(seed, order=2)
+
+    def fn(context: Sequence[int]) -> np.ndarray:
+        return target_fn(context) * confidence if agree(len(context)) else other(context)
+
+    return fn
+
+
+# -- additions for the chat app's tests (tests/test_tui*.py) ---------------------------------------------
+
+
+def scripted(reply: str, *, marker: str = "<assistant>", wrong_every: int = 0) -> LogitsFn:
+    """A model that answers every chat turn with `reply` (bytes after the last `marker`), then ends.
+
+    With wrong_every=n it gets every n-th position wrong (a draft that is right most of the time).
+    """
+    script = list(reply.encode("utf-8")) + [EOG]
+    mark = list(marker.encode("utf-8"))
+
+    def fn(context: Sequence[int]) -> np.ndarray:
+        start = _last_index(context, mark)
+        pos = len(context) - start if start >= 0 else 0
+        tok = script[min(pos, len(script) - 1)]
+        if wrong_every and pos % wrong_every == wrong_every - 1 and tok != EOG:
+            tok = (tok + 1) % 256
+        out = np.full(N_VOCAB, -10.0, dtype=np.float32)
+        out[tok] = 10.0
+        return out
+
+    return fn
+
+
+def _last_index(context: Sequence[int], pattern: list[int]) -> int:
+    """Index just past the last occurrence of pattern in context, or -1."""
+    n = len(pattern)
+    for i in range(len(context) - n, -1, -1):
+        if list(context[i : i + n]) == pattern:
+            return i + n
+    return -1
+
+
+class GatedBackend(FakeBackend):
+    """A FakeBackend whose forward passes wait for a permit: tests release them one by one to look at
+    the app between rounds."""
+
+    def __init__(self, logits_fn: LogitsFn, **kwargs: object) -> None:
+        import threading
+
+        super().__init__(logits_fn, **kwargs)  # type: ignore[arg-type]
+        self.gate = threading.Semaphore(0)
+        self.open = False
+
+    def forward(self, tokens: Sequence[int], *, all_logits: bool = True) -> np.ndarray:
+        if not self.open:
+            self.gate.acquire()
+        return super().forward(tokens, all_logits=all_logits)
+
+    def release(self, n: int = 1) -> None:
+        self.gate.release(n)
+
+    def open_gate(self) -> None:
+        self.open = True
+        self.gate.release(1_000)
+
+
+class FailingBackend(FakeBackend):
+    """A FakeBackend that raises on its n-th forward pass (a backend failing mid-reply)."""
+
+    def __init__(self, logits_fn: LogitsFn, *, fail_at: int, **kwargs: object) -> None:
+        super().__init__(logits_fn, **kwargs)  # type: ignore[arg-type]
+        self.fail_at = fail_at
+
+    def forward(self, tokens: Sequence[int], *, all_logits: bool = True) -> np.ndarray:
+        if len(self.forward_calls) + 1 >= self.fail_at:
+            raise RuntimeError("fake backend: device lost")
+        return super().forward(tokens, all_logits=all_logits)

@@ -129,10 +129,13 @@ class ModelDrafter:
         # Prefill all but the last token; propose() feeds the rest and gets the first draft's logits.
         keep = common_prefix(self.backend.cached_tokens, context, limit=len(context) - 1)
         self.backend.rollback(keep)
-        if keep < len(context) - 1:
+        if keep < len(context) - 1 <= self.backend.n_ctx:  # a prompt beyond the draft's window: no drafts
             self.backend.forward(context[keep:-1], all_logits=False)
 
     def propose(self, context: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator) -> Draft:
+        # The draft's window may be smaller than the target's (e.g. a capped sliding-window cache): the
+        # cache ends holding context + k - 1 tokens, so draft less, then nothing, rather than overflow.
+        k = min(k, self.backend.n_ctx - len(context) + 1)
         if k <= 0:
             return EMPTY_DRAFT
         keep = common_prefix(self.backend.cached_tokens, context, limit=len(context) - 1)

@@ -46,7 +46,7 @@ class Step:
     text: str  # newly decoded text (may be empty while a UTF-8 character is incomplete)
     tokens: tuple[int, ...]
     origins: tuple[Origin, ...]
-    round: RoundStats | None  # None for the first token, which comes from the prompt pass
+    round: RoundStats | None  # None for the first token (from the prompt pass) and the final UTF-8 flush
 
 
 @dataclass(frozen=True)
@@ -144,7 +144,7 @@ class _Run:
         draft = self.drafter.propose(self.context, k, self.sampling, self.rng) if k > 0 else Draft([], None)
         t1 = self.clock()
         n_before = len(self.target.cached_tokens)
-        logits = self.target.forward([self.context[-1], *draft.tokens])  # [k+1, V]
+        logits = self.target.forward(self._verify_batch(draft.tokens))  # [k+1, V], fewer: see _verify_batch
         verdict = self._verify(draft, logits)
         self.target.rollback(n_before + 1 + verdict.n_accepted)
         t2 = self.clock()
@@ -162,6 +162,18 @@ class _Run:
             note=draft.note,
         )
         return tokens, origins, stats
+
+    def _verify_batch(self, draft: list[int]) -> list[int]:
+        """[last, d1..dk], cut before the first draft token outside the target's vocabulary.
+
+        Such a token has p = 0, so it is surely rejected: the rows up to it suffice to grade it and
+        draw the recovered token from max(0, p - q), and the target never sees an id it cannot embed.
+        """
+        batch = [self.context[-1], *draft]
+        for i, t in enumerate(draft):
+            if t >= self.target.n_vocab:
+                return batch[: i + 1]
+        return batch
 
     def _verify(self, draft: Draft, logits: np.ndarray) -> verify.Verdict:
         if self.sampling.greedy:

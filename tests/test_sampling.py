@@ -1,0 +1,260 @@
+"""Logits processing (temperature, top-k, top-p, min-p) and sampling, against plain references."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from localspec.errors import UsageError
+from localspec.spec import sampling
+from localspec.spec.sampling import SamplingParams, greedy, probabilities, sample
+
+
+def _softmax(z: np.ndarray) -> np.ndarray:
+    z = z - z.max()
+    e = np.exp(z)
+    return e / e.sum()
+
+
+def _reference(
+    logits: np.ndarray, *, t: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0
+) -> np.ndarray:
+    """Full-sort reference: temperature, top-k, top-p, min-p, in that order."""
+    p = _softmax(np.asarray(logits, dtype=np.float64) / t)
+    order = np.argsort(-p, kind="stable")
+    if top_k:
+        keep = np.zeros_like(p, dtype=bool)
+        keep[order[:top_k]] = True
+        p = np.where(keep, p, 0.0)
+        p /= p.sum()
+    if top_p < 1.0:
+        order = np.argsort(-p, kind="stable")
+        cum = np.cumsum(p[order])
+        n_keep = int(np.searchsorted(cum, top_p)) + 1  # smallest prefix whose mass reaches top_p
+        keep = np.zeros_like(p, dtype=bool)
+        keep[order[:n_keep]] = True
+        p = np.where(keep, p, 0.0)
+        p /= p.sum()
+    if min_p > 0.0:
+        p = np.where(p >= min_p * p.max(), p, 0.0)
+        p /= p.sum()
+    return p
+
+
+def _distinct_logits(n: int, seed: int, scale: float = 3.0) -> np.ndarray:
+    """Random logits without ties (ties at a cut make top-k/top-p ambiguous)."""
+    rng = np.random.default_rng(seed)
+    z = rng.standard_normal(n) * scale
+    assert np.unique(z).size == n
+    return z.astype(np.float32)
+
+
+@pytest.mark.parametrize("t", [0.3, 1.0, 2.5])
+def test_temperature_only_is_softmax(t: float) -> None:
+    z = _distinct_logits(100, 1)
+    expected = _softmax(z.astype(np.float64) / t)
+    np.testing.assert_allclose(probabilities(z, SamplingParams(temperature=t)), expected, rtol=1e-12)
+
+
+def test_probabilities_rows_and_shapes() -> None:
+    z = np.stack([_distinct_logits(50, s) for s in range(3)])
+    p = probabilities(z, SamplingParams(temperature=1.0))
+    assert p.shape == (3, 50) and p.dtype == np.float64
+    np.testing.assert_allclose(p.sum(axis=1), 1.0)
+    np.testing.assert_allclose(p[1], probabilities(z[1], SamplingParams(temperature=1.0)))
+
+
+@pytest.mark.parametrize("top_k", [1, 2, 7, 49])
+def test_top_k(top_k: int) -> None:
+    z = _distinct_logits(50, 2)
+    p = probabilities(z, SamplingParams(temperature=0.8, top_k=top_k))
+    assert np.count_nonzero(p) == top_k
+    np.testing.assert_allclose(p, _reference(z, t=0.8, top_k=top_k), rtol=1e-12)
+
+
+def test_top_k_at_or_above_vocab_is_off() -> None:
+    z = _distinct_logits(10, 3)
+    for k in (10, 11):
+        p = probabilities(z, SamplingParams(temperature=1.0, top_k=k))
+        np.testing.assert_allclose(p, _softmax(z.astype(np.float64)))
+
+
+@pytest.mark.parametrize("top_p", [0.05, 0.5, 0.9, 0.99, 0.999999])
+@pytest.mark.parametrize("vocab", [8, 300, 5000])
+def test_top_p_matches_full_sort(top_p: float, vocab: int) -> None:
+    z = _distinct_logits(vocab, vocab + int(top_p * 1000), scale=2.0)
+    p = probabilities(z, SamplingParams(temperature=1.0, top_p=top_p))
+    ref = _reference(z, top_p=top_p)
+    np.testing.assert_array_equal(p > 0, ref > 0)
+    np.testing.assert_allclose(p, ref, rtol=1e-12)
+
+
+@pytest.mark.parametrize("top_p", [0.5, 0.95])
+def test_top_p_nucleus_larger_than_the_partial_sort(top_p: float) -> None:
+    """A flat distribution over a big vocabulary: the nucleus needs far more than 1024 candidates."""
+    vocab = 50_000
+    z = _distinct_logits(vocab, 11, scale=0.05)
+    p = probabilities(z, SamplingParams(temperature=1.0, top_p=top_p))
+    ref = _reference(z, top_p=top_p)
+    kept = np.count_nonzero(ref)
+    assert kept > sampling._NUCLEUS_START
+    assert np.count_nonzero(p) == kept
+    np.testing.assert_array_equal(p > 0, ref > 0)
+    np.testing.assert_allclose(p, ref, rtol=1e-12)
+
+
+def test_top_p_nucleus_exactly_at_a_boundary() -> None:
+    # Probabilities 0.5, 0.25, 0.125, 0.125: top_p 0.75 keeps exactly two tokens.
+    z = np.log(np.array([0.125, 0.5, 0.125, 0.25]))
+    p = probabilities(z, SamplingParams(temperature=1.0, top_p=0.75))
+    np.testing.assert_allclose(p, [0.0, 2 / 3, 0.0, 1 / 3])
+
+
+@pytest.mark.parametrize("min_p", [0.05, 0.2, 0.6])
+def test_min_p(min_p: float) -> None:
+    z = _distinct_logits(200, 5)
+    p = probabilities(z, SamplingParams(temperature=1.0, min_p=min_p))
+    ref = _reference(z, min_p=min_p)
+    np.testing.assert_allclose(p, ref, rtol=1e-12)
+    base = _softmax(z.astype(np.float64))
+    assert np.all((p > 0) == (base >= min_p * base.max()))
+
+
+def test_all_filters_together_match_the_reference() -> None:
+    z = _distinct_logits(3000, 9, scale=1.5)
+    params = SamplingParams(temperature=0.7, top_k=400, top_p=0.8, min_p=0.02)
+    ref = _reference(z, t=0.7, top_k=400, top_p=0.8, min_p=0.02)
+    np.testing.assert_allclose(probabilities(z, params), ref, rtol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=1.0),
+        SamplingParams(temperature=0.5, top_k=3),
+        SamplingParams(temperature=1.0, top_p=0.9),
+        SamplingParams(temperature=1.0, min_p=0.1),
+    ],
+)
+def test_minus_inf_logits_get_zero_probability(params: SamplingParams) -> None:
+    z = np.array([-np.inf, 1.0, -np.inf, 0.5, 0.0, -np.inf], dtype=np.float32)
+    with np.errstate(all="raise"):  # no nan, no invalid-value warnings
+        p = probabilities(z, params)
+    assert np.all(np.isfinite(p))
+    assert p[0] == p[2] == p[5] == 0.0
+    assert p.sum() == pytest.approx(1.0)
+    rng = np.random.default_rng(0)
+    assert all(sample(p, rng) not in (0, 2, 5) for _ in range(500))
+
+
+def test_sample_follows_the_distribution_and_skips_zeros() -> None:
+    p = np.array([0.0, 0.2, 0.0, 0.5, 0.3, 0.0])
+    rng = np.random.default_rng(1)
+    draws = np.array([sample(p, rng) for _ in range(20_000)])
+    counts = np.bincount(draws, minlength=6) / draws.size
+    assert counts[0] == counts[2] == counts[5] == 0.0
+    np.testing.assert_allclose(counts, p, atol=0.015)
+
+
+def test_sample_accepts_unnormalized_weights() -> None:
+    rng = np.random.default_rng(2)
+    draws = [sample(np.array([0.0, 3.0, 1.0]), rng) for _ in range(4000)]
+    assert 0 not in draws
+    assert 0.7 < draws.count(1) / len(draws) < 0.8
+
+
+def test_sample_never_returns_a_trailing_zero_weight_token() -> None:
+    """Even a uniform draw at the very top of [0, 1) maps to the last token with weight."""
+
+    class TopRng:
+        def random(self) -> float:
+            return np.nextafter(1.0, 0.0)
+
+    assert sample(np.array([0.1, 0.7, 0.2, 0.0, 0.0]), TopRng()) == 2  # type: ignore[arg-type]
+    assert sample(np.array([0.3] * 10 + [0.0]), TopRng()) == 9  # type: ignore[arg-type]
+
+
+def test_greedy_is_argmax_per_row() -> None:
+    z = np.array([[0.0, 2.0, 1.0], [-np.inf, -1.0, -np.inf], [5.0, 5.0, 0.0]])
+    assert greedy(z).tolist() == [1, 1, 0]
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"temperature": -0.1}, {"top_k": -1}, {"top_p": 0.0}, {"top_p": 1.5}, {"min_p": -0.1}, {"min_p": 1.0}],
+)
+def test_invalid_params_are_usage_errors(kwargs: dict) -> None:
+    with pytest.raises(UsageError):
+        SamplingParams(**kwargs)
+
+
+def test_greedy_flag() -> None:
+    assert SamplingParams().greedy and SamplingParams(temperature=0.0).greedy
+    assert not SamplingParams(temperature=0.01).greedy
+
+
+# -- large vocabularies: the thresholded top-k/top-p candidates and the two-level sampler ------------------
+
+
+@pytest.mark.parametrize("top_k", [1, 5, 40, 1000, 20_000])
+@pytest.mark.parametrize("scale", [0.01, 1.0, 30.0])  # flat logits need the candidate window widened
+def test_top_k_large_vocab_matches_full_sort(top_k: int, scale: float) -> None:
+    z = _distinct_logits(50_000, top_k + int(scale * 10), scale=scale)
+    p = probabilities(z, SamplingParams(temperature=1.0, top_k=top_k))
+    ref = _reference(z, top_k=top_k)
+    assert np.count_nonzero(p) == top_k
+    np.testing.assert_array_equal(p > 0, ref > 0)
+    np.testing.assert_allclose(p, ref, rtol=1e-12)
+
+
+def test_top_k_with_minus_inf_beyond_k() -> None:
+    z = np.full(10_000, -np.inf, dtype=np.float32)
+    z[[3, 500, 9000]] = [1.0, 2.0, 0.5]
+    p = probabilities(z, SamplingParams(temperature=1.0, top_k=50))
+    assert set(np.flatnonzero(p)) == {3, 500, 9000}
+    np.testing.assert_allclose(p.sum(), 1.0)
+
+
+def test_top_p_ties_at_the_cut_go_to_the_lower_id() -> None:
+    # Ten equal tokens of 0.1 each among a big vocabulary of near-zero ones: top_p 0.35 keeps four of them
+    # (0.4 >= 0.35), the four with the lowest ids, as the stable full-sort reference does.
+    vocab = 20_000
+    z = np.full(vocab, -40.0)
+    ties = np.array([17, 3, 19_999, 4096, 77, 12_000, 5, 8191, 8192, 600])
+    z[ties] = 0.0
+    p = probabilities(z, SamplingParams(temperature=1.0, top_p=0.35))
+    ref = _reference(z, top_p=0.35)
+    assert sorted(np.flatnonzero(p)) == sorted(np.flatnonzero(ref)) == [3, 5, 17, 77]
+    np.testing.assert_allclose(p, ref, rtol=1e-12)
+
+
+@pytest.mark.parametrize("vocab", [4097, 50_000, 151_936])
+def test_sample_large_vocab_follows_the_distribution(vocab: int) -> None:
+    """The two-level sampler (block sums, then within a block) on tokens at block edges and in the tail."""
+    ids = np.array([0, 1023, 1024, 2047, vocab // 2, vocab - 2, vocab - 1])
+    weights = np.array([0.05, 0.2, 0.1, 0.15, 0.3, 0.1, 0.1])
+    p = np.zeros(vocab)
+    p[ids] = weights
+    rng = np.random.default_rng(4)
+    draws = np.array([sample(p, rng) for _ in range(20_000)])
+    assert set(np.unique(draws)) <= set(ids.tolist())
+    freq = np.array([(draws == i).mean() for i in ids])
+    np.testing.assert_allclose(freq, weights, atol=0.015)
+
+
+def test_sample_large_vocab_never_picks_zero_weight_tokens_at_the_edges() -> None:
+    class FixedRng:
+        def __init__(self, u: float) -> None:
+            self.u = u
+
+        def random(self) -> float:
+            return self.u
+
+    vocab = 10_000
+    p = np.zeros(vocab)
+    p[[1500, 1501, 7000]] = [0.25, 0.25, 0.5]  # block 1 ends with zeros; trailing blocks are all zero
+    for u in [0.0, 1e-300, 0.2499999999, 0.25, 0.4999999999, 0.5, 0.5000000001, 0.9999999, np.nextafter(1.0, 0.0)]:
+        t = sample(p, FixedRng(u))  # type: ignore[arg-type]
+        assert p[t] > 0, (u, t)
+    assert sample(p, FixedRng(np.nextafter(1.0, 0.0))) == 7000  # type: ignore[arg-type]
+    assert sample(p, FixedRng(0.0)) == 1500  # type: ignore[arg-type]
