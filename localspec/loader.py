@@ -12,7 +12,7 @@ from localspec.spec.drafters import Drafter, ModelDrafter, NgramDrafter, NoDraft
 from localspec.vocab import check_compatible
 
 BACKENDS = ("llama", "mlx")
-DRAFT_METHODS = ("model", "ngram", "none")
+DRAFT_METHODS = ("auto", "model", "ngram", "none")
 
 
 @dataclass(frozen=True)
@@ -21,6 +21,7 @@ class LoadOptions:
     draft: str | None = None
     backend: str = "llama"  # "llama" | "mlx" | "auto"
     draft_method: str = "model"
+    max_draft: int = 8  # auto: the longest draft it may choose
     n_ctx: int = 4096
     threads: int | None = None
     n_gpu_layers: int = -1  # -1: offload everything the build can
@@ -40,12 +41,15 @@ class Pipeline:
         self.target.close()
 
 
-def resolve_backend(name: str) -> tuple[str, str]:
-    """Map "auto" to a concrete backend: MLX on Apple silicon when installed, else llama.cpp."""
+def resolve_backend(name: str, target: str | None = None) -> tuple[str, str]:
+    """Map "auto" to a concrete backend: llama.cpp for GGUF files; otherwise MLX on Apple silicon
+    when installed, else llama.cpp."""
     if name in BACKENDS:
         return name, ""
     if name != "auto":
         raise UsageError(f"unknown backend {name!r}", "choose one of: auto, llama, mlx")
+    if target is not None and target.lower().endswith(".gguf"):
+        return "llama", "auto picked llama.cpp (the target is a GGUF file)"
     if sys.platform == "darwin" and platform.machine() == "arm64" and mlx_available():
         return "mlx", "auto picked MLX (Apple silicon, mlx-lm installed)"
     why = "not Apple silicon" if not (sys.platform == "darwin" and platform.machine() == "arm64") else "MLX not installed"
@@ -66,9 +70,9 @@ def load_pipeline(opts: LoadOptions) -> Pipeline:
             "--draft-method model needs a draft model",
             "pass --draft PATH (a small model with the target's tokenizer), or use --draft-method ngram",
         )
-    backend, note = resolve_backend(opts.backend)
+    backend, note = resolve_backend(opts.backend, opts.target)
     module = _backend_module(backend)
-    if opts.draft_method == "model":
+    if opts.draft_method == "model" or (opts.draft_method == "auto" and opts.draft):
         assert opts.draft is not None
         # Compare vocabularies from metadata first, so a bad pair fails before gigabytes load.
         check_compatible(
@@ -76,18 +80,27 @@ def load_pipeline(opts: LoadOptions) -> Pipeline:
         )
     target = module.load(opts.target, n_ctx=opts.n_ctx, threads=opts.threads, n_gpu_layers=opts.n_gpu_layers)
     try:
-        drafter = _make_drafter(module, opts)
+        drafter = _make_drafter(module, opts, target)
     except BaseException:
         target.close()
         raise
     return Pipeline(target, drafter, backend, note)
 
 
-def _make_drafter(module, opts: LoadOptions) -> Drafter:  # type: ignore[no-untyped-def]
+def _make_drafter(module, opts: LoadOptions, target: Backend) -> Drafter:  # type: ignore[no-untyped-def]
     if opts.draft_method == "ngram":
         return NgramDrafter()
     if opts.draft_method == "none":
         return NoDrafter()
+    if opts.draft_method == "auto":
+        from localspec.spec.adaptive import AutoDrafter
+
+        model = None
+        if opts.draft:
+            model = ModelDrafter(
+                module.load(opts.draft, n_ctx=opts.n_ctx, threads=opts.threads, n_gpu_layers=opts.n_gpu_layers)
+            )
+        return AutoDrafter(ngram=NgramDrafter(), model=model, target=target, max_k=opts.max_draft)
     draft = module.load(opts.draft, n_ctx=opts.n_ctx, threads=opts.threads, n_gpu_layers=opts.n_gpu_layers)
     return ModelDrafter(draft)
 

@@ -1,0 +1,426 @@
+"""MLX backend: an mlx-lm model with its prompt cache, rolled back by trimming.
+
+Loads an mlx-lm model directory (config.json, *.safetensors, tokenizer files) or a Hugging Face repo
+id. The cache must be trimmable, because a speculative round appends k+1 positions and then drops
+the rejected ones; a recurrent or hybrid model (state that cannot be rewound) is refused at load,
+before its weights are materialized.
+
+mlx and mlx-lm are imported lazily, so this module imports on any machine; `load` and `peek_vocab`
+say how to install them when they are missing.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from localspec.backends.base import ByteDetokenizer, ChatMessage, Detokenizer, ModelInfo
+from localspec.errors import (
+    BackendUnavailableError,
+    ContextOverflowError,
+    GenerationError,
+    ModelFileError,
+    UnsupportedModelError,
+)
+from localspec.vocab import VocabInfo
+
+INSTALL_HINT = "install it with `pip install 'localspec[mlx]'` (on Linux this brings mlx[cpu])"
+
+# Token texts that end a turn in common chat formats; llama.cpp treats them as end-of-generation too.
+_EOG_TEXTS = frozenset(
+    {"<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "<|end|>", "<|eom_id|>",
+     "</s>", "<|return|>", "<|call|>"}
+)  # fmt: skip
+
+_TOKENIZER_PATTERNS = ["*.json", "tokenizer.model", "*.tiktoken", "tiktoken.model", "*.txt", "*.jinja"]
+
+
+# -- module API (see localspec.loader) ------------------------------------------------------------
+
+
+def peek_vocab(path: str) -> VocabInfo:
+    """The vocabulary facts of a model, from its tokenizer files alone (no weights are read)."""
+    _require_mlx()
+    model_path = resolve(path, tokenizer_only=True)
+    return _vocab_info(_load_tokenizer(model_path))
+
+
+def load(path: str, *, n_ctx: int, threads: int | None = None, n_gpu_layers: int = -1) -> MLXBackend:
+    """Load a model for speculative decoding. `threads` and `n_gpu_layers` do not apply to MLX."""
+    _require_mlx()
+    import mlx.core as mx
+    from mlx_lm.utils import load_model
+
+    model_path = resolve(path)
+    try:
+        # lazy: the weights are materialized at mx.eval below, after the cache check.
+        model, config = load_model(model_path, lazy=True)
+    except FileNotFoundError as e:
+        raise ModelFileError(f"{path}: not a complete mlx-lm model directory ({e})", _MODEL_DIR_HINT) from None
+    except ValueError as e:
+        raise UnsupportedModelError(f"mlx-lm cannot build the model in {path}: {e}", "check that mlx-lm is up to date") from None
+    n_ctx, cache_note = _check_cache(model, config, path, n_ctx)
+    mx.eval(model.parameters())
+    tokenizer = _load_tokenizer(model_path, eos_token_ids=config.get("eos_token_id"))
+    return MLXBackend(model, tokenizer, config, path=path, model_path=model_path, n_ctx=n_ctx, note=cache_note)
+
+
+_MODEL_DIR_HINT = (
+    "pass an mlx-lm model directory (config.json, model*.safetensors, tokenizer files) or a Hub repo id "
+    "such as mlx-community/Qwen2.5-Coder-1.5B-Instruct-4bit; a .gguf file runs on --backend llama "
+    "(or convert it with `python -m localspec.convert_gguf FILE OUT_DIR`)"
+)
+
+
+def resolve(path: str, *, tokenizer_only: bool = False) -> Path:
+    """A local model directory for `path`: the directory itself, or a Hub snapshot of a repo id."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        if not (p / "config.json").is_file():
+            raise ModelFileError(f"{p} has no config.json, so it is not an mlx-lm model directory", _MODEL_DIR_HINT)
+        return p
+    if p.exists():
+        raise ModelFileError(f"{p} is a file; the MLX backend loads a model directory", _MODEL_DIR_HINT)
+    if path.count("/") != 1 or path.startswith((".", "/", "~")):
+        raise ModelFileError(f"model not found: {path}", _MODEL_DIR_HINT)
+    from huggingface_hub import snapshot_download
+    from mlx_lm.utils import DEFAULT_ALLOW_PATTERNS
+
+    try:
+        return Path(snapshot_download(path, allow_patterns=_TOKENIZER_PATTERNS if tokenizer_only else DEFAULT_ALLOW_PATTERNS))
+    except Exception as e:  # huggingface_hub raises many kinds; all mean "could not get it"
+        raise ModelFileError(
+            f"cannot get {path} from the Hugging Face Hub: {type(e).__name__}: {e}",
+            "check the repo id and your network, or pass a local mlx-lm model directory",
+        ) from None
+
+
+def _require_mlx() -> None:
+    try:
+        import mlx.core  # noqa: F401
+        import mlx_lm  # noqa: F401
+    except ImportError as e:
+        raise BackendUnavailableError(f"the MLX backend needs mlx and mlx-lm: {e}", INSTALL_HINT) from None
+
+
+# Models whose sliding-window layers take the window from the attention mask they build (passing
+# window_size to create_attention_mask), not from the cache's size. For these a plain KVCache with the
+# windowed mask computes exactly what mlx-lm's RotatingKVCache does, and it can be trimmed at any length.
+_WINDOW_IN_MASK = frozenset({"gemma3_text", "gemma3"})
+
+
+def make_cache(model: Any, config: dict) -> list[Any]:
+    """mlx-lm's prompt cache for `model`, with rotating caches made plain where that is exact."""
+    from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
+
+    cache = make_prompt_cache(model)
+    if config.get("model_type") in _WINDOW_IN_MASK:
+        cache = [KVCache() if isinstance(c, RotatingKVCache) and c.keep == 0 else c for c in cache]
+    return cache
+
+
+def _check_cache(model: Any, config: dict, path: str, n_ctx: int) -> tuple[int, str]:
+    """Refuse caches that cannot be rolled back; cap the context where a sliding window limits rollback."""
+    from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
+
+    cache = make_cache(model, config)
+    stuck = sorted({type(c).__name__ for c in cache if not c.is_trimmable()})
+    if stuck:
+        arch = config.get("model_type", "unknown")
+        raise UnsupportedModelError(
+            f"{path} ({arch}) keeps recurrent state ({', '.join(stuck)}) that mlx-lm cannot roll back, and "
+            "speculative decoding must drop the draft tokens the target rejects",
+            "pick a model whose layers are all attention (a plain KV cache), e.g. Qwen2.5, Llama or Gemma 3",
+        )
+    windows = [c.max_size for c in cache if isinstance(c, RotatingKVCache)]
+    if windows:
+        # A rotating cache overwrites old entries once full, after which trimming cannot restore them.
+        cap = min(windows) - 1
+        if n_ctx > cap:
+            return cap, f"context capped at {cap} tokens: the sliding-window cache cannot roll back once full"
+    elif any(isinstance(c, RotatingKVCache) for c in make_prompt_cache(model)):
+        return n_ctx, "sliding-window layers keep a full cache (trimmable)"
+    return n_ctx, ""
+
+
+def _load_tokenizer(model_path: Path, eos_token_ids: Any = None) -> Any:
+    from mlx_lm.utils import load_tokenizer
+
+    try:
+        return load_tokenizer(model_path, eos_token_ids=eos_token_ids)
+    except (OSError, ValueError) as e:
+        raise ModelFileError(f"cannot load the tokenizer in {model_path}: {e}", _MODEL_DIR_HINT) from None
+
+
+# -- vocabulary facts -----------------------------------------------------------------------------
+
+
+def _vocab_type(tokenizer: Any) -> str:
+    """llama.cpp's name for the tokenizer family: gpt2 (byte-level BPE), llama (SPM), t5 (unigram)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return type(tokenizer).__name__
+    model = json.loads(backend.to_str()).get("model", {})
+    kind = model.get("type", "unknown")
+    if kind == "BPE":
+        return "llama" if model.get("byte_fallback") else "gpt2"
+    return {"Unigram": "t5", "WordPiece": "bert", "WordLevel": "wordlevel"}.get(kind, str(kind).lower())
+
+
+def _vocab_info(wrapper: Any) -> VocabInfo:
+    tok = wrapper._tokenizer
+    n = len(tok)
+    with_special = tok.encode("a", add_special_tokens=True)
+    without = tok.encode("a", add_special_tokens=False)
+    bos, eos = tok.bos_token_id, tok.eos_token_id
+    extra = len(with_special) > len(without)
+    return VocabInfo(
+        vocab_type=_vocab_type(tok),
+        n_vocab=n,
+        bos_id=bos,
+        eos_id=eos,
+        add_bos=extra and bos is not None and with_special[0] == bos,
+        add_eos=extra and eos is not None and with_special[-1] == eos,
+        tokens=tok.convert_ids_to_tokens(list(range(n))),
+    )
+
+
+# -- the backend ----------------------------------------------------------------------------------
+
+
+class MLXBackend:
+    """One mlx-lm model and its prompt cache; implements localspec.backends.base.Backend."""
+
+    def __init__(
+        self, model: Any, tokenizer: Any, config: dict, *, path: str, model_path: Path, n_ctx: int, note: str = ""
+    ) -> None:
+        import mlx.core as mx
+
+        self._mx = mx
+        self.model = model
+        self.tokenizer = tokenizer  # mlx-lm TokenizerWrapper
+        self.config = config
+        self.cache = make_cache(model, config)
+        self._tokens: list[int] = []
+        self._n_forward = 0
+        self._n_ctx = n_ctx
+        self._n_vocab = self._logits_width()
+        self._eog = self._find_eog()
+        self._piece_bytes = _byte_pieces(tokenizer._tokenizer)
+        self._special_ids = frozenset(int(i) for i, t in tokenizer._tokenizer.added_tokens_decoder.items() if t.special)
+        self._vocab: VocabInfo | None = None
+        device = "Metal" if mx.metal.is_available() else "CPU (mlx)"
+        if note:
+            device += f"; {note}"
+        self._info = ModelInfo(
+            backend="mlx",
+            path=str(path),
+            name=_display_name(path),
+            architecture=str(config.get("model_type", "unknown")),
+            device=device,
+            n_ctx=n_ctx,
+            n_params=_count_params(model),
+            size_bytes=sum(f.stat().st_size for f in model_path.glob("model*.safetensors")) or None,
+        )
+
+    # -- facts ------------------------------------------------------------------------------------
+
+    @property
+    def info(self) -> ModelInfo:
+        return self._info
+
+    @property
+    def n_vocab(self) -> int:
+        return self._n_vocab
+
+    @property
+    def n_ctx(self) -> int:
+        return self._n_ctx
+
+    @property
+    def cached_tokens(self) -> Sequence[int]:
+        return self._tokens  # not copied: the engine reads it every round
+
+    @property
+    def eog_ids(self) -> frozenset[int]:
+        return self._eog
+
+    def vocab_info(self) -> VocabInfo:
+        if self._vocab is None:
+            self._vocab = _vocab_info(self.tokenizer)
+        return self._vocab
+
+    # -- text -------------------------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        tok = self.tokenizer._tokenizer
+        return list(tok.encode(text, add_special_tokens=add_special, split_special_tokens=not parse_special))
+
+    def detokenizer(self) -> Detokenizer:
+        if self._piece_bytes is not None:
+            pieces = self._piece_bytes
+            return ByteDetokenizer(lambda t: pieces[t] if 0 <= t < len(pieces) else b"")
+        return _StreamingDetokenizer(self.tokenizer.detokenizer, self._special_ids)
+
+    def apply_chat_template(self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True) -> str:
+        if not self.tokenizer.has_chat_template:
+            # No template shipped: the same ChatML fallback as the llama.cpp backend.
+            from localspec.backends.chat_template import render_chat
+
+            tok = self.tokenizer._tokenizer
+            return render_chat(
+                None, messages, add_generation_prompt=add_generation_prompt,
+                bos_token=tok.bos_token or "", eos_token=tok.eos_token or "",
+            )  # fmt: skip
+        msgs = [{"role": m.role, "content": m.content} for m in messages]
+        return self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=add_generation_prompt)
+
+    # -- the cache --------------------------------------------------------------------------------
+
+    def forward(self, tokens: Sequence[int], *, all_logits: bool = True) -> np.ndarray:
+        logits = self.forward_device(tokens, all_logits=all_logits)
+        return np.asarray(logits)  # [n, V] float32 (MLX evaluates here)
+
+    def forward_device(self, tokens: Sequence[int], *, all_logits: bool = True) -> Any:
+        """forward() without the copy to host memory: an mx.array [n, V] float32."""
+        mx = self._mx
+        if not tokens:
+            raise GenerationError("forward() needs at least one token", "this is a bug in the caller")
+        if len(self._tokens) + len(tokens) > self._n_ctx:
+            raise ContextOverflowError(
+                f"the context holds {self._n_ctx:,} tokens; {len(self._tokens):,} are cached and "
+                f"{len(tokens):,} more do not fit",
+                "raise --n-ctx (memory permitting) or shorten the prompt",
+            )
+        x = mx.array(list(tokens), dtype=mx.uint32)[None]  # [1, n]
+        try:
+            out = self.model(x, cache=self.cache)  # [1, n, V]
+            if not all_logits:
+                out = out[:, -1:, :]
+            out = out[0].astype(mx.float32)  # [n, V]
+            mx.eval(out)
+        except Exception as e:
+            self._resync()
+            raise GenerationError(f"MLX forward pass failed: {type(e).__name__}: {e}", "see the message above") from e
+        self._tokens.extend(int(t) for t in tokens)
+        self._n_forward += 1
+        if self._n_forward % 256 == 0:  # as mlx-lm's generate does: return freed buffers now and then
+            mx.clear_cache()
+        return out
+
+    def _resync(self) -> None:
+        """After a failed pass, cut every layer's cache back to the tokens we know it holds."""
+        n = len(self._tokens)
+        for c in self.cache:
+            extra = c.size() - n if hasattr(c, "size") else 0
+            if extra > 0:
+                c.trim(extra)
+        if any(getattr(c, "offset", n) != n for c in self.cache):  # could not repair: start afresh
+            self.cache = make_cache(self.model, self.config)
+            self._tokens.clear()
+
+    def rollback(self, n_keep: int) -> None:
+        from mlx_lm.models.cache import trim_prompt_cache
+
+        n_keep = max(0, n_keep)
+        n_drop = len(self._tokens) - n_keep
+        if n_drop <= 0:
+            return
+        trimmed = trim_prompt_cache(self.cache, n_drop)
+        if trimmed != n_drop:
+            raise GenerationError(
+                f"the MLX cache dropped {trimmed} of {n_drop} positions on rollback",
+                "the model's cache cannot be rolled back this far; lower --n-ctx",
+            )
+        del self._tokens[n_keep:]
+
+    def close(self) -> None:
+        self.cache = []
+        self._tokens = []
+        self.model = None
+
+    # -- helpers ----------------------------------------------------------------------------------
+
+    def _logits_width(self) -> int:
+        mx = self._mx
+        from mlx_lm.models.cache import make_prompt_cache
+
+        for cfg in (self.config, self.config.get("text_config") or {}):
+            if isinstance(cfg.get("vocab_size"), int):
+                return int(cfg["vocab_size"])
+        # Not in the config where we look: ask the model (one forward of one token).
+        probe = self.model(mx.array([[0]], dtype=mx.uint32), cache=make_prompt_cache(self.model))
+        return int(probe.shape[-1])
+
+    def _find_eog(self) -> frozenset[int]:
+        tok = self.tokenizer._tokenizer
+        ids = {int(i) for i in self.tokenizer.eos_token_ids}
+        if tok.eos_token_id is not None:
+            ids.add(int(tok.eos_token_id))
+        # Only whole added tokens count: a plain-text "</s>" in a BPE vocabulary is ordinary text.
+        for i, t in tok.added_tokens_decoder.items():
+            if str(t) in _EOG_TEXTS:
+                ids.add(int(i))
+        return frozenset(ids)
+
+
+class _StreamingDetokenizer:
+    """Adapts mlx-lm's streaming detokenizers (which hold back incomplete UTF-8) to add/flush."""
+
+    def __init__(self, detok: Any, skip: frozenset[int]) -> None:
+        self._d = detok
+        self._skip = skip  # control tokens render as nothing, as on llama.cpp
+
+    def add(self, tokens: Sequence[int]) -> str:
+        for t in tokens:
+            if t not in self._skip:
+                self._d.add_token(int(t))
+        return self._d.last_segment
+
+    def flush(self) -> str:
+        self._d.finalize()
+        return self._d.last_segment
+
+
+def _byte_pieces(tok: Any) -> list[bytes] | None:
+    """Per-token bytes for a byte-level BPE tokenizer (GPT-2 alphabet), else None.
+
+    With exact bytes per token, base.ByteDetokenizer streams text as llama.cpp does: UTF-8 safe and
+    without the leading-space trimming of mlx-lm's BPE detokenizer.
+    """
+    backend = getattr(tok, "backend_tokenizer", None)
+    if backend is None or type(backend.decoder).__name__ != "ByteLevel":
+        return None
+    from mlx_lm.tokenizer_utils import _byte_decoder
+
+    decoder = _byte_decoder()
+    added = {int(i): t for i, t in tok.added_tokens_decoder.items()}
+    pieces: list[bytes] = []
+    for i, text in enumerate(tok.convert_ids_to_tokens(list(range(len(tok))))):
+        if i in added or text is None:
+            # As llama.cpp renders them: control tokens as nothing, other added tokens as their text.
+            t = added.get(i)
+            pieces.append(b"" if t is None or t.special else str(t).encode("utf-8"))
+        elif all(c in decoder for c in text):
+            pieces.append(bytes(decoder[c] for c in text))
+        else:
+            pieces.append(text.encode("utf-8"))
+    return pieces
+
+
+def _count_params(model: Any) -> int | None:
+    from mlx.utils import tree_flatten
+
+    try:
+        return int(sum(v.size for _, v in tree_flatten(model.parameters())))
+    except Exception:
+        return None
+
+
+def _display_name(path: str) -> str:
+    p = Path(path).expanduser()
+    return p.name if p.exists() else path
