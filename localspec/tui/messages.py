@@ -1,0 +1,74 @@
+"""Messages that worker threads post to the UI. Values only; the handlers live on the screens and the app."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from textual.message import Message
+
+from localspec.loader import LoadOptions, Pipeline
+from localspec.spec.engine import Done
+from localspec.tui.session import BackendStatus, RunInfo
+
+
+@dataclass
+class BackendsProbed(Message):
+    backends: list[BackendStatus]
+
+
+@dataclass
+class PairChecked(Message):
+    key: tuple[str, str, str, str]  # (backend, target, draft, method) that was checked
+    ok: bool
+    text: str
+
+
+@dataclass
+class PipelineLoaded(Message):
+    pipeline: Pipeline
+    options: LoadOptions
+
+
+@dataclass
+class PipelineFailed(Message):
+    options: LoadOptions
+    error: str
+
+
+@dataclass
+class ReplyStarted(Message):
+    info: RunInfo
+
+
+class ChunksReady(Message):
+    """Chunks wait in the chat screen's StreamBuffer. Posted once per drain, so a fast model cannot flood
+    the queue; a second one still queued merges into the first."""
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, ChunksReady)
+
+
+@dataclass
+class ReplyDone(Message):
+    done: Done
+
+
+@dataclass
+class ReplyFailed(Message):
+    error: str
+
+
+@dataclass
+class PullProgress(Message):
+    pair: str
+    fraction: float | None  # None while the total size is unknown
+    text: str
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, PullProgress) and message.pair == self.pair
+
+
+@dataclass
+class PullFinished(Message):
+    pair: str
+    error: str | None

@@ -1,0 +1,213 @@
+"""Widgets: transcript messages (Markdown, or text coloured by token origin) and the stats panel."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical, VerticalScroll
+from textual.widgets import Markdown, Sparkline, Static
+
+from localspec.report import advice
+from localspec.spec.stats import SpecStats
+from localspec.tui.session import Segment, fmt_acceptance, fmt_accepted_length, fmt_tps, reply_summary
+
+DRAFT_STYLE = "bold #5fd787"  # accepted draft token: the friend got it right
+TARGET_STYLE = "#87afff"  # the target chose the token itself (first, recovered or bonus)
+ORIGIN_STYLES = {"draft": DRAFT_STYLE, "target": TARGET_STYLE}
+
+
+def legend() -> Text:
+    return Text.assemble(
+        ("■ ", DRAFT_STYLE), "accepted draft token   ", ("■ ", TARGET_STYLE), "token from the target"
+    )
+
+
+def coloured(segments: Sequence[Segment]) -> Text:
+    text = Text()
+    for s, origin in segments:
+        text.append(s, ORIGIN_STYLES[origin])
+    return text
+
+
+def bar(fraction: float, width: int) -> str:
+    fraction = min(max(fraction, 0.0), 1.0)
+    full = int(round(fraction * width))
+    return "█" * full + "░" * (width - full)
+
+
+class UserMessage(Static):
+    def __init__(self, text: str) -> None:
+        super().__init__(Text(text), classes="user-message", markup=False)
+        self.border_title = "You"
+
+
+class ReplyMessage(Vertical):
+    """The assistant's reply: streamed as Markdown, or as plain text coloured by token origin."""
+
+    def __init__(self, *, colour: bool) -> None:
+        super().__init__(classes="reply")
+        self.border_title = "Assistant"
+        self.text = ""
+        self.segments: list[Segment] = []
+        self.colour = colour
+        self._pending = ""  # text not yet handed to the Markdown widget
+
+    def compose(self) -> ComposeResult:
+        yield Markdown("", classes="reply-markdown")
+        yield Static("", classes="reply-tokens", markup=False)
+        yield Static("…", classes="reply-stats", markup=False)
+
+    def on_mount(self) -> None:
+        self.set_class(self.colour, "-colour")
+
+    async def add(self, segments: Sequence[Segment]) -> None:
+        new = "".join(s for s, _ in segments)
+        if not new:
+            return
+        self.text += new
+        self.segments += segments
+        if self.colour:
+            self._pending += new
+            self.query_one(".reply-tokens", Static).update(coloured(self.segments))
+        else:
+            await self._flush_markdown(new)
+
+    async def _flush_markdown(self, new: str = "") -> None:
+        fragment, self._pending = self._pending + new, ""
+        if fragment:
+            await self.query_one(".reply-markdown", Markdown).append(fragment)
+
+    async def set_colour(self, on: bool) -> None:
+        self.colour = on
+        self.set_class(on, "-colour")
+        if on:
+            self.query_one(".reply-tokens", Static).update(coloured(self.segments))
+        else:
+            await self._flush_markdown()
+
+    def finish(self, stats: SpecStats) -> None:
+        self.query_one(".reply-stats", Static).update(reply_summary(stats))
+        self.set_class(stats.stop_reason == "stopped", "-stopped")
+
+    def fail(self, error: str) -> None:
+        self.add_class("-error")
+        self.query_one(".reply-stats", Static).update(Text("error: " + error, style="bold red"))
+
+
+class Transcript(VerticalScroll):
+    """The conversation; follows the newest text unless the user scrolled up to read."""
+
+    def follow(self) -> None:
+        if self.max_scroll_y - self.scroll_y <= 3:
+            self.scroll_end(animate=False, immediate=False)
+
+
+class StatsPanel(Vertical):
+    """Decode speed, acceptance, accepted length, per-position acceptance and time shares for one reply,
+    live while it generates and final after (the final numbers are the engine's SpecStats)."""
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.stats: SpecStats | None = None
+        self.live = False
+
+    def compose(self) -> ComposeResult:
+        yield Static("No reply yet", id="stats-title", markup=False)
+        yield Static("decode –", id="stat-tps", markup=False)
+        yield Sparkline([], id="spark-tps")
+        yield Static("acceptance –", id="stat-acceptance", markup=False)
+        yield Static("accepted length –", id="stat-length", markup=False)
+        yield Sparkline([], id="spark-length")
+        yield Static("", id="stat-histogram", markup=False)
+        yield Static("", id="stat-positions", markup=False)
+        yield Static("", id="stat-shares", markup=False)
+        yield Static("", id="stat-advice", markup=False)
+        yield Static("", id="stat-run", markup=False)
+
+    def show(
+        self,
+        stats: SpecStats,
+        *,
+        live: bool,
+        rates: Sequence[float] = (),
+        lengths: Sequence[int] = (),
+        note: str = "",
+    ) -> None:
+        self.stats, self.live = stats, live
+        q = self.query_one
+        q("#stats-title", Static).update("This reply (live)" if live else "Last reply")
+        q("#stat-tps", Static).update(Text.assemble(("decode ", "dim"), (fmt_tps(stats), "bold")))
+        if rates:
+            q("#spark-tps", Sparkline).data = list(rates)
+        q("#stat-acceptance", Static).update(Text.assemble(("acceptance ", "dim"), (fmt_acceptance(stats), "bold")))
+        q("#stat-length", Static).update(
+            Text.assemble(("accepted length ", "dim"), (fmt_accepted_length(stats), "bold"))
+        )
+        if lengths:
+            q("#spark-length", Sparkline).data = [float(x) for x in lengths]
+        q("#stat-histogram", Static).update(self._histogram(lengths, stats.num_draft) if lengths else "")
+        q("#stat-positions", Static).update(self._positions(stats))
+        q("#stat-shares", Static).update(self._shares(stats))
+        tip = advice(stats)  # below ~2 tokens per round: a better draft, not a larger k
+        adv = q("#stat-advice", Static)
+        adv.update(Text("⚠ " + tip) if tip else "")
+        adv.display = bool(tip)
+        run = self._run_line(stats, live)
+        if note:
+            run.append(f"\ndrafter: {note}")
+        q("#stat-run", Static).update(run)
+
+    def clear(self, title: str = "No reply yet") -> None:
+        self.stats, self.live = None, False
+        self.query_one("#stats-title", Static).update(title)
+        for name in ("#stat-histogram", "#stat-positions", "#stat-shares", "#stat-advice", "#stat-run"):
+            self.query_one(name, Static).update("")
+        self.query_one("#stat-tps", Static).update("decode –")
+        self.query_one("#stat-acceptance", Static).update("acceptance –")
+        self.query_one("#stat-length", Static).update("accepted length –")
+        self.query_one("#spark-tps", Sparkline).data = []
+        self.query_one("#spark-length", Sparkline).data = []
+        self.query_one("#stat-advice", Static).display = False
+
+    @staticmethod
+    def _histogram(lengths: Sequence[int], k: int) -> Text:
+        counts = Counter(lengths)
+        top = max(counts.values()) if counts else 1
+        text = Text("accepted length per round\n", style="dim")
+        for n in range(1, max(k + 1, max(counts, default=1)) + 1):
+            c = counts.get(n, 0)
+            text.append(f"{n:>2} {bar(c / top, 14)} {c}\n")
+        return text
+
+    @staticmethod
+    def _positions(stats: SpecStats) -> Text:
+        if not stats.acceptance_by_position:
+            return Text("")
+        text = Text("acceptance by draft position\n", style="dim")
+        for i, a in enumerate(stats.acceptance_by_position, 1):
+            text.append(f"{i:>2} {bar(a, 14)} {a:4.0%}\n")
+        return text
+
+    @staticmethod
+    def _shares(stats: SpecStats) -> Text:
+        busy = stats.draft_s + stats.verify_s
+        if busy <= 0:
+            return Text("")
+        d = stats.draft_s / busy
+        return Text.assemble(
+            ("time  ", "dim"), ("draft ", DRAFT_STYLE), f"{d:.0%}  ", ("verify ", TARGET_STYLE), f"{1 - d:.0%}\n",
+            (bar(d, 20), DRAFT_STYLE),
+        )
+
+    @staticmethod
+    def _run_line(stats: SpecStats, live: bool) -> Text:
+        text = Text(style="dim")
+        text.append(f"{stats.n_generated} tokens in {stats.decode_s:.2f} s")
+        if not live:
+            text.append(f" · stop: {stats.stop_reason.replace('_', ' ')}")
+            text.append(f"\nprompt {stats.prompt_tps:.0f} tok/s ({stats.n_prompt} tokens, {stats.n_prompt_cached} cached)")
+            text.append(f"\nrule {stats.rule} · k={stats.num_draft} · seed {stats.seed}")
+        return text

@@ -1,0 +1,445 @@
+"""`localspec chat`: Pilot tests that drive the real app.
+
+Real engine + real tiny model (SmolLM2-135M through llama.cpp) for the end-to-end paths: pick backend
+and pair, chat, stats, stop, engine error. Fake backends only where a test must hold the engine still
+(gated) or needs a failure or a flood that a real model cannot give on demand.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from fakes import FailingBackend, FakeBackend, GatedBackend, hashed_logits, scripted
+from textual.pilot import Pilot
+from textual.widgets import Input, OptionList, Static
+
+from localspec.loader import LoadOptions, Pipeline
+from localspec.spec.drafters import ModelDrafter
+from localspec.tui import session
+from localspec.tui.app import ChatApp
+from localspec.tui.screens import ChatScreen, SettingsScreen, SetupScreen
+from localspec.tui.session import BackendStatus, ChatSettings, fmt_acceptance, fmt_accepted_length, fmt_tps
+from localspec.tui.widgets import ReplyMessage, StatsPanel
+
+SIZE = (140, 44)
+REPLY = "Sure. Here is **bold** text and `code`:\n\n```python\nprint('hi')\n```\n\nDone."
+
+
+class TickClock:
+    """Each reading is one tick later: tokens/s become a pure function of the engine's clock reads."""
+
+    def __init__(self, step: float = 0.01) -> None:
+        self.step = step
+        self.n = 0
+        self._lock = threading.Lock()
+
+    def __call__(self) -> float:
+        with self._lock:
+            self.n += 1
+            return self.n * self.step
+
+
+def fake_loader(target: FakeBackend, draft: FakeBackend | None = None) -> Callable[[LoadOptions], Pipeline]:
+    from localspec.spec.drafters import NgramDrafter
+
+    def load(options: LoadOptions) -> Pipeline:
+        return Pipeline(target, ModelDrafter(draft) if draft is not None else NgramDrafter(), "fake")
+
+    return load
+
+
+def fake_app(target: FakeBackend, draft: FakeBackend | None = None, *, tmp_path: Path, **settings: object) -> ChatApp:
+    return ChatApp(
+        options=LoadOptions(target="/fake/target", draft="/fake/draft"),
+        settings=ChatSettings(**settings),  # type: ignore[arg-type]
+        loader=fake_loader(target, draft),
+        clock=TickClock(),
+        save_dir=tmp_path,
+    )
+
+
+def text_of(widget: Static) -> str:
+    return str(widget.render())
+
+
+async def until(pilot: Pilot, cond: Callable[[], bool], timeout: float = 30.0, what: str = "") -> None:
+    waited = 0.0
+    while not cond():
+        if waited > timeout:
+            raise AssertionError(f"timed out waiting for {what or cond}")
+        await pilot.pause(0.02)
+        waited += 0.02
+
+
+async def settle(app: ChatApp, pilot: Pilot) -> None:
+    """Wait for every worker, then for the UI to take in what they posted."""
+    await app.workers.wait_for_complete()
+    await pilot.pause()
+    await until(pilot, lambda: not app.chat.generating and not app.loading, what="generation to end")
+    await pilot.pause()
+
+
+async def send(pilot: Pilot, text: str) -> None:
+    pilot.app.chat.query_one("#prompt", Input).focus()
+    await pilot.press(*text, "enter")
+
+
+def assert_panel_holds(panel: StatsPanel, stats: object) -> None:
+    assert panel.stats is stats and not panel.live
+    assert fmt_tps(stats) in text_of(panel.query_one("#stat-tps", Static))  # type: ignore[arg-type]
+    assert fmt_acceptance(stats) in text_of(panel.query_one("#stat-acceptance", Static))  # type: ignore[arg-type]
+    assert fmt_accepted_length(stats) in text_of(panel.query_one("#stat-length", Static))  # type: ignore[arg-type]
+
+
+# -- real model ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_pick_backend_and_pair_then_chat_with_real_model(smollm2_path: Path, tmp_path: Path) -> None:
+    clock = TickClock()
+    app = ChatApp(
+        settings=ChatSettings(max_tokens=24), clock=clock, save_dir=tmp_path, load_defaults=LoadOptions("", threads=1)
+    )
+    async with app.run_test(size=SIZE) as pilot:
+        setup = app.screen
+        assert isinstance(setup, SetupScreen)
+        backends = setup.query_one("#backends", OptionList)
+        await until(pilot, lambda: backends.option_count == 2, what="backend probe")
+        assert [backends.get_option_at_index(i).id for i in range(2)] == ["llama", "mlx"]
+        assert not backends.get_option("llama").disabled  # this llama-cpp-python build runs here
+        assert "build" in str(backends.get_option("llama").prompt)  # CPU / CUDA / Metal build, said
+
+        await pilot.press("enter")  # keyboard: take the highlighted backend
+        setup.query_one("#target", Input).value = str(smollm2_path)  # as pasted; typing is tested below
+        setup.query_one("#draft", Input).value = str(smollm2_path)
+        await until(pilot, lambda: setup.check is not None and setup.check.ok, what="pair check")
+        assert "compatible" in text_of(setup.query_one("#pair-status", Static))
+        await pilot.press("ctrl+s")
+        await until(pilot, lambda: app.pipeline is not None, what="models to load")
+        await pilot.pause()
+        assert app.screen is app.chat
+
+        await send(pilot, "Say hi")
+        await settle(app, pilot)
+        turn = app.chat.transcript.turns[0]
+        stats = turn.stats
+        assert stats is not None and turn.error is None and turn.reply.strip()
+        assert stats.n_generated <= 24 and stats.draft_method == "model"
+        view = app.chat.query_one(ReplyMessage)
+        assert view.text == turn.reply  # the streamed pieces add up to the engine's text
+        # tokens/s from the injected clock: the engine read it a whole number of ticks apart
+        ticks = stats.decode_s / clock.step
+        assert abs(ticks - round(ticks)) < 1e-6
+        assert stats.decode_tps == pytest.approx((stats.n_generated - 1) / (round(ticks) * clock.step))
+        assert_panel_holds(app.chat.query_one(StatsPanel), stats)
+        assert stats.acceptance_rate > 0.5  # the model drafting for itself at temperature 0
+        assert f"{stats.n_generated} tokens" in text_of(view.query_one(".reply-stats", Static))
+
+        await send(pilot, "And now say bye")  # second turn: chat template, KV cache reused
+        await settle(app, pilot)
+        second = app.chat.transcript.turns[1]
+        assert second.stats is not None and second.stats.n_prompt_cached > 0
+        assert len(app.chat.query(ReplyMessage)) == 2
+        assert_panel_holds(app.chat.query_one(StatsPanel), second.stats)
+
+
+@pytest.mark.asyncio
+async def test_stop_mid_generation_with_real_model(smollm2_path: Path, tmp_path: Path) -> None:
+    opts = LoadOptions(target=str(smollm2_path), draft_method="ngram", threads=1)
+    app = ChatApp(options=opts, settings=ChatSettings(max_tokens=400), save_dir=tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.pipeline is not None, what="models to load")
+        await send(pilot, "Count from 1 to 300, one number per line.")
+        await until(pilot, lambda: bool(app.chat.turn and app.chat.turn.reply), what="first tokens")
+        assert app.chat.generating
+        await pilot.press("escape")
+        await settle(app, pilot)
+        turn = app.chat.transcript.turns[0]
+        assert turn.stats is not None and turn.stats.stop_reason == "stopped"
+        assert 0 < turn.stats.n_generated < 400
+        assert app.chat.query_one(ReplyMessage).has_class("-stopped")
+        assert "stopped" in text_of(app.chat.query_one(ReplyMessage).query_one(".reply-stats", Static))
+        assert app.chat.transcript.messages()[-1].role == "assistant"  # the partial reply stays in context
+
+
+@pytest.mark.asyncio
+async def test_engine_error_shows_in_app_and_chat_goes_on(smollm2_path: Path, tmp_path: Path) -> None:
+    opts = LoadOptions(target=str(smollm2_path), draft_method="ngram", n_ctx=256, threads=1)
+    app = ChatApp(options=opts, settings=ChatSettings(max_tokens=8), save_dir=tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.pipeline is not None, what="models to load")
+        prompt = app.chat.query_one("#prompt", Input)
+        prompt.value = "please repeat " * 150  # a paste longer than the 256-token context: the engine refuses
+        prompt.focus()
+        await pilot.press("enter")
+        await settle(app, pilot)
+        failed = app.chat.transcript.turns[0]
+        assert failed.error is not None and "context holds 256" in failed.error
+        assert app.chat.query_one(ReplyMessage).has_class("-error")
+        assert "context holds 256" in text_of(app.chat.query_one("#status", Static))
+        assert app.is_running
+
+        await send(pilot, "Hi")  # the failed turn stays on screen but out of the model's context
+        await settle(app, pilot)
+        ok = app.chat.transcript.turns[1]
+        assert ok.stats is not None and ok.error is None
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        saved = app.last_saved
+        assert saved is not None and saved.parent == tmp_path
+        text = saved.read_text()
+        assert "please repeat" in text and "context holds 256" in text and ok.reply in text
+
+
+@pytest.mark.asyncio
+async def test_picker_refuses_an_incompatible_pair(smollm2_path: Path, gemma_path: Path, tmp_path: Path) -> None:
+    app = ChatApp(save_dir=tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        setup = app.screen
+        assert isinstance(setup, SetupScreen)
+        setup.query_one("#target", Input).value = str(smollm2_path)
+        setup.query_one("#draft", Input).value = str(gemma_path)
+        await until(pilot, lambda: setup.check is not None, what="pair check")
+        assert not setup.check.ok  # type: ignore[union-attr]
+        status = text_of(setup.query_one("#pair-status", Static))
+        assert "✗" in status and "differ" in status  # the reason, from the vocabulary rule
+        await pilot.press("ctrl+s")
+        await pilot.pause(0.5)
+        await app.workers.wait_for_complete()
+        assert app.pipeline is None and app.screen is setup
+
+
+def test_probe_backends_lists_both_with_reasons() -> None:
+    found = {b.name: b for b in session.probe_backends()}
+    assert set(found) == {"llama", "mlx"}
+    assert found["llama"].usable and "build" in found["llama"].detail
+    assert found["mlx"].detail  # usable or not, it says why
+
+
+# -- fake engines: states a real model cannot be held in ---------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_intermediate_states_with_a_gated_engine(tmp_path: Path) -> None:
+    target = GatedBackend(scripted(REPLY))
+    draft = FakeBackend(scripted(REPLY, wrong_every=3))
+    app = fake_app(target, draft, tmp_path=tmp_path, num_draft=4)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.pipeline is not None)
+        await send(pilot, "go")
+        target.release(3)  # the prompt pass and two verify rounds
+        await until(pilot, lambda: app.chat.live is not None and app.chat.live.collector.rounds[1:] != [])
+        await pilot.pause(0.2)
+        chat = app.chat
+        panel = chat.query_one(StatsPanel)
+        assert chat.generating and panel.live
+        assert "live" in text_of(panel.query_one("#stats-title", Static))
+        partial = chat.query_one(ReplyMessage).text
+        assert partial and REPLY.startswith(partial) and len(partial) < len(REPLY)
+        assert "Generating" in text_of(chat.query_one("#status", Static))
+        # the UI stays responsive while the engine is busy: typing works
+        await pilot.press("a", "b")
+        assert chat.query_one("#prompt", Input).value == "ab"
+        await pilot.press("enter")  # refused politely while a reply runs; the text stays
+        assert chat.query_one("#prompt", Input).value == "ab"
+        await pilot.press("escape")
+        target.open_gate()
+        await settle(app, pilot)
+        turn = chat.transcript.turns[0]
+        assert turn.stats is not None and turn.stats.stop_reason == "stopped"
+        assert REPLY.startswith(turn.reply) and len(turn.reply) < len(REPLY)
+        assert_panel_holds(panel, turn.stats)
+
+
+@pytest.mark.asyncio
+async def test_fast_model_updates_merge(tmp_path: Path) -> None:
+    long_reply = "word " * 300
+    target, draft = FakeBackend(scripted(long_reply)), FakeBackend(scripted(long_reply))
+    app = fake_app(target, draft, tmp_path=tmp_path, num_draft=2, max_tokens=4000)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.pipeline is not None)
+        await send(pilot, "go")
+        await settle(app, pilot)
+        turn = app.chat.transcript.turns[0]
+        assert turn.reply == long_reply and turn.stats is not None
+        assert turn.stats.n_rounds >= 450
+        assert app.chat.renders <= turn.stats.n_rounds // 4  # far fewer redraws than engine steps
+        assert app.chat.query_one(ReplyMessage).text == long_reply
+
+
+@pytest.mark.asyncio
+async def test_backend_error_mid_reply_keeps_the_transcript(tmp_path: Path) -> None:
+    target = FailingBackend(scripted(REPLY), fail_at=5)
+    app = fake_app(target, FakeBackend(scripted(REPLY)), tmp_path=tmp_path, num_draft=2)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.pipeline is not None)
+        await send(pilot, "go")
+        await settle(app, pilot)
+        turn = app.chat.transcript.turns[0]
+        assert turn.error is not None and "device lost" in turn.error
+        assert turn.reply and REPLY.startswith(turn.reply)  # the text before the failure stays
+        view = app.chat.query_one(ReplyMessage)
+        assert view.has_class("-error") and view.text == turn.reply
+        assert "device lost" in text_of(view.query_one(".reply-stats", Static))
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert app.last_saved is not None and "device lost" in app.last_saved.read_text()
+        await pilot.press("ctrl+n")
+        await pilot.pause()
+        assert not app.chat.transcript.turns and not app.chat.query(ReplyMessage)
+
+
+@pytest.mark.asyncio
+async def test_token_colours_toggle_with_legend(tmp_path: Path) -> None:
+    app = fake_app(FakeBackend(scripted(REPLY)), FakeBackend(scripted(REPLY, wrong_every=3)), tmp_path=tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.pipeline is not None)
+        await send(pilot, "go")
+        await settle(app, pilot)
+        assert not app.chat.query_one("#legend").display
+        await pilot.press("ctrl+t")
+        await pilot.pause()
+        view = app.chat.query_one(ReplyMessage)
+        assert app.chat.query_one("#legend").display and view.has_class("-colour")
+        assert {o for _, o in view.segments} == {"draft", "target"}
+        assert "".join(s for s, _ in view.segments) == REPLY
+        coloured = view.query_one(".reply-tokens", Static).render()
+        assert str(coloured) == REPLY
+        await pilot.press("ctrl+t")
+        assert not view.has_class("-colour")
+
+
+@pytest.mark.asyncio
+async def test_poor_match_says_a_better_draft_is_the_fix(tmp_path: Path) -> None:
+    target, draft = FakeBackend(hashed_logits(1)), FakeBackend(hashed_logits(2))
+    app = fake_app(target, draft, tmp_path=tmp_path, max_tokens=40)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.pipeline is not None)
+        await send(pilot, "go")
+        await settle(app, pilot)
+        stats = app.chat.transcript.turns[0].stats
+        assert stats is not None and stats.mean_accepted_length < 2
+        advice = app.chat.query_one("#stat-advice", Static)
+        assert advice.display and "larger k does not" in text_of(advice)
+
+
+@pytest.mark.asyncio
+async def test_settings_screen_edits_generation(tmp_path: Path) -> None:
+    app = fake_app(FakeBackend(scripted(REPLY)), FakeBackend(scripted(REPLY)), tmp_path=tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.pipeline is not None)
+        await pilot.press("f2")
+        await pilot.pause()
+        dialog = app.screen
+        assert isinstance(dialog, SettingsScreen)
+        dialog.query_one("#set-num_draft", Input).value = "x"
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert app.screen is dialog and "not a number" in text_of(dialog.query_one("#settings-error", Static))
+        dialog.query_one("#set-num_draft", Input).value = "2"
+        dialog.query_one("#set-temperature", Input).value = "0.7"
+        dialog.query_one("#set-seed", Input).value = "7"
+        dialog.query_one("#set-max_tokens", Input).value = "12"
+        dialog.query_one("#set-system", Input).value = "Be brief."
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert isinstance(app.screen, ChatScreen)
+        s = app.settings
+        assert (s.num_draft, s.temperature, s.seed, s.max_tokens, s.system) == (2, 0.7, 7, 12, "Be brief.")
+        await send(pilot, "go")
+        await settle(app, pilot)
+        stats = app.chat.transcript.turns[0].stats
+        assert stats is not None and stats.num_draft == 2 and stats.seed == 7 and stats.n_generated == 12
+        assert app.chat.transcript.messages()[0].content == "Be brief."
+
+
+@pytest.mark.asyncio
+async def test_unusable_backend_is_shown_with_its_reason(tmp_path: Path) -> None:
+    probe = lambda: [  # noqa: E731
+        BackendStatus("llama", "llama.cpp", True, "CUDA build: layers offload to the GPU"),
+        BackendStatus("mlx", "MLX", False, "not installed: pip install 'localspec[mlx]'"),
+    ]
+    app = ChatApp(probe=probe, save_dir=tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        ol = app.screen.query_one("#backends", OptionList)
+        await until(pilot, lambda: ol.option_count == 2)
+        mlx = ol.get_option("mlx")
+        assert mlx.disabled and "not installed" in str(mlx.prompt)
+        assert "CUDA" in str(ol.get_option("llama").prompt)
+
+
+@pytest.mark.asyncio
+async def test_pull_a_catalog_pair_from_the_picker(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from localspec import catalog, hub
+
+    downloaded = threading.Event()
+    gate = threading.Semaphore(0)
+    name = next(iter(catalog.load_catalog().pairs))
+
+    def resolve(pair: str, backend: str, **kw: object) -> tuple[str, str]:
+        if pair == name and downloaded.is_set():
+            return str(tmp_path / "t.gguf"), str(tmp_path / "d.gguf")
+        raise catalog.CatalogError(f"{pair} is not downloaded", f"localspec pull {pair}")
+
+    def pull(pair: str, backend: str, *, progress: Callable, cancel: threading.Event, **kw: object) -> None:
+        for done in (0, 50, 100):
+            gate.acquire()
+            progress(hub.ProgressEvent("t.gguf", "org/t", "target", done * 10**6, 100 * 10**6, 1e6, 1.0, done == 100))
+        downloaded.set()
+
+    monkeypatch.setattr(catalog, "resolve_pair", resolve)
+    monkeypatch.setattr(hub, "pull_pair", pull)
+    app = ChatApp(save_dir=tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        setup = app.screen
+        assert isinstance(setup, SetupScreen)
+        pairs = setup.query_one("#pairs", OptionList)
+        await until(pilot, lambda: pairs.option_count > 0 and pairs.get_option_at_index(0).id == name)
+        assert "not downloaded" in str(pairs.get_option(name).prompt) and "GB" in str(pairs.get_option(name).prompt)
+        pairs.focus()
+        pairs.highlighted = 0
+        await pilot.press("ctrl+d")
+        gate.release(2)
+        await until(pilot, lambda: "50 MB / 100 MB" in text_of(setup.query_one("#pair-status", Static)))
+        bar = setup.query_one("#pull-progress")
+        assert bar.display and bar.progress == 50  # type: ignore[attr-defined]
+        await pilot.press("down", "up")  # the UI answers while the pull runs
+        gate.release(1)
+        await until(pilot, lambda: setup.pulling is None)
+        await pilot.pause()
+        assert "downloaded" in str(pairs.get_option(name).prompt)
+        assert setup.query_one("#target", Input).value == str(tmp_path / "t.gguf")
+        assert setup.query_one("#draft", Input).value == str(tmp_path / "d.gguf")
+
+
+def test_cli_chat_options_skip_the_pickers(monkeypatch: pytest.MonkeyPatch, smollm2_path: Path) -> None:
+    from localspec import cli
+
+    seen: dict[str, ChatApp] = {}
+    monkeypatch.setattr(ChatApp, "run", lambda self: seen.setdefault("app", self))
+    rc = cli.main(["chat", "--target", str(smollm2_path), "--draft-method", "ngram", "-k", "3", "--temperature", "0.5"])
+    assert rc == 0
+    app = seen["app"]
+    assert app.options is not None and app.options.target == str(smollm2_path) and app.options.draft_method == "ngram"
+    assert app.settings.num_draft == 3 and app.settings.temperature == 0.5
+    seen.clear()
+    assert cli.main(["chat"]) == 0 and seen["app"].options is None  # no models given: the picker opens
+
+
+@pytest.mark.asyncio
+async def test_ctrl_q_quits_mid_reply_and_closes_the_models(tmp_path: Path) -> None:
+    target = GatedBackend(scripted(REPLY))
+    draft = FakeBackend(scripted(REPLY))
+    app = fake_app(target, draft, tmp_path=tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.pipeline is not None)
+        await send(pilot, "go")
+        target.release(2)
+        await until(pilot, lambda: bool(app.chat.turn and app.chat.turn.reply))
+        target.open_gate()  # the round in flight finishes; the engine sees the stop and returns
+        await pilot.press("ctrl+q")
+        await until(pilot, lambda: not app.is_running, timeout=10, what="the app to exit")
+    assert target.closed and draft.closed
