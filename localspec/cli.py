@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
 from localspec import __version__
 from localspec.errors import LocalspecError
 
-COMMANDS: tuple[str, ...] = ("run",)
+COMMANDS: tuple[str, ...] = ("run", "chat", "pull", "models", "bench", "doctor")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,6 +45,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (e.g. `| head`): stop quietly, as Unix tools do.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 def print_error(e: LocalspecError) -> None:

@@ -93,14 +93,14 @@ def _make_drafter(module, opts: LoadOptions, target: Backend) -> Drafter:  # typ
     if opts.draft_method == "none":
         return NoDrafter()
     if opts.draft_method == "auto":
-        from localspec.spec.adaptive import AutoDrafter
+        from localspec.spec.adaptive import AutoDrafter, auto_ngram
 
         model = None
         if opts.draft:
             model = ModelDrafter(
                 module.load(opts.draft, n_ctx=opts.n_ctx, threads=opts.threads, n_gpu_layers=opts.n_gpu_layers)
             )
-        return AutoDrafter(ngram=NgramDrafter(), model=model, target=target, max_k=opts.max_draft)
+        return AutoDrafter(ngram=auto_ngram(), model=model, target=target, max_k=opts.max_draft)
     draft = module.load(opts.draft, n_ctx=opts.n_ctx, threads=opts.threads, n_gpu_layers=opts.n_gpu_layers)
     return ModelDrafter(draft)
 

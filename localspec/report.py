@@ -11,6 +11,15 @@ def advice(stats: SpecStats) -> str | None:
     """What the user should change, when the numbers say speculation is not paying."""
     if stats.draft_method == "none" or stats.n_rounds < 4:
         return None
+    if stats.draft_method == "auto":  # it adapts by itself; say plainly when speculation did not pay here
+        spec_rounds = stats.drafted_by_position[0] if stats.drafted_by_position else 0
+        plain = 1 - spec_rounds / stats.n_rounds
+        if plain < 0.5:
+            return None
+        return (
+            f"auto decoded {plain:.0%} of rounds without drafts: on this machine and text speculation was "
+            "measured not to pay. `localspec bench` shows why; `localspec doctor` checks the setup."
+        )
     if stats.mean_accepted_length < POOR_MATCH_LENGTH:
         if stats.draft_method == "model":
             return (

@@ -37,7 +37,7 @@ def test_help_does_not_import_heavy_backends() -> None:
 
 
 def test_run_json_on_tiny_model(tiny_ggufs) -> None:  # type: ignore[no-untyped-def]
-    r = localspec("run", "Say hello", "--target", str(tiny_ggufs[0]), "--draft", str(tiny_ggufs[1]),
+    r = localspec("run", "Say hello", "--target", str(tiny_ggufs[0]), "--draft", str(tiny_ggufs[1]), "--draft-method", "model",
                   "--max-tokens", "24", "--json", "-k", "3")  # fmt: skip
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)

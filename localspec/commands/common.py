@@ -9,6 +9,11 @@ from localspec.loader import DRAFT_METHODS, LoadOptions
 from localspec.spec.engine import GenerationConfig
 from localspec.spec.sampling import SamplingParams
 
+AUTO_BY_DEFAULT = True  # auto met the bar of issue 6 (bench on the 2-core CPU reference machine)
+DEFAULT_METHOD_HELP = "auto" if AUTO_BY_DEFAULT else "model when a draft is given, else ngram"
+FIXED_K = 4  # -k default for fixed draft lengths
+AUTO_MAX_K = 8  # -k default for auto: the longest draft it may choose
+
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("models")
@@ -20,8 +25,9 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         "--draft-method",
         choices=DRAFT_METHODS,
         default=None,
-        help="model: a draft model; ngram: prompt lookup, no model; none: plain decoding "
-        "(default: model when a draft is given, else ngram)",
+        help="auto: measure costs and acceptance, pick the draft (n-gram, model or none) and its length each "
+        "round; model: a draft model; ngram: prompt lookup, no model; none: plain decoding "
+        f"(default: {DEFAULT_METHOD_HELP})",
     )
     g.add_argument("--n-ctx", type=int, default=4096, help="context window in tokens (default: 4096)")
     g.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
@@ -30,7 +36,13 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
 
 def add_generation_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("generation")
-    g.add_argument("-k", "--num-draft", type=int, default=4, help="draft tokens per round (default: 4)")
+    g.add_argument(
+        "-k",
+        "--num-draft",
+        type=int,
+        default=None,
+        help=f"draft tokens per round; with auto the most it may choose (default: {FIXED_K}; auto {AUTO_MAX_K})",
+    )
     g.add_argument("--rule", choices=("exact", "match"), default="exact", help="verification rule (default: exact)")
     g.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default: 0)")
     g.add_argument("--top-k", type=int, default=0, help="0: off")
@@ -56,22 +68,38 @@ def load_options(args: argparse.Namespace) -> LoadOptions:
         target, draft = resolve_pair(args.pair, backend)
     if not target:
         raise UsageError("no target model given", "pass --target PATH, or --pair NAME (see `localspec models`)")
-    method = args.draft_method or ("model" if draft else "ngram")
+    method = draft_method(args, draft)
     if args.n_ctx < 16:
         raise UsageError(f"--n-ctx {args.n_ctx} is too small", "use at least a few hundred tokens, e.g. --n-ctx 4096")
     return LoadOptions(
         target=target,
-        draft=draft if method == "model" else None,
+        draft=draft if method in ("model", "auto") else None,
         backend=args.backend,
         draft_method=method,
+        max_draft=num_draft(args, method),
         n_ctx=args.n_ctx,
         threads=args.threads,
         n_gpu_layers=args.n_gpu_layers,
     )
 
 
+def draft_method(args: argparse.Namespace, draft: str | None) -> str:
+    if args.draft_method:
+        return str(args.draft_method)
+    if AUTO_BY_DEFAULT:
+        return "auto"
+    return "model" if draft else "ngram"
+
+
+def num_draft(args: argparse.Namespace, method: str) -> int:
+    if args.num_draft is not None:
+        return int(args.num_draft)
+    return AUTO_MAX_K if method == "auto" else FIXED_K
+
+
 def generation_config(args: argparse.Namespace) -> GenerationConfig:
     sampling = SamplingParams(
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed
     )
-    return GenerationConfig(max_tokens=args.max_tokens, num_draft=args.num_draft, rule=args.rule, sampling=sampling)
+    k = num_draft(args, draft_method(args, args.draft))
+    return GenerationConfig(max_tokens=args.max_tokens, num_draft=k, rule=args.rule, sampling=sampling)

@@ -1,0 +1,1 @@
+"""`localspec bench`: prompt suites, cost measurement, the method matrix and its tables."""

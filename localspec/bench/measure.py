@@ -1,0 +1,409 @@
+"""Measure: the hardware's cost curve, then every method on every suite, repeated and interleaved.
+
+Each repetition runs every (prompt, method) pair once, in an order rotated from one repetition to the
+next, so that slow spells on a shared machine hit all methods alike. Speedups are taken per
+repetition (method / plain decoding, both from the same repetition) and their median reported.
+
+The analytic bound for a method with fixed k is what the hardware allows for the acceptance that
+method actually reached: expected tokens per round over the cost of a round,
+
+    bound tokens/s = (accepted + rounds) / sum over rounds of (drafted_r * d + T(drafted_r + 1))
+
+with T(n) the target's measured time for a batch of n tokens and d the draft's time per token
+(zero for n-gram lookup), and the bound speedup is that times T(1). Achieved / bound shows how much
+the engine leaves on the table around the two models.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from localspec.backends.base import Backend, chat_prompt_tokens
+from localspec.bench.suites import Suite
+from localspec.errors import UsageError
+from localspec.spec.adaptive import AutoDrafter, CostModel, auto_ngram, calibrate
+from localspec.spec.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
+from localspec.spec.engine import Done, GenerationConfig, generate
+from localspec.spec.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class Method:
+    method: str  # none | ngram | model | auto
+    k: int  # draft length (auto: the most it may choose)
+
+    @property
+    def label(self) -> str:
+        if self.method == "none":
+            return "none"
+        return f"{self.method} k<={self.k}" if self.method == "auto" else f"{self.method} k={self.k}"
+
+
+def parse_methods(spec: str, *, has_draft: bool) -> list[Method]:
+    """`none,ngram:4,model:2,model:4,auto:8` -> methods; `none` is always included (the baseline)."""
+    out: list[Method] = []
+    for part in (p.strip() for p in spec.split(",") if p.strip()):
+        name, _, k = part.partition(":")
+        if name not in ("none", "ngram", "model", "auto"):
+            raise UsageError(f"unknown method {name!r} in --methods", "use none, ngram:K, model:K, auto:K")
+        try:
+            kk = int(k) if k else (0 if name == "none" else 8 if name == "auto" else 4)
+        except ValueError:
+            raise UsageError(f"bad draft length in {part!r}", "write e.g. model:4") from None
+        if name == "model" and not has_draft:
+            continue
+        out.append(Method(name, 0 if name == "none" else kk))
+    if Method("none", 0) not in out:
+        out.insert(0, Method("none", 0))
+    return list(dict.fromkeys(out))
+
+
+@dataclass
+class RunResult:
+    suite: str
+    prompt: int
+    method: str
+    rep: int
+    n_prompt: int
+    n_generated: int
+    decode_s: float
+    prompt_s: float
+    n_rounds: int
+    n_drafted: int
+    n_accepted: int
+    draft_s: float
+    verify_s: float
+    drafted_by_position: tuple[int, ...]
+    accepted_by_position: tuple[int, ...]
+    drafted_per_round: dict[int, int]  # n_drafted -> rounds
+    decisions: str = ""  # auto: what it chose
+
+    @property
+    def decode_tokens(self) -> int:
+        return max(self.n_generated - 1, 0)
+
+
+@dataclass
+class SuiteCosts:
+    suite: str
+    n_context: int
+    costs: CostModel  # the median over repetitions of each measured cost
+    per_rep: list[CostModel] = field(default_factory=list)
+
+    def add(self, measured: CostModel) -> None:
+        self.per_rep.append(measured)
+        sizes = sorted(set().union(*(c.target for c in self.per_rep)))
+        target = {n: statistics.median(c.target[n] for c in self.per_rep if n in c.target) for n in sizes}
+        drafts = [c.draft_token for c in self.per_rep if c.draft_token is not None]
+        self.costs = CostModel(target=target, draft_token=statistics.median(drafts) if drafts else None)
+
+
+@dataclass
+class BenchResult:
+    target: str
+    draft: str | None
+    backend: str
+    device: str
+    threads: int | None
+    max_tokens: int
+    reps: int
+    temperature: float
+    methods: list[Method]
+    suites: list[str]
+    costs: dict[str, SuiteCosts] = field(default_factory=dict)
+    runs: list[RunResult] = field(default_factory=list)
+    wall_s: float = 0.0
+    interrupted: bool = False  # stopped early (Ctrl-C): the tables cover the runs that finished
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "target": self.target,
+            "draft": self.draft,
+            "backend": self.backend,
+            "device": self.device,
+            "threads": self.threads,
+            "max_tokens": self.max_tokens,
+            "reps": self.reps,
+            "temperature": self.temperature,
+            "methods": [m.label for m in self.methods],
+            "suites": self.suites,
+            "wall_s": self.wall_s,
+            "interrupted": self.interrupted,
+            "costs": {
+                s: {"n_context": c.n_context, **c.costs.as_dict(), "per_rep": [x.as_dict() for x in c.per_rep]}
+                for s, c in self.costs.items()
+            },
+            "runs": [{**asdict(r), "decode_tps": r.decode_tokens / r.decode_s if r.decode_s else 0.0} for r in self.runs],
+            "summary": [asdict(row) for row in summarize(self)],
+        }
+
+
+def measure_costs(
+    target: Backend,
+    draft: Backend | None,
+    prompt: Sequence[int],
+    *,
+    max_batch: int,
+    reps: int = 5,
+    clock: Callable[[], float] = time.perf_counter,
+) -> CostModel:
+    """T(1..max_batch) and the draft's seconds per token, on a cache holding `prompt` (realistic attention)."""
+    target.rollback(0)
+    target.forward(list(prompt), all_logits=False)
+    if draft is not None:
+        draft.rollback(0)
+        draft.forward(list(prompt)[:-1], all_logits=False)
+    return calibrate(target, draft, max_batch=max_batch, reps=reps, clock=clock, stat=statistics.median)
+
+
+def run_bench(
+    target: Backend,
+    draft: Backend | None,
+    suites: Sequence[Suite],
+    methods: Sequence[Method],
+    *,
+    reps: int,
+    max_tokens: int,
+    sampling: SamplingParams,
+    n_prompts: int | None = None,
+    threads: int | None = None,
+    progress: Callable[[str], None] = lambda s: None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> BenchResult:
+    t_start = time.perf_counter()
+    result = BenchResult(
+        target=target.info.name,
+        draft=draft.info.name if draft else None,
+        backend=target.info.backend,
+        device=target.info.device,
+        threads=threads,
+        max_tokens=max_tokens,
+        reps=reps,
+        temperature=sampling.temperature,
+        methods=list(methods),
+        suites=[s.name for s in suites],
+    )
+    try:
+        _measure_all(target, draft, suites, methods, result, reps, max_tokens, sampling, n_prompts, progress, clock)
+    except KeyboardInterrupt:
+        result.interrupted = True
+        progress("interrupted: reporting the runs that finished")
+    result.wall_s = time.perf_counter() - t_start
+    return result
+
+
+def _measure_all(
+    target: Backend,
+    draft: Backend | None,
+    suites: Sequence[Suite],
+    methods: Sequence[Method],
+    result: BenchResult,
+    reps: int,
+    max_tokens: int,
+    sampling: SamplingParams,
+    n_prompts: int | None,
+    progress: Callable[[str], None],
+    clock: Callable[[], float],
+) -> None:
+    k_top = max([m.k for m in methods] + [1])
+    prompts: dict[str, list[list[int]]] = {}
+    for suite in suites:
+        chosen = suite.prompts[: n_prompts or len(suite.prompts)]
+        prompts[suite.name] = [chat_prompt_tokens(target, list(msgs)) for msgs in chosen]
+    n_total = reps * sum(len(p) for p in prompts.values()) * len(methods)
+    done_n = 0
+    t0 = time.perf_counter()
+    for rep in range(reps):
+        for suite in suites:
+            # The cost curve is measured in every repetition too (median over them), so that a busy spell
+            # during one measurement does not decide the bound.
+            first = prompts[suite.name][0]
+            progress(f"measuring costs on {suite.name} ({len(first)} tokens of context)")
+            measured = measure_costs(target, draft, first, max_batch=k_top + 1, clock=clock)
+            if suite.name not in result.costs:
+                result.costs[suite.name] = SuiteCosts(suite.name, len(first), measured)
+            result.costs[suite.name].add(measured)
+            for pi, prompt in enumerate(prompts[suite.name]):
+                order = list(methods)
+                shift = (rep + pi) % len(order)
+                order = order[shift:] + order[:shift]  # rotate: no method always runs first or last
+                for m in order:
+                    done_n += 1
+                    progress(
+                        f"[{done_n}/{n_total}] rep {rep + 1} {suite.name} #{pi + 1} {m.label} "
+                        f"({time.perf_counter() - t0:.0f} s)"
+                    )
+                    result.runs.append(
+                        _one_run(target, draft, suite.name, pi, prompt, m, rep, max_tokens, sampling, clock)
+                    )
+
+
+def _drafter(m: Method, draft: Backend | None, target: Backend, clock: Callable[[], float]) -> Drafter:
+    if m.method == "none":
+        return NoDrafter()
+    if m.method == "ngram":
+        return NgramDrafter()
+    if m.method == "model":
+        assert draft is not None
+        return ModelDrafter(draft)
+    # A fresh auto drafter per run, calibrating itself on its first prompt exactly as in `localspec run`.
+    return AutoDrafter(
+        ngram=auto_ngram(),
+        model=ModelDrafter(draft) if draft is not None else None,
+        target=target,
+        max_k=m.k,
+        clock=clock,
+    )
+
+
+def _one_run(
+    target: Backend,
+    draft: Backend | None,
+    suite: str,
+    pi: int,
+    prompt: list[int],
+    m: Method,
+    rep: int,
+    max_tokens: int,
+    sampling: SamplingParams,
+    clock: Callable[[], float],
+) -> RunResult:
+    drafter = _drafter(m, draft, target, clock)
+    config = GenerationConfig(max_tokens=max_tokens, num_draft=m.k, sampling=sampling)
+    per_round: Counter[int] = Counter()
+    done: Done | None = None
+    for ev in generate(target, drafter, prompt, config, clock=clock):
+        if isinstance(ev, Done):
+            done = ev
+        elif ev.round is not None:
+            per_round[ev.round.n_drafted] += 1
+    assert done is not None
+    s = done.stats
+    return RunResult(
+        suite=suite,
+        prompt=pi,
+        method=m.label,
+        rep=rep,
+        n_prompt=s.n_prompt,
+        n_generated=s.n_generated,
+        decode_s=s.decode_s,
+        prompt_s=s.prompt_s,
+        n_rounds=s.n_rounds,
+        n_drafted=s.n_drafted,
+        n_accepted=s.n_accepted,
+        draft_s=s.draft_s,
+        verify_s=s.verify_s,
+        drafted_by_position=s.drafted_by_position,
+        accepted_by_position=s.accepted_by_position,
+        drafted_per_round=dict(per_round),
+        decisions=drafter.summary() if isinstance(drafter, AutoDrafter) else "",
+    )
+
+
+# -- aggregation -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Row:
+    suite: str
+    method: str
+    tps_median: float
+    tps_min: float
+    tps_max: float
+    speedup: float  # median over repetitions of (method tok/s / plain tok/s) from the same repetition
+    acceptance: float | None
+    mean_accepted_length: float
+    acceptance_by_position: tuple[float, ...]
+    bound_speedup: float | None  # what the measured costs allow for the measured acceptance
+    of_bound: float | None  # speedup / bound_speedup
+    decisions: str = ""
+
+
+def summarize(result: BenchResult) -> list[Row]:
+    rows: list[Row] = []
+    for suite in result.suites:
+        if suite not in result.costs:
+            continue
+        costs = result.costs[suite].costs
+        plain = _per_rep_tps(result, suite, "none")
+        for m in result.methods:
+            runs = [r for r in result.runs if r.suite == suite and r.method == m.label]
+            if not runs:
+                continue
+            tps = _per_rep_tps(result, suite, m.label)
+            vals = list(tps.values())
+            speed = [tps[rep] / plain[rep] for rep in tps if plain.get(rep)]
+            n_drafted = sum(r.n_drafted for r in runs)
+            n_accepted = sum(r.n_accepted for r in runs)
+            n_rounds = sum(r.n_rounds for r in runs)
+            by_d = _sum_tuples([r.drafted_by_position for r in runs])
+            by_a = _sum_tuples([r.accepted_by_position for r in runs])
+            bound = _bound_speedup(runs, costs, m) if m.method in ("model", "ngram") else None
+            speedup = statistics.median(speed) if speed else 0.0
+            decisions = Counter[str]()
+            for r in runs:
+                for part in r.decisions.split(", "):
+                    if part and part != "no rounds":
+                        name, _, rest = part.partition(" (")
+                        key, _, n = name.rpartition(" ")
+                        decisions[key] += int(n)
+            rows.append(
+                Row(
+                    suite=suite,
+                    method=m.label,
+                    tps_median=statistics.median(vals) if vals else 0.0,
+                    tps_min=min(vals, default=0.0),
+                    tps_max=max(vals, default=0.0),
+                    speedup=speedup,
+                    acceptance=n_accepted / n_drafted if n_drafted else None,
+                    mean_accepted_length=(n_accepted + n_rounds) / n_rounds if n_rounds else 0.0,
+                    acceptance_by_position=tuple(a / d if d else 0.0 for a, d in zip(by_a, by_d)),
+                    bound_speedup=bound,
+                    of_bound=speedup / bound if bound else None,
+                    decisions=_share(decisions),
+                )
+            )
+    return rows
+
+
+def _per_rep_tps(result: BenchResult, suite: str, label: str) -> dict[int, float]:
+    """Suite-level tokens/s per repetition: all the suite's prompts' decode tokens over their decode time."""
+    out: dict[int, float] = {}
+    for rep in range(result.reps):
+        runs = [r for r in result.runs if r.suite == suite and r.method == label and r.rep == rep]
+        t = sum(r.decode_s for r in runs)
+        if runs and t > 0:
+            out[rep] = sum(r.decode_tokens for r in runs) / t
+    return out
+
+
+def _bound_speedup(runs: Sequence[RunResult], costs: CostModel, m: Method) -> float | None:
+    t1 = costs.target_s(1)
+    d = (costs.draft_token or 0.0) if m.method == "model" else 0.0
+    round_s = 0.0
+    n_rounds = n_accepted = 0
+    for r in runs:
+        for n_drafted, count in r.drafted_per_round.items():
+            round_s += count * (n_drafted * d + costs.target_s(n_drafted + 1))
+        n_rounds += r.n_rounds
+        n_accepted += r.n_accepted
+    if not round_s or not t1:
+        return None
+    return (n_accepted + n_rounds) / round_s * t1
+
+
+def _sum_tuples(rows: Sequence[Sequence[int]]) -> tuple[int, ...]:
+    width = max((len(r) for r in rows), default=0)
+    return tuple(sum(r[i] for r in rows if i < len(r)) for i in range(width))
+
+
+def _share(decisions: Counter[str]) -> str:
+    total = sum(decisions.values())
+    if not total:
+        return ""
+    return ", ".join(f"{k.replace('none', 'plain')} {n / total:.0%}" for k, n in decisions.most_common())

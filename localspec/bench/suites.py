@@ -1,0 +1,136 @@
+"""Built-in prompt suites: the kinds of work where speculation wins or loses differently.
+
+- code-gen: write new code (model drafts can match, n-gram rarely has anything to copy)
+- code-edit: change given code and repeat it whole (n-gram lookup copies long runs)
+- chat: prose answers (varied wording: the hardest case for any draft)
+- long-summary: summarize a ~1,100-token document (long context: attention costs more per token)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import resources
+
+from localspec.backends.base import ChatMessage
+
+_EDIT_SOURCE = '''def load_orders(path):
+    data = []
+    with open(path) as f:
+        header = f.readline().strip().split(",")
+        for line in f:
+            fields = line.strip().split(",")
+            if len(fields) != len(header):
+                continue
+            row = dict(zip(header, fields))
+            row["quantity"] = int(row["quantity"])
+            row["price"] = float(row["price"])
+            data.append(row)
+    return data
+
+
+def total_by_customer(data):
+    totals = {}
+    for row in data:
+        customer = row["customer"]
+        totals[customer] = totals.get(customer, 0.0) + row["quantity"] * row["price"]
+    return totals
+
+
+def top_customers(data, n=3):
+    totals = total_by_customer(data)
+    ranked = sorted(totals.items(), key=lambda item: item[1], reverse=True)
+    return ranked[:n]
+'''
+
+_EDIT_SOURCE_2 = '''class Inventory:
+    def __init__(self):
+        self.items = {}
+
+    def add(self, name, count):
+        if count <= 0:
+            raise ValueError("count must be positive")
+        self.items[name] = self.items.get(name, 0) + count
+
+    def remove(self, name, count):
+        have = self.items.get(name, 0)
+        if count > have:
+            raise ValueError(f"only {have} of {name} in stock")
+        self.items[name] = have - count
+        if self.items[name] == 0:
+            del self.items[name]
+
+    def report(self):
+        lines = []
+        for name in sorted(self.items):
+            lines.append(f"{name}: {self.items[name]}")
+        return "\\n".join(lines)
+'''
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    description: str
+    prompts: tuple[tuple[ChatMessage, ...], ...]
+
+
+def _user(text: str) -> tuple[ChatMessage, ...]:
+    return (ChatMessage("user", text),)
+
+
+def long_document() -> str:
+    return resources.files("localspec.bench").joinpath("long_context.txt").read_text(encoding="utf-8")
+
+
+def suites() -> dict[str, Suite]:
+    doc = long_document()
+    all_suites = [
+        Suite(
+            "code-gen",
+            "write new code from a description",
+            (
+                _user(
+                    "Write a Python function `parse_duration(text: str) -> int` that converts strings like "
+                    "'1h30m', '45s' or '2h 5m 10s' into seconds, raising ValueError on bad input. "
+                    "Include a docstring and type hints, then a few example calls."
+                ),
+                _user(
+                    "Write a Python class `LRUCache` with `get(key)` and `put(key, value)` methods and a fixed "
+                    "capacity, using collections.OrderedDict. Add docstrings and a short usage example."
+                ),
+            ),
+        ),
+        Suite(
+            "code-edit",
+            "edit given code and repeat it whole (text that repeats its input)",
+            (
+                _user(
+                    "Change `top_customers` so that it skips customers whose total is zero. Reply with the "
+                    "complete updated code only, no explanation.\n\n"
+                    f"```python\n{_EDIT_SOURCE}```"
+                ),
+                _user(
+                    "Add a method `count(self, name)` that returns how many of `name` are in stock (0 if none) "
+                    "to this class. Reply with the complete updated class only, no explanation.\n\n"
+                    f"```python\n{_EDIT_SOURCE_2}```"
+                ),
+            ),
+        ),
+        Suite(
+            "chat",
+            "prose answers to open questions",
+            (
+                _user("Explain to someone new to programming why version control matters, in three short paragraphs."),
+                _user("What are good habits for staying focused while working from home? Answer in a few paragraphs."),
+            ),
+        ),
+        Suite(
+            "long-summary",
+            "summarize a ~1,100-token document (long context)",
+            (
+                _user(f"{doc}\n\nSummarize the report above in five bullet points, with the key numbers."),
+                _user(f"{doc}\n\nWhat did the committee recommend, and why? Answer in one paragraph."),
+            ),
+        ),
+    ]
+    return {s.name: s for s in all_suites}

@@ -1,0 +1,115 @@
+"""`localspec bench`: measure speculation on this machine, for a pair and a backend, and tell the truth."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from localspec.commands.common import add_model_options
+from localspec.errors import UsageError
+
+DEFAULT_METHODS = "none,ngram:4,ngram:8,model:2,model:4,model:6,auto:8"
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "bench",
+        help="measure plain vs speculative decoding on this machine",
+        description="Run built-in prompt suites (code generation, code editing, chat, long-context summary) with "
+        "plain decoding, n-gram and model drafting at several k, and auto; print decode tokens/s, speedup, "
+        "acceptance, and the speedup the measured costs allow (the analytic bound).",
+    )
+    add_model_options(p)
+    for action in p._actions:  # bench runs every method itself (--methods)
+        if action.dest in ("draft_method",):
+            action.help = argparse.SUPPRESS
+    g = p.add_argument_group("benchmark")
+    g.add_argument("--suites", default="all", help="comma-separated: code-gen, code-edit, chat, long-summary (default: all)")
+    g.add_argument(
+        "--methods",
+        default=DEFAULT_METHODS,
+        help=f"comma-separated METHOD[:K] (default: {DEFAULT_METHODS}; model ones are skipped without a draft)",
+    )
+    g.add_argument("--reps", type=int, default=2, help="repetitions of every run, interleaved (default: 2)")
+    g.add_argument("--prompts", type=int, default=None, help="prompts per suite (default: all, 2 each)")
+    g.add_argument("--max-tokens", type=int, default=96, help="tokens generated per run (default: 96)")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default: 0)")
+    g.add_argument("--seed", type=int, default=0, help="sampling seed when temperature > 0 (default: 0)")
+    g.add_argument("--json", action="store_true", help="print the raw numbers as JSON instead of tables")
+    g.add_argument("--json-out", metavar="FILE", help="also write the raw numbers as JSON to FILE")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from localspec.bench.measure import parse_methods, run_bench
+    from localspec.bench.report import bench_lines
+    from localspec.bench.suites import suites
+    from localspec.commands.common import load_options
+    from localspec.loader import _backend_module, resolve_backend
+    from localspec.spec.sampling import SamplingParams
+    from localspec.vocab import check_compatible
+
+    if args.reps < 1 or args.max_tokens < 2:
+        raise UsageError("--reps must be >= 1 and --max-tokens >= 2", "try --reps 2 --max-tokens 96")
+    available = suites()
+    names = list(available) if args.suites == "all" else [s.strip() for s in args.suites.split(",") if s.strip()]
+    unknown = [n for n in names if n not in available]
+    if unknown:
+        raise UsageError(f"unknown suite(s): {', '.join(unknown)}", f"choose from: {', '.join(available)}")
+    args.draft_method = args.draft_method or "model"  # bench loads the draft itself; methods come from --methods
+    args.num_draft = None
+    opts = load_options(args)
+    methods = parse_methods(args.methods, has_draft=bool(opts.draft))
+    backend, note = resolve_backend(opts.backend)
+    module = _backend_module(backend)
+    if opts.draft:
+        check_compatible(module.peek_vocab(opts.target), module.peek_vocab(opts.draft), target_name=opts.target, draft_name=opts.draft)
+    log = (lambda s: None) if args.json else (lambda s: print(s, file=sys.stderr, flush=True))
+    if note:
+        log(note)
+    _sigterm_interrupts()
+    target = module.load(opts.target, n_ctx=opts.n_ctx, threads=opts.threads, n_gpu_layers=opts.n_gpu_layers)
+    draft = None
+    try:
+        if opts.draft:
+            draft = module.load(opts.draft, n_ctx=opts.n_ctx, threads=opts.threads, n_gpu_layers=opts.n_gpu_layers)
+        sampling = SamplingParams(temperature=args.temperature, seed=args.seed if args.temperature > 0 else None)
+        result = run_bench(
+            target,
+            draft,
+            [available[n] for n in names],
+            methods,
+            reps=args.reps,
+            max_tokens=args.max_tokens,
+            sampling=sampling,
+            n_prompts=args.prompts,
+            threads=opts.threads,
+            progress=log,
+        )
+    finally:
+        if draft is not None:
+            draft.close()
+        target.close()
+    if args.json_out:
+        with open(args.json_out, "w", encoding="utf-8") as fh:
+            json.dump(result.to_json(), fh, indent=1)
+    if args.json:
+        json.dump(result.to_json(), sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        print("\n".join(bench_lines(result)))
+    return 0
+
+
+def _sigterm_interrupts() -> None:
+    """`timeout` and job control send SIGTERM: end like Ctrl-C, printing the runs that finished."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+
+        def handler(signum: int, frame: object) -> None:
+            raise KeyboardInterrupt
+
+        signal.signal(signal.SIGTERM, handler)

@@ -1,0 +1,435 @@
+"""`localspec doctor`: check the base configuration before any speculation.
+
+A CPU-only build on a GPU machine, layers left on the CPU, more threads than cores, or a pair that
+does not fit in free memory each cost more than speculative decoding can ever win back (2x-6x at
+best, often less). Those are fixed first; `doctor` finds them and says how.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from localspec.commands.common import add_model_options
+
+Severity = Literal["fix", "warn", "info"]
+
+
+@dataclass(frozen=True)
+class Finding:
+    severity: Severity  # fix: costs more than speculation can win back; warn: worth a look; info
+    message: str
+    hint: str = ""
+
+
+@dataclass
+class Facts:
+    """What doctor looked at. Plain data, so the rules below are testable without the machine."""
+
+    os: str = ""
+    machine: str = ""
+    python_arch: str = ""
+    rosetta: bool = False
+    logical_cpus: int | None = None
+    physical_cores: int | None = None
+    performance_cores: int | None = None  # Apple silicon P-cores
+    usable_cpus: float | None = None  # affinity and cgroup quota: what this process may really use
+    load_avg: float | None = None  # 1-minute load average: other work competing for the cores
+    mem_total: int | None = None
+    mem_available: int | None = None
+    gpu_hardware: list[str] = field(default_factory=list)  # what the machine has (nvidia-smi, Apple GPU)
+    llama_version: str | None = None
+    llama_gpu: str | None = None  # GPU backend compiled into llama-cpp-python (None: CPU only)
+    llama_system_info: str = ""
+    llama_error: str | None = None
+    mlx_version: str | None = None
+    mlx_device: str | None = None
+    threads: int | None = None  # what localspec will use (explicit --threads, else its default)
+    threads_explicit: bool = False
+    n_ctx: int = 4096
+    n_batch: int = 512
+    n_gpu_layers: int = -1
+    backend: str = "llama"
+    models: list[dict[str, Any]] = field(default_factory=list)  # path, size, layers, ctx_train, kv bytes/token
+    measured: dict[str, Any] | None = None
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "doctor",
+        help="check backend builds, devices, threads and memory before speculating",
+        description="Report backend builds and devices (CUDA, Metal, CPU; MLX), offloading, threads, context and "
+        "batch settings, and free memory against the pair's size. Flags base settings that cost more than "
+        "speculative decoding can win back: fix those first.",
+    )
+    add_model_options(p)
+    for action in p._actions:
+        if action.dest in ("draft_method",):
+            action.help = argparse.SUPPRESS
+    p.add_argument(
+        "--measure",
+        action="store_true",
+        help="also load the models and time the target's batch curve and the draft (a few seconds)",
+    )
+    p.add_argument("--json", action="store_true", help="print facts and findings as JSON")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    facts = gather(args)
+    found = findings(facts)
+    if args.json:
+        json.dump({"facts": asdict(facts), "findings": [asdict(f) for f in found]}, sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        print("\n".join(report_lines(facts, found)))
+    return 1 if any(f.severity == "fix" for f in found) else 0
+
+
+# -- gathering ----------------------------------------------------------------------------------------
+
+
+def gather(args: argparse.Namespace) -> Facts:
+    f = Facts(os=f"{platform.system()} {platform.release()}", machine=platform.machine(), python_arch=platform.machine())
+    f.rosetta = _sysctl("sysctl.proc_translated") == "1"
+    f.logical_cpus = os.cpu_count()
+    f.physical_cores = _physical_cores()
+    f.performance_cores = _int(_sysctl("hw.perflevel0.physicalcpu"))
+    f.usable_cpus = _usable_cpus()
+    f.load_avg = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    f.mem_total, f.mem_available = _memory()
+    f.gpu_hardware = _gpu_hardware()
+    f.n_ctx = args.n_ctx
+    f.n_gpu_layers = args.n_gpu_layers
+    f.backend = args.backend
+    _llama_facts(f)
+    _mlx_facts(f)
+    f.threads_explicit = args.threads is not None
+    f.threads = args.threads or f.logical_cpus  # backends/llama_cpp.py: threads or os.cpu_count()
+    paths = _model_paths(args)
+    for role, path in paths:
+        f.models.append(_model_facts(role, path))
+    if getattr(args, "measure", False) and paths:
+        f.measured = _measure(args, dict(paths))
+    return f
+
+
+def _int(s: str | None) -> int | None:
+    try:
+        return int(s) if s is not None else None
+    except ValueError:
+        return None
+
+
+def _sysctl(name: str) -> str | None:
+    if sys.platform != "darwin":
+        return None
+    try:
+        out = subprocess.run(["sysctl", "-n", name], capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def _physical_cores() -> int | None:
+    if sys.platform == "darwin":
+        return _int(_sysctl("hw.physicalcpu"))
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    cores, phys = set(), "0"
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "physical id":
+            phys = value.strip()
+        elif key == "core id":
+            cores.add((phys, value.strip()))
+    return len(cores) or None
+
+
+def _usable_cpus() -> float | None:
+    n: float | None = None
+    if hasattr(os, "sched_getaffinity"):
+        n = float(len(os.sched_getaffinity(0)))
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            q = int(quota) / int(period)
+            n = q if n is None else min(n, q)
+    except (OSError, ValueError):
+        pass
+    return n
+
+
+def _memory() -> tuple[int | None, int | None]:
+    if sys.platform == "darwin":
+        total = _int(_sysctl("hw.memsize"))
+        try:
+            out = subprocess.run(["vm_stat"], capture_output=True, text=True, timeout=5).stdout
+        except (OSError, subprocess.SubprocessError):
+            return total, None
+        page = 16384 if "16384" in out.splitlines()[0] else 4096
+        free = 0
+        for line in out.splitlines():
+            if line.startswith(("Pages free", "Pages inactive", "Pages speculative", "Pages purgeable")):
+                free += int(line.split(":")[1].strip().rstrip("."))
+        return total, free * page
+    info: dict[str, int] = {}
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            info[key] = int(value.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None, None
+    return info.get("MemTotal"), info.get("MemAvailable")
+
+
+def _gpu_hardware() -> list[str]:
+    found = []
+    if shutil.which("nvidia-smi") or Path("/proc/driver/nvidia").exists():
+        found.append("NVIDIA GPU (CUDA)")
+    if Path("/dev/kfd").exists():
+        found.append("AMD GPU (ROCm)")
+    if sys.platform == "darwin" and (platform.machine() == "arm64" or _sysctl("sysctl.proc_translated") == "1"):
+        found.append("Apple GPU (Metal)")
+    return found
+
+
+def _llama_facts(f: Facts) -> None:
+    try:
+        import llama_cpp
+
+        from localspec.backends.llama_cpp import gpu_kind
+    except Exception as e:  # a broken build is exactly what doctor is for
+        f.llama_error = f"{type(e).__name__}: {e}"
+        return
+    f.llama_version = getattr(llama_cpp, "__version__", "?")
+    f.llama_gpu = gpu_kind()
+    try:
+        f.llama_system_info = llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip()
+    except Exception:
+        pass
+
+
+def _mlx_facts(f: Facts) -> None:
+    from localspec.loader import mlx_available
+
+    if not mlx_available():
+        return
+    try:
+        import mlx.core as mx
+        from importlib.metadata import version
+
+        f.mlx_version = version("mlx")
+        f.mlx_device = str(mx.default_device())
+    except Exception as e:
+        f.mlx_device = f"unavailable ({type(e).__name__}: {e})"
+
+
+def _model_paths(args: argparse.Namespace) -> list[tuple[str, str]]:
+    target, draft = args.target, args.draft
+    if args.pair and not (target or draft):
+        from localspec.catalog import resolve_pair
+        from localspec.loader import resolve_backend
+
+        target, draft = resolve_pair(args.pair, resolve_backend(args.backend)[0])
+    return [(role, p) for role, p in (("target", target), ("draft", draft)) if p]
+
+
+def _model_facts(role: str, path: str) -> dict[str, Any]:
+    p = Path(path).expanduser()
+    out: dict[str, Any] = {"role": role, "path": str(p)}
+    if p.is_dir():
+        out["size"] = sum(x.stat().st_size for x in p.rglob("*") if x.is_file())
+        return out
+    try:
+        out["size"] = p.stat().st_size
+        from localspec.gguf_meta import read_gguf_header
+
+        h = read_gguf_header(p)
+        m, a = h.metadata, h.architecture
+        out["layers"] = m.get(f"{a}.block_count")
+        out["ctx_train"] = m.get(f"{a}.context_length")
+        n_embd, n_head = m.get(f"{a}.embedding_length"), m.get(f"{a}.attention.head_count")
+        n_kv = m.get(f"{a}.attention.head_count_kv", n_head)
+        if n_embd and n_head and out["layers"]:
+            # f16 K and V for every layer: the KV cache's bytes per context token
+            out["kv_bytes_per_token"] = 2 * 2 * int(out["layers"]) * int(n_kv) * (int(n_embd) // int(n_head))
+    except Exception as e:
+        out["error"] = str(getattr(e, "message", e))
+    return out
+
+
+def _measure(args: argparse.Namespace, paths: dict[str, str]) -> dict[str, Any]:
+    from localspec.loader import _backend_module, resolve_backend
+    from localspec.spec.adaptive import calibrate
+
+    module = _backend_module(resolve_backend(args.backend)[0])
+    load = dict(n_ctx=min(args.n_ctx, 2048), threads=args.threads, n_gpu_layers=args.n_gpu_layers)
+    target = module.load(paths["target"], **load)
+    draft = module.load(paths["draft"], **load) if "draft" in paths else None
+    try:
+        prompt = target.tokenize("def fibonacci(n):\n    " * 16, add_special=True, parse_special=False)
+        target.forward(prompt, all_logits=False)
+        if draft is not None:
+            draft.forward(prompt[:-1], all_logits=False)
+        costs = calibrate(target, draft, max_batch=9, reps=3)
+        return {"device": target.info.device, **costs.as_dict()}
+    finally:
+        if draft is not None:
+            draft.close()
+        target.close()
+
+
+# -- the rules -----------------------------------------------------------------------------------------
+
+
+def findings(f: Facts) -> list[Finding]:
+    out: list[Finding] = []
+    gb = 1024**3
+    if f.rosetta:
+        out.append(Finding("fix", "Python runs under Rosetta (x86_64 on Apple silicon): no Metal, slow CPU code",
+                           "install an arm64 Python (e.g. from python.org or `brew install python`) and reinstall localspec"))
+    if f.llama_error:
+        out.append(Finding("fix" if f.backend != "mlx" else "warn", f"llama-cpp-python does not load: {f.llama_error}",
+                           "pip install -U llama-cpp-python"))
+    elif f.llama_gpu is None and f.gpu_hardware and f.backend != "mlx":
+        hw = ", ".join(f.gpu_hardware)
+        flag = "-DGGML_METAL=on" if "Metal" in hw else "-DGGML_HIPBLAS=on" if "ROCm" in hw else "-DGGML_CUDA=on"
+        out.append(Finding("fix", f"this machine has {hw} but llama-cpp-python was built for the CPU only",
+                           f'reinstall it with the GPU backend: CMAKE_ARGS="{flag}" pip install --force-reinstall '
+                           "--no-cache-dir llama-cpp-python"))
+    if f.llama_gpu is not None and f.n_gpu_layers >= 0 and f.backend != "mlx":
+        for m in f.models:
+            layers = m.get("layers")
+            if layers and f.n_gpu_layers < int(layers) + 1:
+                out.append(Finding("fix", f"--n-gpu-layers {f.n_gpu_layers} leaves layers of the {m['role']} "
+                                   f"({layers} + output) on the CPU: every token waits for the slowest device",
+                                   "use --n-gpu-layers -1 (all) if it fits in GPU memory; otherwise a smaller quant or model"))
+    usable = f.usable_cpus
+    if f.threads and usable and f.threads > usable + 1e-9 and f.llama_gpu is None:
+        why = "an explicit --threads" if f.threads_explicit else "localspec's default (all logical CPUs)"
+        out.append(Finding("fix", f"{f.threads} threads ({why}) but this process may use only {usable:g} CPUs "
+                           "(affinity or container quota): threads wait on each other",
+                           f"pass --threads {max(1, int(usable))}"))
+    elif f.threads and f.physical_cores and f.threads > f.physical_cores and f.llama_gpu is None:
+        out.append(Finding("warn", f"{f.threads} threads on {f.physical_cores} physical cores: SMT siblings "
+                           "rarely help llama.cpp and often slow it",
+                           f"try --threads {f.physical_cores}"))
+    cpus = usable or f.logical_cpus
+    if f.load_avg is not None and cpus and f.load_avg > 0.75 * cpus and f.llama_gpu is None:
+        out.append(Finding("warn", f"the CPUs are busy (load average {f.load_avg:.1f} on {cpus:g} CPUs): llama.cpp's "
+                           "threads wait for each other when one is descheduled, and every timing is noisy",
+                           "close other CPU-heavy programs before measuring or decoding; or try fewer --threads"))
+    if f.performance_cores and f.threads and f.threads > f.performance_cores and f.llama_gpu is None:
+        out.append(Finding("warn", f"{f.threads} threads but {f.performance_cores} performance cores: "
+                           "efficiency cores hold the others back", f"try --threads {f.performance_cores}"))
+    total_size = sum(int(m.get("size") or 0) for m in f.models)
+    kv = sum(int(m.get("kv_bytes_per_token") or 0) for m in f.models) * f.n_ctx
+    need = total_size + kv
+    if f.models and f.mem_available:
+        if need > f.mem_available:
+            out.append(Finding("fix", f"the models ({total_size / gb:.1f} GB) and their KV caches at --n-ctx {f.n_ctx} "
+                               f"({kv / gb:.2f} GB) need more than the {f.mem_available / gb:.1f} GB of free memory: "
+                               "the system will page, far slower than any speculation gains",
+                               "close other programs, lower --n-ctx, or pick a smaller quantization"))
+        elif need > 0.8 * f.mem_available:
+            out.append(Finding("warn", f"the pair needs {need / gb:.1f} GB of the {f.mem_available / gb:.1f} GB free",
+                               "little headroom: other programs may push it into paging"))
+    for m in f.models:
+        ctx = m.get("ctx_train")
+        if ctx and f.n_ctx > int(ctx):
+            out.append(Finding("warn", f"--n-ctx {f.n_ctx} exceeds the {m['role']}'s trained context ({ctx})",
+                               f"use --n-ctx {ctx} or less"))
+        if m.get("error"):
+            out.append(Finding("fix", f"cannot read the {m['role']} model: {m['error']}", "check the path"))
+    if sys.platform == "darwin" and f.machine == "arm64" and f.mlx_version is None:
+        out.append(Finding("info", "MLX is not installed: on Apple silicon it is often the fastest backend",
+                           "pip install 'localspec[mlx]'"))
+    if f.measured:
+        out.extend(_measured_findings(f.measured))
+    elif f.llama_gpu is None and f.backend != "mlx" and not f.llama_error:
+        out.append(Finding("info", "CPU decoding: a batch of k+1 tokens costs much more than one, so a model draft "
+                           "roughly breaks even; n-gram drafts (free) win on text that repeats its input",
+                           "`--draft-method auto` measures this and falls back to plain decoding; "
+                           "`localspec doctor --measure` shows the numbers"))
+    return out
+
+
+def _measured_findings(m: dict[str, Any]) -> list[Finding]:
+    t = {int(k): v for k, v in m.get("target_s", {}).items()}
+    if 1 not in t:
+        return []
+    t1 = t[1]
+    d = m.get("draft_token_s")
+    out = []
+    if d is not None:
+        best = max(((j + 1) / (j * d + t.get(j + 1, t[max(t)])), j) for j in range(1, max(t)))
+        ceiling = best[0] * t1
+        sev: Severity = "warn" if ceiling < 1.2 else "info"
+        out.append(Finding(sev, f"with every draft token accepted, a model draft could reach at most {ceiling:.2f}x "
+                           f"here (k={best[1]}; draft {d / t1:.2f}x of a target token, target batch of "
+                           f"{best[1] + 1} {t.get(best[1] + 1, 0) / t1:.2f}x of one)",
+                           "below ~1.2x a model draft is not worth it on this device: use ngram or auto" if ceiling < 1.2 else ""))
+    if 5 in t:
+        out.append(Finding("info", f"target: {t1 * 1e3:.1f} ms per token; a batch of 5 costs {t[5] / t1:.2f}x one"))
+    return out
+
+
+def report_lines(f: Facts, found: list[Finding]) -> list[str]:
+    gb = 1024**3
+    lines = [
+        f"system     {f.os} {f.machine}" + (" (under Rosetta)" if f.rosetta else ""),
+        f"cpu        {f.logical_cpus} logical, {f.physical_cores or '?'} physical cores"
+        + (f", {f.performance_cores} performance" if f.performance_cores else "")
+        + (f", {f.usable_cpus:g} usable by this process" if f.usable_cpus else "")
+        + (f", load average {f.load_avg:.1f}" if f.load_avg is not None else ""),
+        f"memory     {f.mem_available / gb:.1f} GB free of {f.mem_total / gb:.1f} GB"
+        if f.mem_available and f.mem_total else "memory     unknown",
+        f"gpu        {', '.join(f.gpu_hardware) or 'none found'}",
+        f"llama.cpp  "
+        + (f"not loadable: {f.llama_error}" if f.llama_error
+           else f"llama-cpp-python {f.llama_version}, {'GPU: ' + f.llama_gpu if f.llama_gpu else 'CPU-only build'}"),
+    ]
+    if f.llama_system_info:
+        feats = [p.split("=")[0].strip() for p in f.llama_system_info.replace("CPU :", "").split("|") if "= 1" in p]
+        lines.append(f"           features: {' '.join(feats)}")
+    lines.append(f"mlx        {('mlx ' + f.mlx_version + ', device ' + str(f.mlx_device)) if f.mlx_version else 'not installed'}")
+    lines.append(
+        f"settings   backend {f.backend}, threads {f.threads}{' (default)' if not f.threads_explicit else ''}, "
+        f"n_ctx {f.n_ctx}, n_batch {f.n_batch}, n_gpu_layers {f.n_gpu_layers}"
+    )
+    for m in f.models:
+        extra = ", ".join(
+            f"{k} {m[k]}" for k in ("layers", "ctx_train") if m.get(k) is not None
+        )
+        size = f"{m['size'] / gb:.2f} GB" if m.get("size") else "?"
+        lines.append(f"{m['role']:<10} {m['path']} ({size}{', ' + extra if extra else ''})")
+    if f.measured:
+        t = f.measured.get("target_s", {})
+        t1 = t.get("1")
+        if t1:
+            curve = " ".join(f"{n}:{v / t1:.2f}x" for n, v in t.items())
+            lines.append(f"measured   {f.measured.get('device')}: target {t1 * 1e3:.1f} ms/token, batch {curve}")
+        if f.measured.get("draft_token_s") and t1:
+            d = f.measured["draft_token_s"]
+            lines.append(f"           draft {d * 1e3:.1f} ms/token ({d / t1:.2f}x of the target)")
+    lines.append("")
+    if not found:
+        lines.append("ok: nothing in the base configuration costs more than speculation could win back")
+    for x in found:
+        tag = {"fix": "FIX FIRST", "warn": "warning", "info": "note"}[x.severity]
+        lines.append(f"{tag}: {x.message}")
+        if x.hint:
+            lines.append(f"    -> {x.hint}")
+    return lines

@@ -1,0 +1,274 @@
+"""The adaptive (`auto`) drafting controller on fake backends with scripted costs and acceptance.
+
+Costs come from a fake clock that moves only when a fake model runs, so every decision here is
+deterministic; no assertion depends on real timing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+import numpy as np
+
+from fakes import N_VOCAB, CostedBackend, FakeBackend, FakeClock, hashed_logits, scripted_draft, without
+from localspec.spec.adaptive import AutoDrafter, Controller, CostModel, auto_ngram, calibrate, expected_tokens
+from localspec.spec.drafters import ModelDrafter, NgramDrafter, NoDrafter
+from localspec.spec.engine import Done, GenerationConfig, generate
+from localspec.spec.sampling import SamplingParams
+from localspec.spec.stats import RoundStats
+
+TARGET = without(hashed_logits(1))
+PROMPT = list(b"def add(a, b):\n    return a + b\n")
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def _by_position_script(script: list[int], fallback: int):  # type: ignore[no-untyped-def]
+    """A model that writes `script` by absolute position (certain of every token), then `fallback`."""
+
+    def fn(context):  # type: ignore[no-untyped-def]
+        out = np.full(N_VOCAB, -10.0, dtype=np.float32)
+        out[script[len(context)] if len(context) < len(script) else fallback] = 10.0
+        return out
+
+    return fn
+
+
+def gpu_like(n: int) -> float:  # a batch is nearly free
+    return 0.010 + 0.0005 * (n - 1)
+
+
+def cpu_like(n: int) -> float:  # DESIGN.md: a batch of 4 costs ~1.6x one token
+    return 0.010 * (1 + 0.2 * (n - 1))
+
+
+def _auto(
+    clock: FakeClock,
+    target_cost: Callable[[int], float],
+    draft_cost: Callable[[int], float],
+    agree: Callable[[int], bool],
+    *,
+    ngram: bool = False,
+    target_fn=TARGET,
+) -> tuple[CostedBackend, AutoDrafter]:
+    target = CostedBackend(target_fn, clock, target_cost, name="target")
+    draft = CostedBackend(scripted_draft(target_fn, agree), clock, draft_cost, name="draft")
+    drafter = AutoDrafter(
+        ngram=auto_ngram() if ngram else None, model=ModelDrafter(draft), target=target, max_k=8, clock=clock
+    )
+    return target, drafter
+
+
+def _run(target, drafter, clock, n: int, prompt=PROMPT):  # type: ignore[no-untyped-def]
+    rounds: list[RoundStats] = []
+    done = None
+    for ev in generate(target, drafter, prompt, GenerationConfig(max_tokens=n, num_draft=8, sampling=GREEDY), clock=clock):
+        if isinstance(ev, Done):
+            done = ev
+        elif ev.round is not None:
+            rounds.append(ev.round)
+    assert done is not None
+    return rounds, done
+
+
+def _plain_tokens(n: int, fn=TARGET, prompt=PROMPT) -> tuple[int, ...]:
+    *_, done = generate(FakeBackend(fn), NoDrafter(), prompt, GenerationConfig(max_tokens=n, sampling=GREEDY))
+    assert isinstance(done, Done)
+    return done.tokens
+
+
+def _by_position(rounds: list[RoundStats], lo: int, hi: int) -> list[RoundStats]:
+    """Rounds that started with between lo and hi tokens generated."""
+    out, pos = [], 1  # the first token comes from the prompt pass
+    for r in rounds:
+        if lo <= pos < hi:
+            out.append(r)
+        pos += r.n_emitted
+    return out
+
+
+def _mean_drafted(rounds: list[RoundStats]) -> float:
+    return sum(r.n_drafted for r in rounds) / len(rounds)
+
+
+# -- the cost model and the plan ------------------------------------------------------------------
+
+
+def test_expected_tokens_is_the_geometric_sum() -> None:
+    assert expected_tokens(0.0, 4) == 1.0
+    assert expected_tokens(1.0, 4) == 5.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1.75)
+
+
+def test_cost_model_interpolates_and_extrapolates() -> None:
+    c = CostModel(target={1: 0.010, 3: 0.014})
+    assert c.target_s(2) == pytest.approx(0.012)
+    assert c.target_s(5) == pytest.approx(0.018)  # the last measured slope continues
+    c.observe_target(1, 0.020)
+    assert 0.010 < c.target_s(1) < 0.020  # moves towards new measurements, smoothed
+
+
+def test_plan_follows_costs_and_acceptance() -> None:
+    gpu = Controller(CostModel(target={n: gpu_like(n) for n in range(1, 10)}, draft_token=0.001))
+    for _ in range(10):
+        gpu.model_accept.update(8, 8)
+    plan = gpu.plan(8, model=True)
+    assert plan.method == "model" and plan.k >= 6 and plan.gain > 3
+
+    slow = Controller(CostModel(target={n: gpu_like(n) for n in range(1, 10)}, draft_token=0.012))
+    for _ in range(10):
+        slow.model_accept.update(8, 8)
+    assert slow.plan(8, model=True).method == "none"  # even a perfect draft slower than the target loses
+
+    # Free n-gram drafts with a good record win on a CPU-like batch curve where the model would not.
+    cpu = Controller(CostModel(target={n: cpu_like(n) for n in range(1, 10)}, draft_token=0.008))
+    for _ in range(10):
+        cpu.ngram_acceptance(3).update(5, 5)
+        cpu.model_accept.update(1, 4)
+    plan = cpu.plan(8, model=True, ngram_avail=6, ngram_order=3)
+    assert plan.method == "ngram" and plan.k >= 4
+
+
+def test_calibration_measures_the_batch_curve_and_restores_the_caches() -> None:
+    clock = FakeClock()
+    target = CostedBackend(TARGET, clock, cpu_like)
+    draft = CostedBackend(TARGET, clock, lambda n: 0.004 * n)
+    target.forward(PROMPT)
+    draft.forward(PROMPT[:-1])
+    costs = calibrate(target, draft, max_batch=5, clock=clock)
+    assert costs.target == pytest.approx({n: cpu_like(n) for n in range(1, 6)})
+    assert costs.draft_token == pytest.approx(0.004)
+    assert list(target.cached_tokens) == PROMPT and list(draft.cached_tokens) == PROMPT[:-1]
+
+
+# -- whole runs through the engine ----------------------------------------------------------------
+
+
+def test_auto_output_equals_plain_greedy() -> None:
+    clock = FakeClock()
+    target, drafter = _auto(clock, gpu_like, lambda n: 0.001, lambda pos: pos % 50 < 30, ngram=True)
+    _, done = _run(target, drafter, clock, 200)
+    assert done.tokens == _plain_tokens(200)
+    assert done.stats.draft_method == "auto"
+
+
+def test_cheap_draft_with_perfect_acceptance_drafts_long() -> None:
+    clock = FakeClock()
+    target, drafter = _auto(clock, gpu_like, lambda n: 0.001, lambda pos: True)
+    rounds, done = _run(target, drafter, clock, 200)
+    assert sum(r.n_drafted == 0 for r in rounds) <= 2
+    assert _mean_drafted(rounds[1:]) >= 6
+    assert done.stats.acceptance_rate == 1.0
+    assert all(r.note.startswith("auto: model k=") for r in rounds if r.k > 0)
+
+
+def test_backs_off_when_acceptance_drops_and_returns_when_it_recovers() -> None:
+    clock = FakeClock()
+    n0 = len(PROMPT)
+    good = lambda pos: not (n0 + 150 <= pos < n0 + 300)  # noqa: E731
+    target, drafter = _auto(clock, gpu_like, lambda n: 0.001, good)
+    rounds, done = _run(target, drafter, clock, 600)
+    before = _by_position(rounds, 20, 150)
+    during = _by_position(rounds, 200, 300)
+    after = _by_position(rounds, 450, 600)
+    assert _mean_drafted(before) >= 6
+    # Once the draft stops matching, auto drafts little or nothing, and says so.
+    assert _mean_drafted(during) <= 1.0
+    assert sum(r.note.startswith("auto: plain") for r in during) >= len(during) // 2
+    # A re-probe finds the draft matching again and long drafts come back.
+    assert _mean_drafted(after) >= 6
+    assert done.tokens == _plain_tokens(600)
+
+
+def test_turns_speculation_off_when_the_draft_is_too_slow() -> None:
+    clock = FakeClock()
+    # A draft token costs more than a target token: even 100% acceptance cannot pay.
+    target, drafter = _auto(clock, gpu_like, lambda n: 1.2 * gpu_like(n), lambda pos: True)
+    rounds, done = _run(target, drafter, clock, 300)
+    assert all(r.n_drafted == 0 and r.note.startswith("auto: plain") for r in rounds if r.k > 0)
+    # Not even re-probes: no acceptance could make this draft pay. Decode time is plain decoding's.
+    assert done.stats.decode_s == pytest.approx(299 * gpu_like(1))
+    # Nor is the prompt spent on it: the draft saw only the short prefix it was timed on.
+    assert len(drafter.model.backend.cached_tokens) <= 32  # type: ignore[union-attr]
+
+
+def test_reprobes_back_off_while_the_draft_keeps_missing() -> None:
+    clock = FakeClock()
+    target, drafter = _auto(clock, gpu_like, lambda n: 0.001 + 0.0001 * (n - 1), lambda pos: False)
+    rounds, done = _run(target, drafter, clock, 1000)
+    assert sum(r.n_drafted == 0 for r in rounds) >= 0.95 * len(rounds)
+    probes = [i for i, r in enumerate(rounds) if "probe" in r.note]
+    assert 3 <= len(probes) <= 8
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert gaps == sorted(gaps) and gaps[-1] > gaps[0]
+    # What the probes cost stays within the exploration allowance (3% of plain time, plus rounding).
+    assert done.stats.decode_s <= 1.04 * 999 * gpu_like(1)
+
+
+def test_turns_off_when_the_draft_slows_down_mid_run() -> None:
+    clock = FakeClock()
+    target, drafter = _auto(clock, gpu_like, lambda n: 0.001, lambda pos: True)
+    slow_after = len(PROMPT) + 150
+    draft = drafter.model.backend  # type: ignore[union-attr]
+    draft.cost = lambda n: 0.001 * n if len(draft.cached_tokens) < slow_after else 1.5 * gpu_like(n)  # type: ignore[attr-defined]
+    rounds, _ = _run(target, drafter, clock, 450)
+    assert _mean_drafted(_by_position(rounds, 20, 140)) >= 6
+    late = _by_position(rounds, 300, 450)
+    assert sum(r.n_drafted == 0 for r in late) >= 0.8 * len(late)
+
+
+def test_ngram_is_chosen_on_text_that_repeats_its_input() -> None:
+    # The target copies the prompt (a code edit that repeats its input); the model draft is slow.
+    body = list(b"for item in items:\n    total += item.price * item.count\n" * 3)
+    script = PROMPT + body[:60] + body
+    fn = _by_position_script(script, ord(" "))
+    prompt = script[: len(PROMPT) + 60]
+    clock = FakeClock()
+    target, drafter = _auto(clock, cpu_like, lambda n: 0.009 * n, lambda pos: False, ngram=True, target_fn=fn)
+    rounds, done = _run(target, drafter, clock, 120, prompt=prompt)
+    ngram_rounds = [r for r in rounds if "ngram" in r.note and r.n_drafted > 0]
+    assert len(ngram_rounds) >= len(rounds) // 2
+    assert done.stats.mean_accepted_length > 3
+    assert not any(" model k=" in r.note and "probe" not in r.note for r in rounds)
+
+
+def test_summary_counts_decisions() -> None:
+    clock = FakeClock()
+    target, drafter = _auto(clock, gpu_like, lambda n: 1.2 * gpu_like(n), lambda pos: True)
+    _run(target, drafter, clock, 100)
+    assert drafter.summary().startswith("plain ")
+
+
+def test_model_drafter_stops_at_low_confidence_only_when_asked() -> None:
+    # Draft: sure of itself for 3 tokens (copies the target x 4), then unsure (plain hashed logits).
+    n0 = len(PROMPT)
+    def fn(context):  # type: ignore[no-untyped-def]
+        return TARGET(context) * (10.0 if len(context) < n0 + 3 else 0.05)
+
+    rng = np.random.default_rng(0)
+    default = ModelDrafter(FakeBackend(fn))
+    default.prepare(PROMPT)
+    assert len(default.propose(PROMPT, 6, GREEDY, rng).tokens) == 6  # off by default: drafts all k
+    cautious = ModelDrafter(FakeBackend(fn), min_confidence=0.5)
+    cautious.prepare(PROMPT)
+    d = cautious.propose(PROMPT, 6, GREEDY, rng)
+    assert len(d.tokens) == 3 and "confidence" in d.note
+
+
+def test_ngram_acceptance_is_learned_during_plain_rounds_for_free() -> None:
+    # A steep batch curve (a batch of 2 costs 1.5x one), where a failed n-gram draft is expensive. Unused
+    # n-gram proposals are graded against the text the target then writes, so auto learns that the text
+    # repeats without spending a verify pass on it, and n-gram drafting takes over.
+    steep = lambda n: 0.010 * (1 + 0.5 * (n - 1))  # noqa: E731
+    body = list(b"for item in items:\n    total += item.price * item.count\n" * 3)
+    script = PROMPT + body[:60] + body
+    fn = _by_position_script(script, ord(" "))
+    clock = FakeClock()
+    target, drafter = _auto(clock, steep, lambda n: 0.009 * n, lambda pos: False, ngram=True, target_fn=fn)
+    rounds, done = _run(target, drafter, clock, 120, prompt=script[: len(PROMPT) + 60])
+    first = next(i for i, r in enumerate(rounds) if "ngram" in r.note and r.n_drafted > 0)
+    assert first <= 6
+    assert not any("probe" in r.note for r in rounds)  # the slow draft model is never worth a look
+    assert sum("ngram" in r.note for r in rounds) >= len(rounds) // 2
+    assert done.stats.decode_s < 0.85 * 119 * steep(1)  # faster than plain decoding, on a steep curve

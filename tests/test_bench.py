@@ -1,0 +1,350 @@
+"""`localspec bench` and `localspec doctor` on fakes: the matrix, the aggregation, the analytic bound,
+the tables, and doctor's rules on scripted facts. No timing assertions: costs come from a fake clock
+or are scripted."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+import pytest
+
+from fakes import CostedBackend, FakeBackend, FakeClock, hashed_logits, without
+from localspec.backends.base import ChatMessage
+from localspec.bench.measure import (
+    BenchResult,
+    Method,
+    RunResult,
+    SuiteCosts,
+    parse_methods,
+    run_bench,
+    summarize,
+)
+from localspec.bench.report import bench_lines
+from localspec.bench.suites import Suite, suites
+from localspec.commands.doctor import Facts, findings
+from localspec.errors import UsageError
+from localspec.spec.adaptive import CostModel
+from localspec.spec.sampling import SamplingParams
+
+TARGET = without(hashed_logits(1))
+
+
+def test_parse_methods() -> None:
+    ms = parse_methods("ngram:4, model:2,auto:6", has_draft=True)
+    assert ms == [Method("none", 0), Method("ngram", 4), Method("model", 2), Method("auto", 6)]
+    assert [m.label for m in ms] == ["none", "ngram k=4", "model k=2", "auto k<=6"]
+    assert Method("model", 4) not in parse_methods("none,model:4,ngram", has_draft=False)
+    with pytest.raises(UsageError):
+        parse_methods("magic:3", has_draft=True)
+
+
+def test_builtin_suites() -> None:
+    s = suites()
+    assert list(s) == ["code-gen", "code-edit", "chat", "long-summary"]
+    assert all(len(x.prompts) >= 1 for x in s.values())
+    assert len(s["long-summary"].prompts[0][0].content.split()) > 800  # a long context, really
+    assert "def load_orders" in s["code-edit"].prompts[0][0].content and "complete updated" in s["code-edit"].prompts[1][0].content
+
+
+def test_run_bench_on_fakes_interleaves_and_aggregates() -> None:
+    target = FakeBackend(TARGET, n_ctx=8192)
+    draft = FakeBackend(TARGET, n_ctx=8192, name="draft")  # draft = target: every draft token accepted
+    suite = Suite("tiny", "a tiny suite", ((ChatMessage("user", "hello there"),), (ChatMessage("user", "bye now"),)))
+    methods = parse_methods("none,ngram:3,model:2,auto:4", has_draft=True)
+    seen: list[str] = []
+    result = run_bench(target, draft, [suite], methods, reps=2, max_tokens=20, sampling=SamplingParams(), progress=seen.append)
+    assert len(result.runs) == 2 * 2 * len(methods)
+    # Interleaved: the method that runs first changes between repetitions.
+    firsts = [r.method for i, r in enumerate(result.runs) if i % len(methods) == 0]
+    assert len(set(firsts)) > 1
+    assert any("measuring costs" in s for s in seen)
+    rows = {r.method: r for r in summarize(result)}
+    assert set(rows) == {m.label for m in methods}
+    assert rows["model k=2"].acceptance == 1.0
+    assert rows["model k=2"].mean_accepted_length == pytest.approx(3.0, abs=0.3)  # short final rounds
+    assert rows["model k=2"].acceptance_by_position == (1.0, 1.0)
+    assert rows["none"].acceptance is None and rows["none"].bound_speedup is None
+    assert rows["model k=2"].bound_speedup is not None and rows["auto k<=4"].bound_speedup is None
+    text = "\n".join(bench_lines(result))
+    assert "suite tiny" in text and "model k=2" in text and "auto k<=4" in text
+    payload = json.loads(json.dumps(result.to_json()))
+    assert payload["summary"] and payload["runs"][0]["decode_tps"] >= 0
+    assert payload["costs"]["tiny"]["target_s"]["1"] >= 0
+
+
+def _run(method: str, rep: int, tokens: int, seconds: float, **kw) -> RunResult:  # type: ignore[no-untyped-def]
+    base = dict(
+        suite="s", prompt=0, method=method, rep=rep, n_prompt=10, n_generated=tokens + 1, decode_s=seconds,
+        prompt_s=0.1, n_rounds=tokens, n_drafted=0, n_accepted=0, draft_s=0.0, verify_s=seconds,
+        drafted_by_position=(), accepted_by_position=(), drafted_per_round={0: tokens},
+    )
+    base.update(kw)
+    return RunResult(**base)  # type: ignore[arg-type]
+
+
+def test_speedup_is_paired_per_repetition_and_bound_uses_measured_costs() -> None:
+    costs = CostModel(target={1: 0.010, 2: 0.012, 3: 0.014, 4: 0.016, 5: 0.018}, draft_token=0.004)
+    result = BenchResult("t", "d", "fake", "CPU", 2, 100, 2, 0.0, [Method("none", 0), Method("model", 4)], ["s"])
+    result.costs["s"] = SuiteCosts("s", 10, costs)
+    # Repetition 1 ran on a slow spell for everyone: the paired ratio stays 1.5x in both.
+    result.runs = [
+        _run("none", 0, 100, 1.0),
+        _run("none", 1, 100, 2.0),
+        # 25 rounds of 4 drafts, 3 accepted each: 100 tokens
+        _run("model k=4", 0, 100, 1 / 1.5, n_rounds=25, n_drafted=100, n_accepted=75, drafted_per_round={4: 25},
+             drafted_by_position=(25, 25, 25, 25), accepted_by_position=(25, 25, 25, 0)),
+        _run("model k=4", 1, 100, 2 / 1.5, n_rounds=25, n_drafted=100, n_accepted=75, drafted_per_round={4: 25},
+             drafted_by_position=(25, 25, 25, 25), accepted_by_position=(25, 25, 25, 0)),
+    ]
+    rows = {r.method: r for r in summarize(result)}
+    m = rows["model k=4"]
+    assert m.speedup == pytest.approx(1.5)
+    assert m.tps_min == pytest.approx(75.0) and m.tps_max == pytest.approx(150.0)
+    assert m.mean_accepted_length == pytest.approx(4.0)
+    assert m.acceptance_by_position == (1.0, 1.0, 1.0, 0.0)
+    # bound: 4 tokens per round / (4 * 4 ms + T(5) = 18 ms) = 117.6 tok/s, x T(1) = 1.176x
+    assert m.bound_speedup == pytest.approx(4 / 0.034 * 0.010)
+    assert m.of_bound == pytest.approx(1.5 / (4 / 0.034 * 0.010))
+
+
+def test_bench_with_scripted_costs_reports_what_the_clock_says() -> None:
+    clock = FakeClock()
+    target = CostedBackend(TARGET, clock, lambda n: 0.010 + 0.001 * (n - 1), n_ctx=8192)
+    draft = CostedBackend(TARGET, clock, lambda n: 0.002, n_ctx=8192, name="draft")
+    suite = Suite("tiny", "", ((ChatMessage("user", "hello there"),),))
+    result = run_bench(target, draft, [suite], parse_methods("none,model:4", has_draft=True), reps=1,
+                       max_tokens=41, sampling=SamplingParams(), clock=clock)
+    costs = result.costs["tiny"].costs
+    assert costs.target[1] == pytest.approx(0.010) and costs.draft_token == pytest.approx(0.002)
+    rows = {r.method: r for r in summarize(result)}
+    # Plain: 40 decode tokens at 10 ms each. Model k=4 (draft = target, all accepted): 8 rounds of
+    # 4 drafts (8 ms) + a batch of 5 (14 ms) = 22 ms per 5 tokens. The engine adds no time of its own
+    # under this clock, so the achieved speedup equals the analytic bound exactly.
+    assert rows["none"].tps_median == pytest.approx(100.0)
+    assert rows["model k=4"].tps_median == pytest.approx(5 / 0.022)
+    assert rows["model k=4"].of_bound == pytest.approx(1.0)
+
+
+# -- doctor's rules ------------------------------------------------------------------------------------
+
+
+def _severities(f: Facts) -> dict[str, str]:
+    return {x.message.split(":")[0][:40]: x.severity for x in findings(f)}
+
+
+def test_doctor_flags_cpu_only_build_on_gpu_machine() -> None:
+    f = Facts(gpu_hardware=["NVIDIA GPU (CUDA)"], llama_gpu=None, llama_version="0.3", threads=8, logical_cpus=8,
+              physical_cores=8, usable_cpus=8)
+    fixes = [x for x in findings(f) if x.severity == "fix"]
+    assert any("built for the CPU only" in x.message and "GGML_CUDA" in x.hint for x in fixes)
+
+
+def test_doctor_flags_partial_offload_threads_and_memory() -> None:
+    gb = 1024**3
+    f = Facts(llama_gpu="CUDA", llama_version="0.3", n_gpu_layers=10, threads=4, usable_cpus=4,
+              mem_available=1 * gb, models=[{"role": "target", "path": "t.gguf", "size": 2 * gb, "layers": 28,
+                                             "ctx_train": 2048, "kv_bytes_per_token": 1000}], n_ctx=4096)
+    found = findings(f)
+    msgs = " | ".join(x.message for x in found if x.severity == "fix")
+    assert "--n-gpu-layers 10" in msgs
+    assert "free memory" in msgs
+    assert any("trained context" in x.message and x.severity == "warn" for x in found)
+
+    cpu = Facts(llama_gpu=None, llama_version="0.3", threads=16, threads_explicit=False, logical_cpus=16,
+                usable_cpus=2.0, physical_cores=8)
+    fix = [x for x in findings(cpu) if x.severity == "fix"]
+    assert len(fix) == 1 and "--threads 2" in fix[0].hint
+
+    smt = Facts(llama_gpu=None, llama_version="0.3", threads=16, logical_cpus=16, usable_cpus=16, physical_cores=8)
+    assert any(x.severity == "warn" and "--threads 8" in x.hint for x in findings(smt))
+
+
+def test_doctor_is_quiet_on_a_good_setup() -> None:
+    f = Facts(llama_gpu="Metal", llama_version="0.3", gpu_hardware=["Apple GPU (Metal)"], threads=8, usable_cpus=8,
+              physical_cores=8, mem_available=64 * 1024**3, n_gpu_layers=-1, mlx_version="0.25",
+              models=[{"role": "target", "path": "t.gguf", "size": 10**9, "layers": 28, "ctx_train": 32768}])
+    assert [x for x in findings(f) if x.severity != "info"] == []
+
+
+def test_doctor_measured_ceiling() -> None:
+    slow = Facts(llama_gpu=None, llama_version="0.3", measured={
+        "target_s": {str(n): 0.03 * (1 + 0.2 * (n - 1)) for n in range(1, 10)}, "draft_token_s": 0.025})
+    assert any("at most" in x.message and x.severity == "warn" for x in findings(slow))
+
+
+# -- the engine's per-round work at a 150k vocabulary (benchmarks/sampling_cost.py times it) ------------
+
+V_BIG = 151_936
+
+
+def _reference(z: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """Full-sort reference, step by step as HF/vLLM apply the filters."""
+    x = np.asarray(z, dtype=np.float64) / params.temperature
+    p = np.exp(x - x.max())
+    p /= p.sum()
+    if params.top_k:
+        keep = np.zeros(p.shape, bool)
+        keep[np.argsort(-p, kind="stable")[: params.top_k]] = True
+        p = np.where(keep, p, 0.0)
+        p /= p.sum()
+    if params.top_p < 1.0:
+        order = np.argsort(-p, kind="stable")
+        n_keep = int(np.searchsorted(np.cumsum(p[order]), params.top_p)) + 1
+        keep = np.zeros(p.shape, bool)
+        keep[order[:n_keep]] = True
+        p = np.where(keep, p, 0.0)
+        p /= p.sum()
+    if params.min_p:
+        p = np.where(p >= params.min_p * p.max(), p, 0.0)
+        p /= p.sum()
+    return p
+
+
+def _llm_like_logits(seed: int) -> np.ndarray:
+    """A few likely tokens and a long tail, like a language model's row (no ties)."""
+    rng = np.random.default_rng(seed)
+    ranks = rng.permutation(V_BIG) + 1
+    return (-2.5 * np.log(ranks) + rng.normal(0, 0.3, V_BIG)).astype(np.float32)
+
+
+PARAMS = [
+    SamplingParams(temperature=0.8),
+    SamplingParams(temperature=0.8, top_p=0.95),
+    SamplingParams(temperature=0.8, top_k=40),
+    SamplingParams(temperature=0.7, top_p=0.9, min_p=0.05),
+    SamplingParams(temperature=1.0, top_k=50, top_p=0.9),
+    SamplingParams(temperature=1.5, top_p=0.99),  # a wide nucleus: the candidate threshold must widen
+]
+
+
+@pytest.mark.parametrize("params", PARAMS)
+def test_fast_probabilities_equal_the_full_sort_reference_at_150k(params: SamplingParams) -> None:
+    from localspec.spec.sampling import probabilities
+
+    z = _llm_like_logits(3)
+    p, ref = probabilities(z, params), _reference(z, params)
+    np.testing.assert_array_equal(p > 0, ref > 0)
+    np.testing.assert_allclose(p, ref, rtol=1e-12, atol=1e-300)
+
+
+def test_no_full_vocabulary_sort_where_a_partial_one_suffices(monkeypatch: pytest.MonkeyPatch) -> None:
+    from localspec.spec import sampling
+
+    sizes: list[int] = []
+    real_argsort, real_sort = np.argsort, np.sort
+
+    def argsort(a, *args, **kw):  # type: ignore[no-untyped-def]
+        sizes.append(np.asarray(a).size)
+        return real_argsort(a, *args, **kw)
+
+    def sort(a, *args, **kw):  # type: ignore[no-untyped-def]
+        sizes.append(np.asarray(a).size)
+        return real_sort(a, *args, **kw)
+
+    monkeypatch.setattr(sampling.np, "argsort", argsort)
+    monkeypatch.setattr(sampling.np, "sort", sort)
+    z = _llm_like_logits(4)
+    for params in PARAMS[:5]:
+        sampling.probabilities(z, params)
+    assert sizes and max(sizes) < V_BIG // 10
+
+
+def test_two_level_sampling_follows_the_distribution_at_150k() -> None:
+    from localspec.spec.sampling import sample
+
+    p = np.zeros(V_BIG)
+    hot = [0, 1023, 1024, 77_777, V_BIG - 1]  # block edges and the very end
+    p[hot] = [0.1, 0.2, 0.3, 0.25, 0.15]
+    rng = np.random.default_rng(5)
+    draws = np.array([sample(p, rng) for _ in range(20_000)])
+    assert set(np.unique(draws)) <= set(hot)
+    counts = np.array([(draws == h).sum() for h in hot]) / draws.size
+    np.testing.assert_allclose(counts, p[hot], atol=0.015)
+
+    class TopRng:
+        def random(self) -> float:
+            return np.nextafter(1.0, 0.0)
+
+    q = np.zeros(V_BIG)
+    q[[5, 2000]] = 0.5
+    assert sample(q, TopRng()) == 2000  # type: ignore[arg-type]  # never a trailing zero-weight token
+
+
+def test_doctor_flags_a_busy_cpu() -> None:
+    busy = Facts(llama_gpu=None, llama_version="0.3", threads=2, usable_cpus=2, physical_cores=2, load_avg=5.0)
+    assert any("busy" in x.message and x.severity == "warn" for x in findings(busy))
+    calm = Facts(llama_gpu=None, llama_version="0.3", threads=2, usable_cpus=2, physical_cores=2, load_avg=0.3)
+    assert not any("busy" in x.message for x in findings(calm))
+
+
+# -- the commands, as a user runs them (tiny generated GGUFs) --------------------------------------------
+
+
+def _cli(*args: str) -> "subprocess.CompletedProcess[str]":
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "localspec.cli", *args], capture_output=True, text=True, timeout=600)
+
+
+def test_bench_command_json_on_tiny_models(tiny_ggufs, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    out_file = tmp_path / "bench.json"
+    r = _cli("bench", "--target", str(tiny_ggufs[0]), "--draft", str(tiny_ggufs[1]), "--suites", "chat,code-edit",
+             "--prompts", "1", "--reps", "1", "--max-tokens", "8", "--methods", "none,ngram:2,model:2,auto:3",
+             "--threads", "1", "--json-out", str(out_file))
+    assert r.returncode == 0, r.stderr
+    assert "suite chat" in r.stdout and "suite code-edit" in r.stdout and "auto k<=3" in r.stdout
+    assert "cost of one forward pass" in r.stdout
+    data = json.loads(out_file.read_text())
+    assert {row["method"] for row in data["summary"]} == {"none", "ngram k=2", "model k=2", "auto k<=3"}
+    assert len(data["runs"]) == 2 * 4 and set(data["costs"]) == {"chat", "code-edit"}
+
+
+def test_bench_command_rejects_unknown_suite(tiny_ggufs) -> None:  # type: ignore[no-untyped-def]
+    r = _cli("bench", "--target", str(tiny_ggufs[0]), "--suites", "poetry")
+    assert r.returncode != 0 and "unknown suite" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_doctor_command_json(tiny_ggufs) -> None:  # type: ignore[no-untyped-def]
+    r = _cli("doctor", "--target", str(tiny_ggufs[0]), "--draft", str(tiny_ggufs[1]), "--threads", "1", "--json")
+    assert r.returncode in (0, 1), r.stderr  # 1: a "fix first" finding on this machine
+    data = json.loads(r.stdout)
+    assert data["facts"]["threads"] == 1 and len(data["facts"]["models"]) == 2
+    assert all(f["severity"] in ("fix", "warn", "info") for f in data["findings"])
+
+
+def test_interrupted_bench_reports_what_finished() -> None:
+    target = FakeBackend(TARGET, n_ctx=8192)
+    suite = Suite("tiny", "", ((ChatMessage("user", "hello there"),),))
+    calls = {"n": 0}
+    seen: list[str] = []
+
+    def progress(line: str) -> None:
+        seen.append(line)
+        if line.startswith("[") and (calls.__setitem__("n", calls["n"] + 1) or calls["n"]) == 4:
+            raise KeyboardInterrupt
+
+    result = run_bench(target, None, [suite], parse_methods("none,ngram:3", has_draft=False), reps=3,
+                       max_tokens=10, sampling=SamplingParams(), progress=progress)
+    assert result.interrupted and len(result.runs) == 3
+    text = "\n".join(bench_lines(result))
+    assert "INTERRUPTED" in text and "suite tiny" in text
+
+
+def test_run_summary_tells_when_auto_found_speculation_does_not_pay() -> None:
+    from dataclasses import replace as dc_replace
+
+    from localspec.report import advice
+    from localspec.spec.stats import SpecStats
+
+    base = SpecStats(
+        backend="llama.cpp", device="CPU", target="t", draft="auto(ngram)", draft_method="auto", rule="greedy",
+        num_draft=8, temperature=0.0, seed=0, n_prompt=10, n_prompt_cached=0, prompt_s=0.1, n_generated=40,
+        decode_s=1.0, n_rounds=30, n_drafted=10, n_accepted=9, draft_s=0.0, verify_s=1.0,
+        drafted_by_position=(5, 3, 2), accepted_by_position=(5, 3, 1), stop_reason="max_tokens",
+    )
+    tip = advice(base)
+    assert tip is not None and "83% of rounds without drafts" in tip
+    assert advice(dc_replace(base, drafted_by_position=(20, 10), accepted_by_position=(18, 9))) is None
