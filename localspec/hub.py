@@ -301,7 +301,7 @@ class _Hub:
             self.log("checking that the draft's vocabulary matches the target's (GGUF headers only)")
             report = self.check_pair(_pinned(t), _pinned(d), t.files[0].cached_path, d.files[0].cached_path)
             header_bytes, checked = report.bytes_read, True
-            where = f"read {_fmt_bytes(report.bytes_read)} of headers" if report.bytes_read else "local headers"
+            where = f"read {format_bytes(report.bytes_read)} of headers" if report.bytes_read else "local headers"
             self.log(f"vocabularies match ({report.target_vocab:,} / {report.draft_vocab:,} tokens; {where})")
         self._check_disk(plans)
         if check and len(plans) == 2 and all(p.backend == "mlx" for p in plans):
@@ -347,8 +347,8 @@ class _Hub:
             return
         if need + _DISK_MARGIN > free:
             raise PullError(
-                f"not enough disk space: the download needs {_fmt_bytes(need)}, "
-                f"{_fmt_bytes(free)} is free at {self.cache_dir}",
+                f"not enough disk space: the download needs {format_bytes(need)}, "
+                f"{format_bytes(free)} is free at {self.cache_dir}",
                 "free some space, or point HF_HOME (or HF_HUB_CACHE) at a larger disk",
             )
 
@@ -519,7 +519,7 @@ class _Hub:
                 want = max(e.needed, 2 * len(buf))
                 if want > HEADER_MAX_READ:
                     raise PullError(
-                        f"{ref}: GGUF header larger than {_fmt_bytes(HEADER_MAX_READ)}; not checking it remotely",
+                        f"{ref}: GGUF header larger than {format_bytes(HEADER_MAX_READ)}; not checking it remotely",
                         "pull with --no-check, then run the pair: the loader checks the local files",
                     ) from None
             except ValueError as e:
@@ -607,7 +607,7 @@ def _gguf_choice_hint(repo: str, ggufs: list[str], sizes: dict[str, int | None])
         parts = split_gguf_parts(p)
         total = sum(sizes.get(q) or 0 for q in parts)
         extra = f", {len(parts)} parts" if len(parts) > 1 else ""
-        lines.append(f"  localspec pull {repo}:{p}   ({_fmt_bytes(total)}{extra})")
+        lines.append(f"  localspec pull {repo}:{p}   ({format_bytes(total)}{extra})")
     return "pick one:\n" + "\n".join(lines)
 
 
@@ -778,7 +778,7 @@ def _avg(n: int, seconds: float) -> float | None:
     return n / seconds if seconds > 0 else None
 
 
-def _fmt_bytes(n: int | float | None) -> str:
+def format_bytes(n: int | float | None) -> str:
     if n is None:
         return "?"
     for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
@@ -863,7 +863,7 @@ def _map_error(e: BaseException, hub: _Hub, ref: ModelRef, file: str | None, *, 
             "check your network or proxy; HF_ENDPOINT selects a mirror; HF_HUB_OFFLINE=1 uses only the local cache",
         )
     if isinstance(e, OSError) and e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)):
-        need = f" (about {_fmt_bytes(size)} to download)" if size else ""
+        need = f" (about {format_bytes(size)} to download)" if size else ""
         return PullError(
             f"disk full while downloading {what} into {hub.cache_dir}{need}",
             "free some space, or point HF_HOME (or HF_HUB_CACHE) at a larger disk, then run again",

@@ -217,12 +217,9 @@ class ProgressPrinter:
 
 
 def _fmt(n: float | None) -> str:
-    if n is None:
-        return "?"
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{int(n)} B"
+    from localspec.hub import format_bytes
+
+    return format_bytes(n)
 
 
 def _eta(s: float | None) -> str:
