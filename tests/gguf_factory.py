@@ -69,7 +69,7 @@ def write_tiny_llama(
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     for key in _TOKENIZER_KEYS:
         if key in meta:
-            _add(w, key, meta[key])
+            add_metadata(w, key, meta[key])
     for name, t in tensors.items():
         w.add_tensor(name, t)
     w.write_header_to_file()
@@ -102,9 +102,8 @@ def _tensor_shapes(n_vocab: int, n_embd: int, n_layer: int, n_ff: int) -> dict[s
     return shapes
 
 
-def _add(w, key: str, value: object) -> None:  # type: ignore[no-untyped-def]
-    import gguf
-
+def add_metadata(w, key: str, value: object) -> None:  # type: ignore[no-untyped-def]
+    """Write one metadata value copied from a parsed header, with its GGUF type chosen from Python's."""
     if isinstance(value, bool):
         w.add_bool(key, value)
     elif isinstance(value, int):
@@ -115,4 +114,3 @@ def _add(w, key: str, value: object) -> None:  # type: ignore[no-untyped-def]
         w.add_array(key, value)
     else:
         raise TypeError(f"unsupported metadata {key}: {type(value)}")
-    del gguf

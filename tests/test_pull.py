@@ -52,6 +52,7 @@ size_gb = 0.01
 
 def _write_gguf(path: Path, meta: dict, n_floats: int, *, alter_tokens: bool = False) -> Path:
     import gguf
+    from gguf_factory import add_metadata
 
     w = gguf.GGUFWriter(str(path), "llama")
     for key, value in meta.items():
@@ -59,14 +60,7 @@ def _write_gguf(path: Path, meta: dict, n_floats: int, *, alter_tokens: bool = F
             continue
         if key == "tokenizer.ggml.tokens" and alter_tokens:
             value = [f"<other-{i}>" if 100 <= i < 400 else t for i, t in enumerate(value)]
-        if isinstance(value, bool):
-            w.add_bool(key, value)
-        elif isinstance(value, int):
-            w.add_uint32(key, value)
-        elif isinstance(value, str):
-            w.add_string(key, value)
-        else:
-            w.add_array(key, value)
+        add_metadata(w, key, value)
     rng = np.random.default_rng(n_floats)
     w.add_tensor("weights", rng.standard_normal(n_floats).astype(np.float32))
     w.write_header_to_file()
