@@ -293,7 +293,7 @@ def test_cli_run_on_mlx(models: dict[str, Path], capsys: pytest.CaptureFixture[s
 
     from localspec.cli import main
 
-    common = ["run", "--backend", "mlx", "--target", str(models["target"]), "--draft", str(models["noisy"]),
+    common = ["run", "--backend", "mlx", "--target", str(models["target"]), "--draft", str(models["noisy"]), "--draft-method", "model",
               "--max-tokens", "16", "-k", "3", "--threads", "2", "--n-gpu-layers", "0", "--json"]  # fmt: skip
     assert main([*common, "Write a poem."]) == 0
     greedy = json.loads(capsys.readouterr().out)

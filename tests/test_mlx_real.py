@@ -92,7 +92,7 @@ def test_qwen_15b_with_05b_draft_on_mlx() -> None:
     gguf = fixture_models.fetch("qwen-1.5b")
     target, draft = mlx_fixtures.converted("qwen-1.5b"), mlx_fixtures.converted("qwen-0.5b")
     n = 16
-    mlx = _cli("--backend", "mlx", "--target", str(target), "--draft", str(draft), "-k", "3",
+    mlx = _cli("--backend", "mlx", "--target", str(target), "--draft", str(draft), "--draft-method", "model", "-k", "3",
                "--max-tokens", str(n), PROMPT)  # fmt: skip
     ref = _cli("--backend", "llama", "--target", str(gguf), "--draft-method", "none", "--max-tokens", str(n), PROMPT)
     s = mlx["stats"]
