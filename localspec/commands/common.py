@@ -59,13 +59,9 @@ def load_options(args: argparse.Namespace) -> LoadOptions:
         if target or draft:
             raise UsageError("--pair cannot be combined with --target/--draft", "use one or the other")
         from localspec.catalog import resolve_pair
+        from localspec.loader import resolve_backend
 
-        backend = "llama" if args.backend == "auto" else args.backend
-        if args.backend == "auto":
-            from localspec.loader import resolve_backend
-
-            backend = resolve_backend("auto")[0]
-        target, draft = resolve_pair(args.pair, backend)
+        target, draft = resolve_pair(args.pair, resolve_backend(args.backend)[0])
     if not target:
         raise UsageError("no target model given", "pass --target PATH, or --pair NAME (see `localspec models`)")
     method = draft_method(args, draft)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 RoundKind = Literal["recovered", "bonus"]
@@ -51,7 +51,6 @@ class SpecStats:
     drafted_by_position: tuple[int, ...]
     accepted_by_position: tuple[int, ...]
     stop_reason: StopReason
-    notes: tuple[str, ...] = field(default=())
 
     @property
     def prompt_tps(self) -> float:
