@@ -2,6 +2,19 @@
 
 A backend wraps one loaded model and its KV cache. The engine only ever appends tokens with
 `forward` and cuts the cache back with `rollback`; the backend tracks what the cache holds.
+`sync_cache` is the one operation that brings a cache in line with a token sequence.
+
+A backend *module* (localspec.backends.llama_cpp, localspec.backends.mlx) implements BackendModule:
+`peek_vocab` reads vocabulary facts without loading weights, `load` returns a Backend.
+
+The error contract, the same for every backend (tests/test_backend_contract.py checks it on both):
+- load: ModelFileError (missing, truncated, not a model), UnsupportedModelError (loadable but not
+  usable for speculation), BackendUnavailableError (the library is missing).
+- forward: ValueError for an empty batch (a caller bug); ContextOverflowError when the cache cannot
+  take the tokens (nothing is appended); GenerationError when the library fails (the cache is left
+  holding exactly `cached_tokens`).
+- rollback: ValueError for a negative n_keep; n_keep >= len(cached_tokens) does nothing;
+  UnsupportedModelError when the model's state cannot be cut back that far.
 """
 
 from __future__ import annotations
@@ -106,6 +119,22 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
+class BackendModule(Protocol):
+    """What the pipeline needs of a backend module."""
+
+    NAME: str  # "llama" | "mlx"
+
+    def peek_vocab(self, path: str) -> VocabInfo:
+        """Vocabulary facts from metadata or tokenizer files alone (no weights are read)."""
+        ...
+
+    def load(self, path: str, *, n_ctx: int, threads: int | None = None, n_gpu_layers: int = -1) -> Backend: ...
+
+    def check_path(self, path: str) -> None:
+        """Raise ModelFileError when `path` cannot be a model for this backend (cheap: no weights)."""
+        ...
+
+
 def common_prefix(cached: Sequence[int], tokens: Sequence[int], *, limit: int) -> int:
     """Length of the shared prefix of a cache's tokens and a token sequence, at most `limit`."""
     n = min(len(cached), len(tokens), limit)
@@ -113,6 +142,21 @@ def common_prefix(cached: Sequence[int], tokens: Sequence[int], *, limit: int) -
         return 0
     diff = np.flatnonzero(np.asarray(cached[:n]) != np.asarray(tokens[:n]))
     return int(diff[0]) if diff.size else n
+
+
+def sync_cache(backend: Backend, tokens: Sequence[int], *, logits: bool) -> tuple[int, np.ndarray | None]:
+    """Make `backend`'s cache hold exactly `tokens`, reusing its common prefix.
+
+    With logits=True at least the last token is (re)fed, and its logits row [V] is returned; with
+    logits=False only what is missing is fed and None is returned. Returns (positions reused, row).
+    """
+    limit = len(tokens) - 1 if logits else len(tokens)
+    keep = common_prefix(backend.cached_tokens, tokens, limit=limit)
+    backend.rollback(keep)
+    if keep >= len(tokens):
+        return keep, None
+    row = backend.forward(tokens[keep:], all_logits=False)[-1]
+    return keep, (row if logits else None)
 
 
 def chat_prompt_tokens(backend: Backend, messages: Sequence[ChatMessage]) -> list[int]:

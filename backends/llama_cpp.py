@@ -11,7 +11,10 @@ import ctypes
 import functools
 import os
 import sys
-from collections.abc import Sequence
+import threading
+from collections import deque
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import llama_cpp
@@ -19,20 +22,44 @@ import numpy as np
 
 from localspec.backends.base import ByteDetokenizer, ChatMessage, ModelInfo
 from localspec.backends.chat_template import render_chat
-from localspec.errors import GenerationError, ModelFileError, UnsupportedModelError
+from localspec.errors import ContextOverflowError, GenerationError, ModelFileError, UnsupportedModelError
 from localspec.gguf_meta import GGUFHeader, read_gguf_header
 from localspec.vocab import VocabInfo
 
-_log_lines: list[str] = []
+NAME = "llama"
+
+
+class _LlamaLog:
+    """llama.cpp's log goes to one process-wide callback. Keep it quiet, but let each load or decode
+    capture the lines written while it ran (they explain a failure); captures on other threads do not mix."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def write(self, text: str) -> None:
+        lines = getattr(self._local, "lines", None)
+        if lines is not None:
+            lines.append(text)
+        if os.environ.get("LOCALSPEC_LLAMA_VERBOSE"):
+            sys.stderr.write(text)
+
+    @contextmanager
+    def capture(self) -> Iterator[deque[str]]:
+        lines: deque[str] = deque(maxlen=40)
+        outer = getattr(self._local, "lines", None)
+        self._local.lines = lines
+        try:
+            yield lines
+        finally:
+            self._local.lines = outer
+
+
+_LOG = _LlamaLog()
 
 
 @llama_cpp.llama_log_callback
 def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    # Keep llama.cpp quiet, but remember its last lines: they explain a failed load.
-    _log_lines.append(text.decode("utf-8", errors="replace"))
-    del _log_lines[:-40]
-    if os.environ.get("LOCALSPEC_LLAMA_VERBOSE"):
-        sys.stderr.write(text.decode("utf-8", errors="replace"))
+    _LOG.write(text.decode("utf-8", errors="replace"))
 
 
 @functools.cache
@@ -73,6 +100,11 @@ def peek_vocab(path: str | Path) -> VocabInfo:
     return VocabInfo.from_gguf_metadata(read_header(path, check_size=False).metadata)
 
 
+def check_path(path: str | Path) -> None:
+    """ModelFileError unless `path` is a complete GGUF file (header and size checked; no weights read)."""
+    read_header(path)
+
+
 def load(path: str | Path, *, n_ctx: int = 4096, threads: int | None = None, n_gpu_layers: int = -1) -> LlamaCppBackend:
     return LlamaCppBackend(path, n_ctx=n_ctx, threads=threads, n_gpu_layers=n_gpu_layers)
 
@@ -110,10 +142,10 @@ class LlamaCppBackend:
     def _load_model(self, p: Path, n_gpu_layers: int):  # type: ignore[no-untyped-def]
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else n_gpu_layers
-        _log_lines.clear()
-        model = llama_cpp.llama_model_load_from_file(str(p).encode("utf-8"), params)
+        with _LOG.capture() as log:
+            model = llama_cpp.llama_model_load_from_file(str(p).encode("utf-8"), params)
         if not model:
-            reason = _last_error() or "llama.cpp gave no reason"
+            reason = _last_error(log) or "llama.cpp gave no reason"
             raise ModelFileError(
                 f"llama.cpp could not load {p}: {reason}",
                 "the file may be damaged or use an architecture this llama-cpp-python build does not know "
@@ -137,10 +169,11 @@ class LlamaCppBackend:
         params.n_threads = self._threads
         params.n_threads_batch = self._threads
         params.no_perf = True
-        ctx = llama_cpp.llama_init_from_model(self._model, params)
+        with _LOG.capture() as log:
+            ctx = llama_cpp.llama_init_from_model(self._model, params)
         if not ctx:
             raise ModelFileError(
-                f"llama.cpp could not create a context of {n_ctx:,} tokens: {_last_error() or 'no reason given'}",
+                f"llama.cpp could not create a context of {n_ctx:,} tokens: {_last_error(log) or 'no reason given'}",
                 "lower --n-ctx, or free memory",
             )
         return ctx
@@ -236,8 +269,10 @@ class LlamaCppBackend:
         if not tokens:
             raise ValueError("forward needs at least one token")
         if len(self._tokens) + len(tokens) > self.n_ctx:
-            raise GenerationError(
-                f"the context is full ({self.n_ctx:,} tokens)", "raise --n-ctx or lower --max-tokens"
+            raise ContextOverflowError(
+                f"the context holds {self.n_ctx:,} tokens; {len(self._tokens):,} are cached and "
+                f"{len(tokens):,} more do not fit",
+                "raise --n-ctx (memory permitting), or lower --max-tokens",
             )
         if len(tokens) > self._n_batch:
             return self._forward_chunked(tokens, all_logits)
@@ -268,17 +303,20 @@ class LlamaCppBackend:
             b.seq_id[i][0] = 0
             b.logits[i] = all_logits
         b.logits[n - 1] = True
-        rc = llama_cpp.llama_decode(self._ctx, b)
+        with _LOG.capture() as log:
+            rc = llama_cpp.llama_decode(self._ctx, b)
         if rc != 0:
             # A failed decode may leave part of the batch in the cache: cut back to what we track.
             llama_cpp.llama_memory_seq_rm(self._memory, 0, n_past, -1)
             raise GenerationError(
-                f"llama_decode failed (code {rc}): {_last_error() or 'no reason given'}",
+                f"llama_decode failed (code {rc}): {_last_error(log) or 'no reason given'}",
                 "this usually means the KV cache is full or out of memory; lower --n-ctx or --num-draft",
             )
         self._tokens.extend(int(t) for t in tokens)
 
     def rollback(self, n_keep: int) -> None:
+        if n_keep < 0:
+            raise ValueError(f"rollback needs n_keep >= 0, got {n_keep}")
         if n_keep >= len(self._tokens):
             return
         if not llama_cpp.llama_memory_seq_rm(self._memory, 0, n_keep, -1):
@@ -303,7 +341,7 @@ class LlamaCppBackend:
         self.close()
 
 
-def _last_error() -> str:
-    lines = [line.strip() for line in _log_lines if line.strip()]
+def _last_error(log: Sequence[str]) -> str:
+    lines = [line.strip() for line in log if line.strip()]
     errors = [line for line in lines if "error" in line.lower() or "failed" in line.lower()]
     return (errors or lines or [""])[-1]

@@ -28,6 +28,7 @@ from localspec.errors import (
 )
 from localspec.vocab import VocabInfo
 
+NAME = "mlx"
 INSTALL_HINT = "install it with `pip install 'localspec[mlx]'` (on Linux this brings mlx[cpu])"
 
 # Token texts that end a turn in common chat formats; llama.cpp treats them as end-of-generation too.
@@ -39,7 +40,7 @@ _EOG_TEXTS = frozenset(
 _TOKENIZER_PATTERNS = ["*.json", "tokenizer.model", "*.tiktoken", "tiktoken.model", "*.txt", "*.jinja"]
 
 
-# -- module API (see localspec.loader) ------------------------------------------------------------
+# -- module API (backends.base.BackendModule; used by localspec.pipeline) ------------------------------------------------------------
 
 
 def peek_vocab(path: str) -> VocabInfo:
@@ -47,6 +48,15 @@ def peek_vocab(path: str) -> VocabInfo:
     _require_mlx()
     model_path = resolve(path, tokenizer_only=True)
     return _vocab_info(_load_tokenizer(model_path))
+
+
+def check_path(path: str) -> None:
+    """ModelFileError unless `path` can name an mlx-lm model: a model directory, or a Hub repo id."""
+    p = Path(path).expanduser()
+    if p.exists():
+        resolve(path)
+    elif path.count("/") != 1 or path.startswith((".", "/", "~")):
+        raise ModelFileError(f"model not found: {path}", _MODEL_DIR_HINT)
 
 
 def load(path: str, *, n_ctx: int, threads: int | None = None, n_gpu_layers: int = -1) -> MLXBackend:
@@ -289,7 +299,7 @@ class MLXBackend:
         """forward() without the copy to host memory: an mx.array [n, V] float32."""
         mx = self._mx
         if not tokens:
-            raise GenerationError("forward() needs at least one token", "this is a bug in the caller")
+            raise ValueError("forward needs at least one token")
         if len(self._tokens) + len(tokens) > self._n_ctx:
             raise ContextOverflowError(
                 f"the context holds {self._n_ctx:,} tokens; {len(self._tokens):,} are cached and "
@@ -326,13 +336,15 @@ class MLXBackend:
     def rollback(self, n_keep: int) -> None:
         from mlx_lm.models.cache import trim_prompt_cache
 
-        n_keep = max(0, n_keep)
+        if n_keep < 0:
+            raise ValueError(f"rollback needs n_keep >= 0, got {n_keep}")
         n_drop = len(self._tokens) - n_keep
         if n_drop <= 0:
             return
         trimmed = trim_prompt_cache(self.cache, n_drop)
         if trimmed != n_drop:
-            raise GenerationError(
+            self._resync()
+            raise UnsupportedModelError(
                 f"the MLX cache dropped {trimmed} of {n_drop} positions on rollback",
                 "the model's cache cannot be rolled back this far; lower --n-ctx",
             )

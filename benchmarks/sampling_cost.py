@@ -18,8 +18,8 @@ import time
 
 import numpy as np
 
-from localspec.spec.sampling import SamplingParams, probabilities, sample
-from localspec.spec.verify import verify_exact
+from localspec.decoding.sampling import SamplingParams, probabilities, sample
+from localspec.decoding.verify import verify_exact
 
 V = 151_936
 SETTINGS = {

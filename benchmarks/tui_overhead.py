@@ -77,12 +77,12 @@ def run_app(args: argparse.Namespace) -> dict:
 async def child_app(args: argparse.Namespace) -> dict:
     from textual.widgets import Input
 
-    from localspec.loader import LoadOptions
+    from localspec.options import ModelOptions
     from localspec.tui.app import ChatApp
-    from localspec.tui.session import ChatSettings
+    from localspec.tui.settings import ChatSettings
 
     m = method(args)
-    options = LoadOptions(
+    options = ModelOptions(
         target=args.target,
         draft=args.draft if m == "model" else None,
         draft_method=m,
@@ -118,14 +118,14 @@ async def child_app(args: argparse.Namespace) -> dict:
 async def inproc(args: argparse.Namespace) -> dict[str, list[dict]]:
     from textual.widgets import Input
 
-    from localspec.backends.base import ChatMessage, chat_prompt_tokens
-    from localspec.loader import LoadOptions
-    from localspec.spec.engine import Done, generate
+    from localspec.backends.base import ChatMessage
+    from localspec.decoding.engine import Done
+    from localspec.options import ModelOptions
     from localspec.tui.app import ChatApp
-    from localspec.tui.session import ChatSettings
+    from localspec.tui.settings import ChatSettings
 
     m = method(args)
-    options = LoadOptions(
+    options = ModelOptions(
         target=args.target, draft=args.draft if m == "model" else None, draft_method=m, n_ctx=args.n_ctx,
         threads=args.threads,
     )
@@ -136,8 +136,8 @@ async def inproc(args: argparse.Namespace) -> dict[str, list[dict]]:
     def plain() -> dict:  # the `localspec run` loop, on a thread while the app sits idle
         p = app.pipeline
         assert p is not None
-        tokens = chat_prompt_tokens(p.target, [ChatMessage("user", args.prompt)])
-        for event in generate(p.target, p.drafter, tokens, settings.generation_config()):
+        config = settings.generation_config(p.options.draft_method)
+        for event in p.generate([ChatMessage("user", args.prompt)], config):
             if isinstance(event, Done):
                 s = event.stats
                 return {"decode_tps": s.decode_tps, "n_generated": s.n_generated, "text": event.text}

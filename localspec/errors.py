@@ -53,3 +53,10 @@ class PullError(LocalspecError):
 
 class GenerationError(LocalspecError):
     """The backend failed while generating."""
+
+
+def error_text(e: BaseException) -> str:
+    """One line for a UI: the message and its hint for our errors, the type and text for anything else."""
+    if isinstance(e, LocalspecError):
+        return f"{e.message}" + (f" (hint: {e.hint})" if e.hint else "")
+    return f"{type(e).__name__}: {e}"

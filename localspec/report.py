@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from localspec.spec.stats import SpecStats
+from localspec.decoding.stats import SpecStats
+from localspec.formatting import plural
 
 POOR_MATCH_LENGTH = 2.0  # below ~2 tokens per round the draft is a poor match (DESIGN.md)
 
@@ -12,8 +13,7 @@ def advice(stats: SpecStats) -> str | None:
     if stats.draft_method == "none" or stats.n_rounds < 4:
         return None
     if stats.draft_method == "auto":  # it adapts by itself; say plainly when speculation did not pay here
-        spec_rounds = stats.drafted_by_position[0] if stats.drafted_by_position else 0
-        plain = 1 - spec_rounds / stats.n_rounds
+        plain = 1 - stats.drafting_share
         if plain < 0.5:
             return None
         return (
@@ -37,21 +37,31 @@ def advice(stats: SpecStats) -> str | None:
 
 def summary_lines(stats: SpecStats) -> list[str]:
     method = stats.draft_method if stats.draft_method != "model" else f"model ({stats.draft})"
+    k = f"k={stats.num_draft}" if stats.draft_method != "auto" else f"k<={stats.num_draft}"
+    decode = (
+        f"decode {stats.decode_tps:.2f} tok/s ({plural(stats.n_generated, 'token')}, {stats.decode_s:.2f} s)"
+        if stats.decode_tokens
+        else f"{plural(stats.n_generated, 'token')} (no decode speed: only the prompt pass ran)"
+    )
     lines = [
         f"{stats.backend} on {stats.device} | target {stats.target} | draft {method} | "
-        f"rule {stats.rule} | k={stats.num_draft} | seed {stats.seed}",
-        f"decode {stats.decode_tps:.2f} tok/s ({stats.n_generated} tokens, {stats.decode_s:.2f} s) | "
-        f"prompt {stats.prompt_tps:.1f} tok/s ({stats.n_prompt} tokens, {stats.n_prompt_cached} cached) | "
-        f"stop: {stats.stop_reason}",
+        f"rule {stats.rule} | {k} | seed {stats.seed}",
+        f"{decode} | prompt {stats.prompt_tps:.1f} tok/s ({plural(stats.n_prompt, 'token')}, "
+        f"{stats.n_prompt_cached} cached) | stop: {(stats.stop_reason or 'running').replace('_', ' ')}",
     ]
-    if stats.draft_method != "none":
-        by_pos = " ".join(f"{a:.0%}" for a in stats.acceptance_by_position) or "-"
+    if stats.draft_method != "none" and stats.n_rounds:
+        parts = [
+            f"acceptance {stats.acceptance_rate:.1%}",
+            f"mean accepted length {stats.mean_accepted_length:.2f} tokens/round over {plural(stats.n_rounds, 'round')}",
+        ]
+        if stats.acceptance_by_position:
+            parts.append("by position " + " ".join(f"{a:.0%}" for a in stats.acceptance_by_position))
         busy = stats.draft_s + stats.verify_s
-        share = f"draft {stats.draft_s / busy:.0%} / verify {stats.verify_s / busy:.0%}" if busy > 0 else ""
-        lines.append(
-            f"acceptance {stats.acceptance_rate:.1%} | mean accepted length {stats.mean_accepted_length:.2f} "
-            f"tokens/round over {stats.n_rounds} rounds | by position {by_pos} | {share}"
-        )
+        if busy > 0:
+            parts.append(f"draft {stats.draft_s / busy:.0%} / verify {stats.verify_s / busy:.0%}")
+        if stats.draft_method == "auto":
+            parts.append(f"auto chose {stats.choices()}")
+        lines.append(" | ".join(parts))
     tip = advice(stats)
     if tip:
         lines.append(f"note: {tip}")

@@ -231,9 +231,11 @@ class GatedBackend(FakeBackend):
         self.gate = threading.Semaphore(0)
         self.open = False
 
+    GATE_TIMEOUT = 30.0  # a test that fails before opening the gate must not hang the run
+
     def forward(self, tokens: Sequence[int], *, all_logits: bool = True) -> np.ndarray:
-        if not self.open:
-            self.gate.acquire()
+        if not self.open and not self.gate.acquire(timeout=self.GATE_TIMEOUT):
+            raise RuntimeError("gated fake backend: the test never released this pass")
         return super().forward(tokens, all_logits=all_logits)
 
     def release(self, n: int = 1) -> None:

@@ -13,11 +13,13 @@ import pytest
 import numpy as np
 
 from fakes import N_VOCAB, CostedBackend, FakeBackend, FakeClock, hashed_logits, scripted_draft, without
-from localspec.spec.adaptive import AutoDrafter, Controller, CostModel, auto_ngram, calibrate, expected_tokens
-from localspec.spec.drafters import ModelDrafter, NgramDrafter, NoDrafter
-from localspec.spec.engine import Done, GenerationConfig, generate
-from localspec.spec.sampling import SamplingParams
-from localspec.spec.stats import RoundStats
+from localspec.decoding.auto import AutoDrafter, auto_ngram
+from localspec.decoding.calibrate import calibrate
+from localspec.decoding.policy import Controller, CostModel, expected_tokens
+from localspec.decoding.drafters import ModelDrafter, NgramDrafter, NoDrafter
+from localspec.decoding.engine import Done, GenerationConfig, generate
+from localspec.decoding.sampling import SamplingParams
+from localspec.decoding.stats import RoundStats
 
 TARGET = without(hashed_logits(1))
 PROMPT = list(b"def add(a, b):\n    return a + b\n")
@@ -55,7 +57,7 @@ def _auto(
     target = CostedBackend(target_fn, clock, target_cost, name="target")
     draft = CostedBackend(scripted_draft(target_fn, agree), clock, draft_cost, name="draft")
     drafter = AutoDrafter(
-        ngram=auto_ngram() if ngram else None, model=ModelDrafter(draft), target=target, max_k=8, clock=clock
+        ngram=auto_ngram() if ngram else None, model=ModelDrafter(draft), target=target, clock=clock
     )
     return target, drafter
 
@@ -135,11 +137,15 @@ def test_calibration_measures_the_batch_curve_and_restores_the_caches() -> None:
     target = CostedBackend(TARGET, clock, cpu_like)
     draft = CostedBackend(TARGET, clock, lambda n: 0.004 * n)
     target.forward(PROMPT)
-    draft.forward(PROMPT[:-1])
-    costs = calibrate(target, draft, max_batch=5, clock=clock)
+    drafter = ModelDrafter(draft)
+    costs = calibrate(target, drafter, PROMPT, max_batch=5, clock=clock)
     assert costs.target == pytest.approx({n: cpu_like(n) for n in range(1, 6)})
     assert costs.draft_token == pytest.approx(0.004)
-    assert list(target.cached_tokens) == PROMPT and list(draft.cached_tokens) == PROMPT[:-1]
+    assert list(target.cached_tokens) == PROMPT
+    # The drafter resyncs from wherever timing left it: its next proposal is a fresh drafter's.
+    fresh = ModelDrafter(CostedBackend(TARGET, FakeClock(), lambda n: 0.0))
+    rng = np.random.default_rng(0)
+    assert drafter.propose(PROMPT, 4, GREEDY, rng).tokens == fresh.propose(PROMPT, 4, GREEDY, rng).tokens
 
 
 # -- whole runs through the engine ----------------------------------------------------------------
@@ -233,11 +239,14 @@ def test_ngram_is_chosen_on_text_that_repeats_its_input() -> None:
     assert not any(" model k=" in r.note and "probe" not in r.note for r in rounds)
 
 
-def test_summary_counts_decisions() -> None:
+def test_stats_count_the_decisions() -> None:
     clock = FakeClock()
     target, drafter = _auto(clock, gpu_like, lambda n: 1.2 * gpu_like(n), lambda pos: True)
-    _run(target, drafter, clock, 100)
-    assert drafter.summary().startswith("plain ")
+    rounds, done = _run(target, drafter, clock, 100)
+    by_source = {s.source: s for s in done.stats.sources}
+    assert done.stats.choices().startswith("plain ")
+    assert sum(s.rounds for s in done.stats.sources) == done.stats.n_rounds == len(rounds)
+    assert by_source["none"].rounds == sum(1 for r in rounds if r.n_drafted == 0)
 
 
 def test_model_drafter_stops_at_low_confidence_only_when_asked() -> None:
@@ -248,11 +257,11 @@ def test_model_drafter_stops_at_low_confidence_only_when_asked() -> None:
 
     rng = np.random.default_rng(0)
     default = ModelDrafter(FakeBackend(fn))
-    default.prepare(PROMPT)
+    default.prepare(PROMPT, 6)
     assert len(default.propose(PROMPT, 6, GREEDY, rng).tokens) == 6  # off by default: drafts all k
-    cautious = ModelDrafter(FakeBackend(fn), min_confidence=0.5)
-    cautious.prepare(PROMPT)
-    d = cautious.propose(PROMPT, 6, GREEDY, rng)
+    cautious = ModelDrafter(FakeBackend(fn))
+    cautious.prepare(PROMPT, 6)
+    d = cautious.propose(PROMPT, 6, GREEDY, rng, min_confidence=0.5)
     assert len(d.tokens) == 3 and "confidence" in d.note
 
 

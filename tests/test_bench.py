@@ -25,8 +25,9 @@ from localspec.bench.report import bench_lines
 from localspec.bench.suites import Suite, suites
 from localspec.commands.doctor import Facts, findings
 from localspec.errors import UsageError
-from localspec.spec.adaptive import CostModel
-from localspec.spec.sampling import SamplingParams
+from localspec.decoding.policy import CostModel
+from localspec.decoding.stats import SpecStats
+from localspec.decoding.sampling import SamplingParams
 
 TARGET = without(hashed_logits(1))
 
@@ -35,9 +36,14 @@ def test_parse_methods() -> None:
     ms = parse_methods("ngram:4, model:2,auto:6", has_draft=True)
     assert ms == [Method("none", 0), Method("ngram", 4), Method("model", 2), Method("auto", 6)]
     assert [m.label for m in ms] == ["none", "ngram k=4", "model k=2", "auto k<=6"]
-    assert Method("model", 4) not in parse_methods("none,model:4,ngram", has_draft=False)
+    # Without a draft model the default list leaves model methods out; naming one is refused, not skipped.
+    assert Method("model", 4) not in parse_methods("none,model:4,ngram", has_draft=False, explicit=False)
+    with pytest.raises(UsageError, match="no draft model"):
+        parse_methods("none,model:4,ngram", has_draft=False)
     with pytest.raises(UsageError):
         parse_methods("magic:3", has_draft=True)
+    with pytest.raises(UsageError, match="outside 1..64"):
+        parse_methods("ngram:1000", has_draft=True)
 
 
 def test_builtin_suites() -> None:
@@ -70,18 +76,20 @@ def test_run_bench_on_fakes_interleaves_and_aggregates() -> None:
     text = "\n".join(bench_lines(result))
     assert "suite tiny" in text and "model k=2" in text and "auto k<=4" in text
     payload = json.loads(json.dumps(result.to_json()))
-    assert payload["summary"] and payload["runs"][0]["decode_tps"] >= 0
+    assert payload["summary"] and payload["runs"][0]["stats"]["decode_tps"] >= 0
     assert payload["costs"]["tiny"]["target_s"]["1"] >= 0
 
 
 def _run(method: str, rep: int, tokens: int, seconds: float, **kw) -> RunResult:  # type: ignore[no-untyped-def]
-    base = dict(
-        suite="s", prompt=0, method=method, rep=rep, n_prompt=10, n_generated=tokens + 1, decode_s=seconds,
-        prompt_s=0.1, n_rounds=tokens, n_drafted=0, n_accepted=0, draft_s=0.0, verify_s=seconds,
-        drafted_by_position=(), accepted_by_position=(), drafted_per_round={0: tokens},
+    per_round = kw.pop("drafted_per_round", {0: tokens})
+    stats = dict(
+        backend="fake", device="CPU", target="t", draft="d", draft_method=method.split()[0], rule="greedy",
+        num_draft=4, temperature=0.0, seed=0, n_prompt=10, n_prompt_cached=0, n_generated=tokens + 1,
+        decode_s=seconds, prompt_s=0.1, n_rounds=tokens, n_drafted=0, n_accepted=0, draft_s=0.0, verify_s=seconds,
+        drafted_by_position=(), accepted_by_position=(), stop_reason="max_tokens",
     )
-    base.update(kw)
-    return RunResult(**base)  # type: ignore[arg-type]
+    stats.update(kw)
+    return RunResult("s", 0, method, rep, SpecStats(**stats), per_round)  # type: ignore[arg-type]
 
 
 def test_speedup_is_paired_per_repetition_and_bound_uses_measured_costs() -> None:
@@ -221,7 +229,7 @@ PARAMS = [
 
 @pytest.mark.parametrize("params", PARAMS)
 def test_fast_probabilities_equal_the_full_sort_reference_at_150k(params: SamplingParams) -> None:
-    from localspec.spec.sampling import probabilities
+    from localspec.decoding.sampling import probabilities
 
     z = _llm_like_logits(3)
     p, ref = probabilities(z, params), _reference(z, params)
@@ -230,7 +238,7 @@ def test_fast_probabilities_equal_the_full_sort_reference_at_150k(params: Sampli
 
 
 def test_no_full_vocabulary_sort_where_a_partial_one_suffices(monkeypatch: pytest.MonkeyPatch) -> None:
-    from localspec.spec import sampling
+    from localspec.decoding import sampling
 
     sizes: list[int] = []
     real_argsort, real_sort = np.argsort, np.sort
@@ -252,7 +260,7 @@ def test_no_full_vocabulary_sort_where_a_partial_one_suffices(monkeypatch: pytes
 
 
 def test_two_level_sampling_follows_the_distribution_at_150k() -> None:
-    from localspec.spec.sampling import sample
+    from localspec.decoding.sampling import sample
 
     p = np.zeros(V_BIG)
     hot = [0, 1023, 1024, 77_777, V_BIG - 1]  # block edges and the very end
@@ -337,7 +345,7 @@ def test_run_summary_tells_when_auto_found_speculation_does_not_pay() -> None:
     from dataclasses import replace as dc_replace
 
     from localspec.report import advice
-    from localspec.spec.stats import SpecStats
+    from localspec.decoding.stats import SpecStats
 
     base = SpecStats(
         backend="llama.cpp", device="CPU", target="t", draft="auto(ngram)", draft_method="auto", rule="greedy",

@@ -7,8 +7,8 @@ import pytest
 
 from fakes import EOG, FakeBackend, hashed_logits, scripted_tokens
 from localspec.backends.base import common_prefix
-from localspec.spec.drafters import EMPTY_DRAFT, ModelDrafter, NgramDrafter, NoDrafter
-from localspec.spec.sampling import SamplingParams, probabilities
+from localspec.decoding.drafters import EMPTY_DRAFT, ModelDrafter, NgramDrafter, NoDrafter
+from localspec.decoding.sampling import SamplingParams, probabilities
 
 GREEDY = SamplingParams()
 RNG = np.random.default_rng(0)
@@ -75,7 +75,7 @@ def test_index_stays_right_as_the_context_grows(seed: int, max_ngram: int, min_n
     rng = np.random.default_rng(seed)
     tokens = rng.integers(0, 6, size=300).tolist()  # a small alphabet: many repeats
     d = NgramDrafter(max_ngram=max_ngram, min_ngram=min_ngram)
-    d.prepare(tokens[:10])
+    d.prepare(tokens[:10], 8)
     n = 10
     while n < len(tokens):
         ctx = tokens[:n]
@@ -87,7 +87,7 @@ def test_index_stays_right_as_the_context_grows(seed: int, max_ngram: int, min_n
 def test_prepare_resets_for_a_new_generation() -> None:
     d = NgramDrafter()
     assert _propose(d, [1, 2, 3, 1, 2], 2) == [3, 1]
-    d.prepare([9, 8])
+    d.prepare([9, 8], 8)
     assert _propose(d, [9, 8, 7, 9], 2) == [8, 7]  # nothing of the old context left in the index
     # A shorter context than the one indexed, without prepare(), also starts over.
     assert _propose(d, [4, 5, 4], 2) == [5, 4]
@@ -97,13 +97,13 @@ def test_same_length_different_context_needs_prepare() -> None:
     """The index assumes an append-only context within one generation; prepare() starts a new one."""
     d = NgramDrafter()
     _propose(d, [1, 2, 3, 1], 2)
-    d.prepare([5, 6, 7, 5])
+    d.prepare([5, 6, 7, 5], 8)
     assert _propose(d, [5, 6, 7, 5], 2) == [6, 7]
 
 
 def test_no_drafter() -> None:
     d = NoDrafter()
-    d.prepare([1, 2])
+    d.prepare([1, 2], 8)
     assert d.propose([1, 2, 1], 4, GREEDY, RNG) is EMPTY_DRAFT
     assert (d.method, d.name) == ("none", "none")
 
@@ -117,7 +117,7 @@ def test_model_drafter_greedy_follows_its_model_and_keeps_its_cache_in_step() ->
     d = ModelDrafter(backend)
     assert d.name == "tiny" and d.method == "model"
     prompt = [10, 20, 30, 40]
-    d.prepare(prompt)
+    d.prepare(prompt, 8)
     assert list(backend.cached_tokens) == prompt[:-1]
     draft = d.propose(prompt, 3, GREEDY, RNG)
     ctx, expect = list(prompt), []
@@ -138,7 +138,7 @@ def test_model_drafter_sampled_q_rows() -> None:
     fn = hashed_logits(4, sharpness=1.0)
     d = ModelDrafter(FakeBackend(fn))
     prompt = [1, 2, 3]
-    d.prepare(prompt)
+    d.prepare(prompt, 8)
     sampling = SamplingParams(temperature=0.7, top_k=50)
     draft = d.propose(prompt, 4, sampling, np.random.default_rng(1))
     assert len(draft.tokens) == 4 and draft.q is not None and draft.q.shape == (4, 257)
@@ -153,14 +153,15 @@ def test_model_drafter_sampled_q_rows() -> None:
 def test_model_drafter_stops_at_eog() -> None:
     script = [1, 2, 3, 4, EOG, 5, 6]
     d = ModelDrafter(FakeBackend(scripted_tokens(script)))
-    d.prepare(script[:2])
+    d.prepare(script[:2], 8)
     assert d.propose(script[:2], 8, GREEDY, RNG).tokens == [3, 4, EOG]
 
 
-def test_model_drafter_close_closes_the_backend() -> None:
+def test_model_drafter_close_leaves_the_model_to_its_owner() -> None:
+    # The pipeline owns the draft model (bench runs several drafters over one loaded model).
     backend = FakeBackend(hashed_logits(1))
     ModelDrafter(backend).close()
-    assert backend.closed
+    assert not backend.closed
 
 
 # -- common_prefix ----------------------------------------------------------------------------------------
@@ -188,11 +189,11 @@ def test_common_prefix(cached: list[int], tokens: list[int], limit: int, expecte
 def test_model_drafter_never_overflows_its_window() -> None:
     backend = FakeBackend(hashed_logits(3), n_ctx=10)
     d = ModelDrafter(backend)
-    d.prepare(list(range(8)))
+    d.prepare(list(range(8)), 8)
     assert len(d.propose(list(range(8)), 5, GREEDY, RNG).tokens) == 3  # 8 + 3 - 1 = 10 cached
     assert len(backend.cached_tokens) == 10
     assert len(d.propose(list(range(10)), 5, GREEDY, RNG).tokens) == 1
     assert d.propose(list(range(11)), 5, GREEDY, RNG) is EMPTY_DRAFT
-    d.prepare(list(range(20)))  # a prompt longer than the window: no prefill, no drafts
+    d.prepare(list(range(20)), 8)  # a prompt longer than the window: no prefill, no drafts
     assert len(backend.cached_tokens) <= 10
     assert d.propose(list(range(21)), 5, GREEDY, RNG) is EMPTY_DRAFT

@@ -13,9 +13,9 @@ import pytest
 
 from fakes import EOG, FakeBackend, hashed_logits, noisy, scripted_tokens, without
 from localspec.errors import ContextOverflowError, UsageError
-from localspec.spec.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
-from localspec.spec.engine import Done, GenerationConfig, Step, generate
-from localspec.spec.sampling import SamplingParams
+from localspec.decoding.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
+from localspec.decoding.engine import Done, GenerationConfig, Step, generate
+from localspec.decoding.sampling import SamplingParams
 
 TARGET = without(hashed_logits(1))  # never ends by itself: runs stop on max_tokens unless a test says
 PROMPT = list(b"The quick brown fox jumps over the lazy dog. The quick brown")

@@ -11,9 +11,10 @@ import pytest
 from localspec.backends import llama_cpp as lb
 from localspec.backends.base import ChatMessage, chat_prompt_tokens
 from localspec.errors import ContextOverflowError, IncompatiblePairError, ModelFileError
-from localspec.loader import LoadOptions, load_pipeline
-from localspec.spec.drafters import ModelDrafter, NgramDrafter, NoDrafter
-from localspec.spec.engine import Done, GenerationConfig, generate
+from localspec.options import ModelOptions
+from localspec.pipeline import load_pipeline
+from localspec.decoding.drafters import ModelDrafter, NgramDrafter, NoDrafter
+from localspec.decoding.engine import Done, GenerationConfig, generate
 
 PROMPT = "Write a Python function that returns the n-th Fibonacci number."
 
@@ -141,7 +142,7 @@ def test_missing_not_gguf_and_truncated_files(tmp_path: Path, tiny_ggufs) -> Non
 
 
 def test_incompatible_pair_refused_before_loading(tiny_ggufs, qwen_header_copy: Path) -> None:  # type: ignore[no-untyped-def]
-    opts = LoadOptions(target=str(qwen_header_copy), draft=str(tiny_ggufs[0]), draft_method="model")
+    opts = ModelOptions(target=str(qwen_header_copy), draft=str(tiny_ggufs[0]), draft_method="model")
     with pytest.raises(IncompatiblePairError) as e:
         load_pipeline(opts)  # the Qwen "file" is only a header: loading it would fail differently
     assert "vocabulary sizes differ" in e.value.message and "EOS token differs" in e.value.message

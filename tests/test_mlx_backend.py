@@ -19,17 +19,18 @@ PROMPT = "<|im_start|>user\nWrite a poem about the sea.<|im_end|>\n<|im_start|>a
 
 
 def test_missing_mlx_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    from localspec import loader
+    from localspec import pipeline
     from localspec.backends import mlx as backend
+    from localspec.options import ModelOptions
 
     monkeypatch.setitem(sys.modules, "mlx", None)  # makes `import mlx...` raise ImportError
     monkeypatch.setitem(sys.modules, "mlx.core", None)
     with pytest.raises(BackendUnavailableError) as e:
         backend.load("whatever", n_ctx=128)
     assert "pip install 'localspec[mlx]'" in str(e.value)
-    monkeypatch.setattr(loader, "mlx_available", lambda: False)
+    monkeypatch.setattr(pipeline, "mlx_available", lambda: False)
     with pytest.raises(BackendUnavailableError) as e2:
-        loader.load_pipeline(loader.LoadOptions(target="t", draft="d", backend="mlx"))
+        pipeline.load_pipeline(ModelOptions(target="t", draft="d", backend="mlx"))
     assert "localspec[mlx]" in str(e2.value)
 
 
@@ -58,8 +59,8 @@ def _load(path: Path, n_ctx: int = 1024):  # type: ignore[no-untyped-def]
 
 
 def _run(target, drafter, prompt: list[int], *, n: int, k: int = 4, temperature: float = 0.0):  # type: ignore[no-untyped-def]
-    from localspec.spec.engine import Done, GenerationConfig, generate
-    from localspec.spec.sampling import SamplingParams
+    from localspec.decoding.engine import Done, GenerationConfig, generate
+    from localspec.decoding.sampling import SamplingParams
 
     config = GenerationConfig(max_tokens=n, num_draft=k, sampling=SamplingParams(temperature=temperature, seed=0))
     done = [e for e in generate(target, drafter, prompt, config) if isinstance(e, Done)][0]
@@ -107,7 +108,7 @@ def test_detokenizer_is_utf8_safe(models: dict[str, Path]) -> None:
 
 @pytest.mark.mlx
 def test_speculative_greedy_equals_plain_greedy(models: dict[str, Path]) -> None:
-    from localspec.spec.drafters import ModelDrafter, NoDrafter
+    from localspec.decoding.drafters import ModelDrafter, NoDrafter
 
     target = _load(models["target"])
     prompt = target.tokenize(PROMPT)
@@ -122,7 +123,7 @@ def test_speculative_greedy_equals_plain_greedy(models: dict[str, Path]) -> None
 
 @pytest.mark.mlx
 def test_self_draft_accepts_everything(models: dict[str, Path]) -> None:
-    from localspec.spec.drafters import ModelDrafter
+    from localspec.decoding.drafters import ModelDrafter
 
     target = _load(models["target"])
     prompt = target.tokenize(PROMPT)
@@ -160,7 +161,7 @@ def test_rollback_leaves_cache_as_plain_decoding(models: dict[str, Path]) -> Non
 
 @pytest.mark.mlx
 def test_cache_after_speculative_run_matches_plain_run(models: dict[str, Path]) -> None:
-    from localspec.spec.drafters import ModelDrafter, NoDrafter
+    from localspec.decoding.drafters import ModelDrafter, NoDrafter
 
     spec_t, plain_t = _load(models["target"]), _load(models["target"])
     prompt = spec_t.tokenize(PROMPT)
@@ -180,7 +181,7 @@ def test_equals_mlx_lm_stream_generate(models: dict[str, Path]) -> None:
     from mlx_lm.generate import stream_generate
     from mlx_lm.utils import load as mlx_load
 
-    from localspec.spec.drafters import ModelDrafter
+    from localspec.decoding.drafters import ModelDrafter
 
     n, k = 40, 3
     model, tokenizer = mlx_load(str(models["target"]))
@@ -203,17 +204,18 @@ def test_equals_mlx_lm_stream_generate(models: dict[str, Path]) -> None:
 
 @pytest.mark.mlx
 def test_pair_with_different_vocabularies_is_refused(models: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
-    from localspec import loader
     from localspec.backends import mlx as backend
     from localspec.errors import IncompatiblePairError
+    from localspec.options import ModelOptions
+    from localspec.pipeline import load_pipeline
 
     def no_load(*a, **kw):  # type: ignore[no-untyped-def]
         raise AssertionError("weights were loaded before the vocabulary check")
 
     monkeypatch.setattr(backend, "load", no_load)
-    opts = loader.LoadOptions(target=str(models["target"]), draft=str(models["other_vocab"]), backend="mlx")
+    opts = ModelOptions(target=str(models["target"]), draft=str(models["other_vocab"]), backend="mlx")
     with pytest.raises(IncompatiblePairError) as e:
-        loader.load_pipeline(opts)
+        load_pipeline(opts)
     assert "token text differs for 2 ids" in str(e.value)
     # Same tokenizer, different weights: accepted.
     assert backend.peek_vocab(str(models["target"])) == backend.peek_vocab(str(models["noisy"]))

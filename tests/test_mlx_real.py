@@ -115,8 +115,8 @@ def test_smollm2_llama_architecture_converts_and_self_drafts() -> None:
     from localspec.backends import llama_cpp as llama
     from localspec.backends import mlx as backend
     from localspec.backends.base import ChatMessage, chat_prompt_tokens
-    from localspec.spec.drafters import ModelDrafter, NoDrafter
-    from localspec.spec.engine import Done, GenerationConfig, generate
+    from localspec.decoding.drafters import ModelDrafter, NoDrafter
+    from localspec.decoding.engine import Done, GenerationConfig, generate
 
     gguf = fixture_models.fetch("smollm2-135m")
     path = mlx_fixtures.converted("smollm2-135m")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import io
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -168,7 +169,7 @@ def test_pull_pair_with_progress_then_second_pull_transfers_nothing(
     from localspec import hub as hubmod
 
     monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", 256 << 10)
-    monkeypatch.setattr(hubmod._Tracker, "MIN_INTERVAL", 0.0)
+    monkeypatch.setattr(hubmod.Tracker, "MIN_INTERVAL", 0.0)
     events: list[hubmod.ProgressEvent] = []
     result = hubmod.pull_pair("tiny", "llama", endpoint=hub.url, progress=events.append)
 
@@ -276,7 +277,7 @@ def test_cancel_from_the_progress_callback(hub: FakeHub, hf_env: Path, monkeypat
     from localspec import hub as hubmod
 
     monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", 64 << 10)
-    monkeypatch.setattr(hubmod._Tracker, "MIN_INTERVAL", 0.0)
+    monkeypatch.setattr(hubmod.Tracker, "MIN_INTERVAL", 0.0)
     cancel = threading.Event()
     with pytest.raises(hubmod.PullCancelled):
         hubmod.pull_model(f"{T_REPO}:{T_FILE}", endpoint=hub.url, cancel=cancel, progress=lambda ev: cancel.set())
@@ -355,17 +356,20 @@ def test_connection_and_disk_errors_are_mapped(hub: FakeHub, monkeypatch: pytest
         hubmod.pull_model(f"{T_REPO}:{T_FILE}", endpoint="http://127.0.0.1:9")  # nothing listens there
     assert "cannot reach http://127.0.0.1:9" in ei.value.message and "HF_HUB_OFFLINE" in ei.value.hint
 
-    h = hubmod._Hub("http://x", None, "/tmp/cache", None, None, None)
+    from localspec.hub.client import Hub
+    from localspec.hub.errors import map_error
+
+    h = Hub("http://x", None, "/tmp/cache", None, None, None)
     ref = hubmod.ModelRef("a/b")
-    e = hubmod._map_error(OSError(errno.ENOSPC, "No space left on device"), h, ref, "f.gguf", size=5 * 10**9)
+    e = map_error(OSError(errno.ENOSPC, "No space left on device"), h, ref, "f.gguf", size=5 * 10**9)
     assert "disk full" in e.message and "5.0 GB" in e.message and "HF_HOME" in e.hint
-    e = hubmod._map_error(OSError("Consistency check failed: file should be of size 10"), h, ref, "f")
+    e = map_error(OSError("Consistency check failed: file should be of size 10"), h, ref, "f")
     assert "interrupted" in e.message and "again" in e.hint
 
     class _Usage:
         free = 1000
 
-    monkeypatch.setattr(hubmod.shutil, "disk_usage", lambda p: _Usage())
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: _Usage())
     with pytest.raises(PullError) as ei:
         hubmod.pull_model(f"{T_REPO}:{T_FILE}", endpoint=hub.url)
     assert "not enough disk space" in ei.value.message and hub.content_bytes() == 0
@@ -509,7 +513,7 @@ def test_progress_class_fits_huggingface_hubs_xet_reporter() -> None:
     """Real Hub repos are Xet-backed: hf_xet reports through this reporter, not http_get."""
     from types import SimpleNamespace
 
-    from localspec.hub import _Tracker
+    from localspec.hub import Tracker as _Tracker
 
     xet = pytest.importorskip("huggingface_hub.utils._xet_progress_reporting")
     XetDownloadProgressReporter = xet.XetDownloadProgressReporter

@@ -7,6 +7,7 @@ and pair, chat, stats, stop, engine error. Fake backends only where a test must 
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -14,14 +15,19 @@ from pathlib import Path
 import pytest
 from fakes import FailingBackend, FakeBackend, GatedBackend, hashed_logits, scripted
 from textual.pilot import Pilot
-from textual.widgets import Input, OptionList, Static
+from textual.widgets import Input, OptionList, Select, Static
 
-from localspec.loader import LoadOptions, Pipeline
-from localspec.spec.drafters import ModelDrafter
-from localspec.tui import session
+from localspec.decoding.drafters import ModelDrafter
+from localspec.options import ModelOptions
+from localspec.pipeline import Pipeline
+from localspec.tui import models as tui_models
 from localspec.tui.app import ChatApp
-from localspec.tui.screens import ChatScreen, SettingsScreen, SetupScreen
-from localspec.tui.session import BackendStatus, ChatSettings, fmt_acceptance, fmt_accepted_length, fmt_tps
+from localspec.tui.chat_screen import ChatScreen
+from localspec.tui.live import fmt_acceptance, fmt_accepted_length, fmt_tps
+from localspec.tui.models import BackendStatus
+from localspec.tui.settings import ChatSettings
+from localspec.tui.settings_screen import SettingsScreen
+from localspec.tui.setup_screen import SetupScreen
 from localspec.tui.widgets import ReplyMessage, StatsPanel
 
 SIZE = (140, 44)
@@ -42,21 +48,25 @@ class TickClock:
             return self.n * self.step
 
 
-def fake_loader(target: FakeBackend, draft: FakeBackend | None = None) -> Callable[[LoadOptions], Pipeline]:
-    from localspec.spec.drafters import NgramDrafter
+def fake_loader(
+    target: FakeBackend, draft: FakeBackend | None = None, clock: Callable[[], float] | None = None
+) -> Callable[[ModelOptions], Pipeline]:
+    from localspec.decoding.drafters import NgramDrafter
 
-    def load(options: LoadOptions) -> Pipeline:
-        return Pipeline(target, ModelDrafter(draft) if draft is not None else NgramDrafter(), "fake")
+    def load(options: ModelOptions) -> Pipeline:
+        drafter = ModelDrafter(draft) if draft is not None else NgramDrafter()
+        return Pipeline(options.with_method(drafter.method), "fake", target, draft, drafter, clock=clock or TickClock())
 
     return load
 
 
 def fake_app(target: FakeBackend, draft: FakeBackend | None = None, *, tmp_path: Path, **settings: object) -> ChatApp:
+    clock = TickClock()
     return ChatApp(
-        options=LoadOptions(target="/fake/target", draft="/fake/draft"),
+        options=ModelOptions(target="/fake/target", draft="/fake/draft", draft_method="model"),
         settings=ChatSettings(**settings),  # type: ignore[arg-type]
-        loader=fake_loader(target, draft),
-        clock=TickClock(),
+        loader=fake_loader(target, draft, clock),
+        clock=clock,
         save_dir=tmp_path,
     )
 
@@ -101,7 +111,7 @@ def assert_panel_holds(panel: StatsPanel, stats: object) -> None:
 async def test_pick_backend_and_pair_then_chat_with_real_model(smollm2_path: Path, tmp_path: Path) -> None:
     clock = TickClock()
     app = ChatApp(
-        settings=ChatSettings(max_tokens=24), clock=clock, save_dir=tmp_path, load_defaults=LoadOptions("", threads=1)
+        settings=ChatSettings(max_tokens=24), clock=clock, save_dir=tmp_path, load_defaults=ModelOptions("", threads=1)
     )
     async with app.run_test(size=SIZE) as pilot:
         setup = app.screen
@@ -115,6 +125,7 @@ async def test_pick_backend_and_pair_then_chat_with_real_model(smollm2_path: Pat
         await pilot.press("enter")  # keyboard: take the highlighted backend
         setup.query_one("#target", Input).value = str(smollm2_path)  # as pasted; typing is tested below
         setup.query_one("#draft", Input).value = str(smollm2_path)
+        setup.query_one("#method", Select).value = "model"  # auto, the default, would decode plainly on a CPU
         await until(pilot, lambda: setup.check is not None and setup.check.ok, what="pair check")
         assert "compatible" in text_of(setup.query_one("#pair-status", Static))
         await pilot.press("ctrl+s")
@@ -148,7 +159,7 @@ async def test_pick_backend_and_pair_then_chat_with_real_model(smollm2_path: Pat
 
 @pytest.mark.asyncio
 async def test_stop_mid_generation_with_real_model(smollm2_path: Path, tmp_path: Path) -> None:
-    opts = LoadOptions(target=str(smollm2_path), draft_method="ngram", threads=1)
+    opts = ModelOptions(target=str(smollm2_path), draft_method="ngram", threads=1)
     app = ChatApp(options=opts, settings=ChatSettings(max_tokens=400), save_dir=tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: app.pipeline is not None, what="models to load")
@@ -167,7 +178,7 @@ async def test_stop_mid_generation_with_real_model(smollm2_path: Path, tmp_path:
 
 @pytest.mark.asyncio
 async def test_engine_error_shows_in_app_and_chat_goes_on(smollm2_path: Path, tmp_path: Path) -> None:
-    opts = LoadOptions(target=str(smollm2_path), draft_method="ngram", n_ctx=256, threads=1)
+    opts = ModelOptions(target=str(smollm2_path), draft_method="ngram", n_ctx=256, threads=1)
     app = ChatApp(options=opts, settings=ChatSettings(max_tokens=8), save_dir=tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: app.pipeline is not None, what="models to load")
@@ -213,7 +224,7 @@ async def test_picker_refuses_an_incompatible_pair(smollm2_path: Path, gemma_pat
 
 
 def test_probe_backends_lists_both_with_reasons() -> None:
-    found = {b.name: b for b in session.probe_backends()}
+    found = {b.name: b for b in tui_models.probe_backends()}
     assert set(found) == {"llama", "mlx"}
     assert found["llama"].usable and "build" in found["llama"].detail
     assert found["mlx"].detail  # usable or not, it says why
@@ -231,7 +242,7 @@ async def test_intermediate_states_with_a_gated_engine(tmp_path: Path) -> None:
         await until(pilot, lambda: app.pipeline is not None)
         await send(pilot, "go")
         target.release(3)  # the prompt pass and two verify rounds
-        await until(pilot, lambda: app.chat.live is not None and app.chat.live.collector.rounds[1:] != [])
+        await until(pilot, lambda: app.chat.live is not None and app.chat.live.stats is not None and app.chat.live.stats.n_rounds >= 2)
         await pilot.pause(0.2)
         chat = app.chat
         panel = chat.query_one(StatsPanel)
@@ -386,7 +397,8 @@ async def test_pull_a_catalog_pair_from_the_picker(monkeypatch: pytest.MonkeyPat
 
     def pull(pair: str, backend: str, *, progress: Callable, cancel: threading.Event, **kw: object) -> None:
         for done in (0, 50, 100):
-            gate.acquire()
+            if not gate.acquire(timeout=30):
+                raise RuntimeError("the test never released the pull")
             progress(hub.ProgressEvent("t.gguf", "org/t", "target", done * 10**6, 100 * 10**6, 1e6, 1.0, done == 100))
         downloaded.set()
 
@@ -394,25 +406,28 @@ async def test_pull_a_catalog_pair_from_the_picker(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(hub, "pull_pair", pull)
     app = ChatApp(save_dir=tmp_path)
     async with app.run_test(size=SIZE) as pilot:
-        setup = app.screen
-        assert isinstance(setup, SetupScreen)
-        pairs = setup.query_one("#pairs", OptionList)
-        await until(pilot, lambda: pairs.option_count > 0 and pairs.get_option_at_index(0).id == name)
-        assert "not downloaded" in str(pairs.get_option(name).prompt) and "GB" in str(pairs.get_option(name).prompt)
-        pairs.focus()
-        pairs.highlighted = 0
-        await pilot.press("ctrl+d")
-        gate.release(2)
-        await until(pilot, lambda: "50 MB / 100 MB" in text_of(setup.query_one("#pair-status", Static)))
-        bar = setup.query_one("#pull-progress")
-        assert bar.display and bar.progress == 50  # type: ignore[attr-defined]
-        await pilot.press("down", "up")  # the UI answers while the pull runs
-        gate.release(1)
-        await until(pilot, lambda: setup.pulling is None)
-        await pilot.pause()
-        assert "downloaded" in str(pairs.get_option(name).prompt)
-        assert setup.query_one("#target", Input).value == str(tmp_path / "t.gguf")
-        assert setup.query_one("#draft", Input).value == str(tmp_path / "d.gguf")
+        try:
+            setup = app.screen
+            assert isinstance(setup, SetupScreen)
+            pairs = setup.query_one("#pairs", OptionList)
+            await until(pilot, lambda: pairs.option_count > 0 and pairs.get_option_at_index(0).id == name)
+            assert "not downloaded" in str(pairs.get_option(name).prompt) and "GB" in str(pairs.get_option(name).prompt)
+            pairs.focus()
+            pairs.highlighted = 0
+            await pilot.press("ctrl+d")
+            gate.release(2)
+            await until(pilot, lambda: "50.0 MB / 100.0 MB" in text_of(setup.query_one("#pair-status", Static)))
+            bar = setup.query_one("#pull-progress")
+            assert bar.display and bar.progress == 50  # type: ignore[attr-defined]
+            await pilot.press("down", "up")  # the UI answers while the pull runs
+            gate.release(1)
+            await until(pilot, lambda: setup.pulling is None)
+            await pilot.pause()
+            assert "downloaded" in str(pairs.get_option(name).prompt)
+            assert setup.query_one("#target", Input).value == str(tmp_path / "t.gguf")
+            assert setup.query_one("#draft", Input).value == str(tmp_path / "d.gguf")
+        finally:
+            gate.release(10)  # a failed assertion must not leave the pull worker waiting
 
 
 def test_cli_chat_options_skip_the_pickers(monkeypatch: pytest.MonkeyPatch, smollm2_path: Path) -> None:
@@ -443,3 +458,112 @@ async def test_ctrl_q_quits_mid_reply_and_closes_the_models(tmp_path: Path) -> N
         await pilot.press("ctrl+q")
         await until(pilot, lambda: not app.is_running, timeout=10, what="the app to exit")
     assert target.closed and draft.closed
+
+
+# -- one pipeline for the CLI and the app ------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_settings_k_reaches_the_engine_for_auto_and_fixed_methods(tmp_path: Path) -> None:
+    # F2's k is the engine's k, and auto's longest draft: a k raised above the one the app started with
+    # is used, not silently capped (draft = target and batches cost nothing under the tick clock, so auto
+    # drafts as long as it may).
+    long_reply = "one two three four five six seven eight nine ten " * 12
+    for method in ("auto", "model"):
+        target, draft = FakeBackend(scripted(long_reply)), FakeBackend(scripted(long_reply))
+        clock = TickClock()
+        app = ChatApp(
+            options=ModelOptions(target="/fake/target", draft="/fake/draft", draft_method=method),
+            settings=ChatSettings(num_draft=4, max_tokens=200),
+            loader=fake_pipeline_loader(target, draft, clock),
+            clock=clock,
+            save_dir=tmp_path,
+        )
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: app.pipeline is not None)
+            await pilot.press("f2")
+            await pilot.pause()
+            app.screen.query_one("#set-num_draft", Input).value = "12"
+            await pilot.press("ctrl+s")
+            await pilot.pause()
+            rounds: list[int] = []
+            real_generate = app.pipeline.generate  # type: ignore[union-attr]
+
+            def recording(*a, **kw):  # type: ignore[no-untyped-def]
+                for ev in real_generate(*a, **kw):
+                    if getattr(ev, "round", None) is not None:
+                        rounds.append(ev.round.n_drafted)
+                    yield ev
+
+            app.pipeline.generate = recording  # type: ignore[method-assign, union-attr]
+            await send(pilot, "go")
+            await settle(app, pilot)
+            stats = app.chat.transcript.turns[0].stats
+            assert stats is not None and stats.draft_method == method and stats.num_draft == 12
+            assert max(rounds) > 8, (method, rounds)  # longer than either default k
+
+
+def fake_pipeline_loader(
+    target: FakeBackend, draft: FakeBackend, clock: Callable[[], float]
+) -> Callable[[ModelOptions], Pipeline]:
+    """Loads like the real pipeline (the drafter for the chosen method, built by make_drafter) over fakes."""
+    from localspec.pipeline import make_drafter
+
+    def load(options: ModelOptions) -> Pipeline:
+        drafter = make_drafter(options.draft_method, target, draft, clock=clock)
+        return Pipeline(options, "fake", target, draft, drafter, clock=clock)
+
+    return load
+
+
+def test_the_same_pair_gets_the_same_draft_method_in_run_and_chat(
+    monkeypatch: pytest.MonkeyPatch, tiny_ggufs: tuple[Path, Path, Path]
+) -> None:
+    import json
+    import subprocess
+
+    from localspec import cli
+
+    t, d = str(tiny_ggufs[0]), str(tiny_ggufs[1])
+    out = subprocess.run(
+        [sys.executable, "-m", "localspec.cli", "run", "Hi", "--target", t, "--draft", d, "--max-tokens", "4",
+         "--threads", "1", "--json"], capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    run_method = json.loads(out.stdout)["stats"]["draft_method"]
+    seen: dict[str, ChatApp] = {}
+    monkeypatch.setattr(ChatApp, "run", lambda self: seen.setdefault("app", self))
+    assert cli.main(["chat", "--target", t, "--draft", d]) == 0
+    assert seen["app"].options is not None and seen["app"].options.draft_method == run_method == "auto"
+    seen.clear()
+    assert cli.main(["chat"]) == 0  # the picker's default for models picked in the app
+    assert seen["app"].load_defaults.draft_method == run_method
+
+
+@pytest.mark.asyncio
+async def test_final_stats_in_the_app_equal_run_json(tiny_ggufs: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    import json
+    import subprocess
+
+    t, d = str(tiny_ggufs[0]), str(tiny_ggufs[1])
+    out = subprocess.run(
+        [sys.executable, "-m", "localspec.cli", "run", "Tell me a story", "--target", t, "--draft", d,
+         "--draft-method", "model", "-k", "3", "--temperature", "0.8", "--seed", "11", "--max-tokens", "40",
+         "--threads", "1", "--json"], capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    expected = json.loads(out.stdout)
+    opts = ModelOptions(target=t, draft=d, draft_method="model", threads=1)
+    app = ChatApp(options=opts, settings=ChatSettings(num_draft=3, temperature=0.8, seed=11, max_tokens=40), save_dir=tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.pipeline is not None, what="models to load")
+        await send(pilot, "Tell me a story")
+        await settle(app, pilot)
+        turn = app.chat.transcript.turns[0]
+        assert turn.stats is not None and turn.reply
+        got = json.loads(json.dumps(turn.stats.to_dict()))
+        timings = {"prompt_s", "decode_s", "draft_s", "verify_s", "rollback_s", "prompt_tps", "decode_tps"}
+        assert {k: v for k, v in got.items() if k not in timings} == {
+            k: v for k, v in expected["stats"].items() if k not in timings
+        }
+        assert turn.reply == expected["text"] and app.chat.query_one(ReplyMessage).text == expected["text"]

@@ -13,20 +13,22 @@ from textual.pilot import Pilot
 from textual.widgets import Input
 from test_tui import REPLY, TickClock, fake_loader, until
 
-from localspec.loader import LoadOptions
-from localspec.tui import session
+from localspec.options import ModelOptions
+from localspec.tui import setup_screen
 from localspec.tui.app import ChatApp
-from localspec.tui.session import BackendStatus, ChatSettings, PairEntry
+from localspec.tui.models import BackendStatus, PairEntry
+from localspec.tui.settings import ChatSettings
 
 SIZE = (130, 40)
 
 
 def chat_app(tmp_path: Path) -> ChatApp:
+    clock = TickClock()
     return ChatApp(
-        options=LoadOptions(target="/fake/target", draft="/fake/draft"),
-        settings=ChatSettings(seed=0),
-        loader=fake_loader(FakeBackend(scripted(REPLY)), FakeBackend(scripted(REPLY, wrong_every=4))),
-        clock=TickClock(),
+        options=ModelOptions(target="/fake/target", draft="/fake/draft", draft_method="model"),
+        settings=ChatSettings(seed=0, num_draft=4),
+        loader=fake_loader(FakeBackend(scripted(REPLY)), FakeBackend(scripted(REPLY, wrong_every=4)), clock),
+        clock=clock,
         save_dir=tmp_path,
     )
 
@@ -46,7 +48,7 @@ def test_snapshot_setup_screen(snap_compare, monkeypatch: pytest.MonkeyPatch, tm
         PairEntry("qwen2.5-coder-1.5b", "Qwen2.5-Coder 1.5B with the 0.5B as draft", True, "1.6 GB", "/m/t.gguf", "/m/d.gguf"),
         PairEntry("llama-3.2-3b", "Llama 3.2 3B with the 1B as draft", False, "2.6 GB"),
     ]
-    monkeypatch.setattr(session, "catalog_entries", lambda backend: (entries, None))
+    monkeypatch.setattr(setup_screen, "catalog_entries", lambda backend: (entries, None))
     probe = lambda: [  # noqa: E731
         BackendStatus("llama", "llama.cpp", True, "CPU build (this llama-cpp-python has no GPU offload)"),
         BackendStatus("mlx", "MLX", False, "not installed: pip install 'localspec[mlx]'"),

@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 
 from fakes import FakeBackend
-from localspec.spec import verify
-from localspec.spec.drafters import ModelDrafter, NgramDrafter
-from localspec.spec.engine import Done, GenerationConfig, generate
-from localspec.spec.sampling import SamplingParams, probabilities, sample
-from localspec.spec.verify import Verdict, verify_exact, verify_greedy, verify_match
+from localspec.decoding import verify
+from localspec.decoding.drafters import ModelDrafter, NgramDrafter
+from localspec.decoding.engine import Done, GenerationConfig, generate
+from localspec.decoding.sampling import SamplingParams, probabilities, sample
+from localspec.decoding.verify import Verdict, verify_exact, verify_greedy, verify_match
 
 # -- the toy pair -----------------------------------------------------------------------------------
 

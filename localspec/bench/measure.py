@@ -25,11 +25,14 @@ from typing import Any
 
 from localspec.backends.base import Backend, chat_prompt_tokens
 from localspec.bench.suites import Suite
+from localspec.decoding.calibrate import calibrate
+from localspec.decoding.drafters import ModelDrafter
+from localspec.decoding.engine import Done, GenerationConfig, generate
+from localspec.decoding.policy import CostModel
+from localspec.decoding.sampling import SamplingParams
+from localspec.decoding.stats import SpecStats, format_choices
 from localspec.errors import UsageError
-from localspec.spec.adaptive import AutoDrafter, CostModel, auto_ngram, calibrate
-from localspec.spec.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
-from localspec.spec.engine import Done, GenerationConfig, generate
-from localspec.spec.sampling import SamplingParams
+from localspec.options import AUTO_MAX_K, FIXED_K, MAX_K
 
 
 @dataclass(frozen=True)
@@ -44,19 +47,29 @@ class Method:
         return f"{self.method} k<={self.k}" if self.method == "auto" else f"{self.method} k={self.k}"
 
 
-def parse_methods(spec: str, *, has_draft: bool) -> list[Method]:
-    """`none,ngram:4,model:2,model:4,auto:8` -> methods; `none` is always included (the baseline)."""
+def parse_methods(spec: str, *, has_draft: bool, explicit: bool = True) -> list[Method]:
+    """`none,ngram:4,model:2,model:4,auto:8` -> methods; `none` is always included (the baseline).
+
+    Model methods without a draft model are refused when the user named them (explicit), and left out
+    of the default list."""
     out: list[Method] = []
     for part in (p.strip() for p in spec.split(",") if p.strip()):
         name, _, k = part.partition(":")
         if name not in ("none", "ngram", "model", "auto"):
             raise UsageError(f"unknown method {name!r} in --methods", "use none, ngram:K, model:K, auto:K")
         try:
-            kk = int(k) if k else (0 if name == "none" else 8 if name == "auto" else 4)
+            kk = int(k) if k else (0 if name == "none" else AUTO_MAX_K if name == "auto" else FIXED_K)
         except ValueError:
             raise UsageError(f"bad draft length in {part!r}", "write e.g. model:4") from None
-        if name == "model" and not has_draft:
+        if name != "none" and not 1 <= kk <= MAX_K:
+            raise UsageError(f"draft length {kk} in {part!r} is outside 1..{MAX_K}", "write e.g. model:4")
+        if name == "model" and not has_draft and not explicit:
             continue
+        if name == "model" and not has_draft:
+            raise UsageError(
+                f"--methods asks for {part} but no draft model was given",
+                "pass --draft PATH (or --pair NAME), or leave the model methods out of --methods",
+            )
         out.append(Method(name, 0 if name == "none" else kk))
     if Method("none", 0) not in out:
         out.insert(0, Method("none", 0))
@@ -69,23 +82,8 @@ class RunResult:
     prompt: int
     method: str
     rep: int
-    n_prompt: int
-    n_generated: int
-    decode_s: float
-    prompt_s: float
-    n_rounds: int
-    n_drafted: int
-    n_accepted: int
-    draft_s: float
-    verify_s: float
-    drafted_by_position: tuple[int, ...]
-    accepted_by_position: tuple[int, ...]
+    stats: SpecStats
     drafted_per_round: dict[int, int]  # n_drafted -> rounds
-    decisions: str = ""  # auto: what it chose
-
-    @property
-    def decode_tokens(self) -> int:
-        return max(self.n_generated - 1, 0)
 
 
 @dataclass
@@ -138,7 +136,7 @@ class BenchResult:
                 s: {"n_context": c.n_context, **c.costs.as_dict(), "per_rep": [x.as_dict() for x in c.per_rep]}
                 for s, c in self.costs.items()
             },
-            "runs": [{**asdict(r), "decode_tps": r.decode_tokens / r.decode_s if r.decode_s else 0.0} for r in self.runs],
+            "runs": [{**asdict(r), "stats": r.stats.to_dict()} for r in self.runs],
             "summary": [asdict(row) for row in summarize(self)],
         }
 
@@ -155,10 +153,8 @@ def measure_costs(
     """T(1..max_batch) and the draft's seconds per token, on a cache holding `prompt` (realistic attention)."""
     target.rollback(0)
     target.forward(list(prompt), all_logits=False)
-    if draft is not None:
-        draft.rollback(0)
-        draft.forward(list(prompt)[:-1], all_logits=False)
-    return calibrate(target, draft, max_batch=max_batch, reps=reps, clock=clock, stat=statistics.median)
+    drafter = ModelDrafter(draft) if draft is not None else None
+    return calibrate(target, drafter, prompt, max_batch=max_batch, reps=reps, clock=clock, stat=statistics.median)
 
 
 def run_bench(
@@ -243,24 +239,6 @@ def _measure_all(
                     )
 
 
-def _drafter(m: Method, draft: Backend | None, target: Backend, clock: Callable[[], float]) -> Drafter:
-    if m.method == "none":
-        return NoDrafter()
-    if m.method == "ngram":
-        return NgramDrafter()
-    if m.method == "model":
-        assert draft is not None
-        return ModelDrafter(draft)
-    # A fresh auto drafter per run, calibrating itself on its first prompt exactly as in `localspec run`.
-    return AutoDrafter(
-        ngram=auto_ngram(),
-        model=ModelDrafter(draft) if draft is not None else None,
-        target=target,
-        max_k=m.k,
-        clock=clock,
-    )
-
-
 def _one_run(
     target: Backend,
     draft: Backend | None,
@@ -273,36 +251,23 @@ def _one_run(
     sampling: SamplingParams,
     clock: Callable[[], float],
 ) -> RunResult:
-    drafter = _drafter(m, draft, target, clock)
+    from localspec.pipeline import make_drafter
+
+    # A fresh drafter per run: auto calibrates itself on its first prompt exactly as in `localspec run`.
+    drafter = make_drafter(m.method, target, draft, clock=clock)
     config = GenerationConfig(max_tokens=max_tokens, num_draft=m.k, sampling=sampling)
     per_round: Counter[int] = Counter()
     done: Done | None = None
-    for ev in generate(target, drafter, prompt, config, clock=clock):
-        if isinstance(ev, Done):
-            done = ev
-        elif ev.round is not None:
-            per_round[ev.round.n_drafted] += 1
+    try:
+        for ev in generate(target, drafter, prompt, config, clock=clock):
+            if isinstance(ev, Done):
+                done = ev
+            elif ev.round is not None:
+                per_round[ev.round.n_drafted] += 1
+    finally:
+        drafter.close()
     assert done is not None
-    s = done.stats
-    return RunResult(
-        suite=suite,
-        prompt=pi,
-        method=m.label,
-        rep=rep,
-        n_prompt=s.n_prompt,
-        n_generated=s.n_generated,
-        decode_s=s.decode_s,
-        prompt_s=s.prompt_s,
-        n_rounds=s.n_rounds,
-        n_drafted=s.n_drafted,
-        n_accepted=s.n_accepted,
-        draft_s=s.draft_s,
-        verify_s=s.verify_s,
-        drafted_by_position=s.drafted_by_position,
-        accepted_by_position=s.accepted_by_position,
-        drafted_per_round=dict(per_round),
-        decisions=drafter.summary() if isinstance(drafter, AutoDrafter) else "",
-    )
+    return RunResult(suite=suite, prompt=pi, method=m.label, rep=rep, stats=done.stats, drafted_per_round=dict(per_round))
 
 
 # -- aggregation -------------------------------------------------------------------------------------
@@ -338,20 +303,17 @@ def summarize(result: BenchResult) -> list[Row]:
             tps = _per_rep_tps(result, suite, m.label)
             vals = list(tps.values())
             speed = [tps[rep] / plain[rep] for rep in tps if plain.get(rep)]
-            n_drafted = sum(r.n_drafted for r in runs)
-            n_accepted = sum(r.n_accepted for r in runs)
-            n_rounds = sum(r.n_rounds for r in runs)
-            by_d = _sum_tuples([r.drafted_by_position for r in runs])
-            by_a = _sum_tuples([r.accepted_by_position for r in runs])
+            n_drafted = sum(r.stats.n_drafted for r in runs)
+            n_accepted = sum(r.stats.n_accepted for r in runs)
+            n_rounds = sum(r.stats.n_rounds for r in runs)
+            by_d = _sum_tuples([r.stats.drafted_by_position for r in runs])
+            by_a = _sum_tuples([r.stats.accepted_by_position for r in runs])
             bound = _bound_speedup(runs, costs, m) if m.method in ("model", "ngram") else None
             speedup = statistics.median(speed) if speed else 0.0
             decisions = Counter[str]()
             for r in runs:
-                for part in r.decisions.split(", "):
-                    if part and part != "no rounds":
-                        name, _, rest = part.partition(" (")
-                        key, _, n = name.rpartition(" ")
-                        decisions[key] += int(n)
+                for src in r.stats.sources:
+                    decisions[src.source] += src.rounds
             rows.append(
                 Row(
                     suite=suite,
@@ -365,7 +327,7 @@ def summarize(result: BenchResult) -> list[Row]:
                     acceptance_by_position=tuple(a / d if d else 0.0 for a, d in zip(by_a, by_d)),
                     bound_speedup=bound,
                     of_bound=speedup / bound if bound else None,
-                    decisions=_share(decisions),
+                    decisions=format_choices(dict(decisions)),
                 )
             )
     return rows
@@ -376,9 +338,9 @@ def _per_rep_tps(result: BenchResult, suite: str, label: str) -> dict[int, float
     out: dict[int, float] = {}
     for rep in range(result.reps):
         runs = [r for r in result.runs if r.suite == suite and r.method == label and r.rep == rep]
-        t = sum(r.decode_s for r in runs)
+        t = sum(r.stats.decode_s for r in runs)
         if runs and t > 0:
-            out[rep] = sum(r.decode_tokens for r in runs) / t
+            out[rep] = sum(r.stats.decode_tokens for r in runs) / t
     return out
 
 
@@ -390,8 +352,8 @@ def _bound_speedup(runs: Sequence[RunResult], costs: CostModel, m: Method) -> fl
     for r in runs:
         for n_drafted, count in r.drafted_per_round.items():
             round_s += count * (n_drafted * d + costs.target_s(n_drafted + 1))
-        n_rounds += r.n_rounds
-        n_accepted += r.n_accepted
+        n_rounds += r.stats.n_rounds
+        n_accepted += r.stats.n_accepted
     if not round_s or not t1:
         return None
     return (n_accepted + n_rounds) / round_s * t1
@@ -400,10 +362,3 @@ def _bound_speedup(runs: Sequence[RunResult], costs: CostModel, m: Method) -> fl
 def _sum_tuples(rows: Sequence[Sequence[int]]) -> tuple[int, ...]:
     width = max((len(r) for r in rows), default=0)
     return tuple(sum(r[i] for r in rows if i < len(r)) for i in range(width))
-
-
-def _share(decisions: Counter[str]) -> str:
-    total = sum(decisions.values())
-    if not total:
-        return ""
-    return ", ".join(f"{k.replace('none', 'plain')} {n / total:.0%}" for k, n in decisions.most_common())

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from localspec.bench.measure import BenchResult, Row, summarize
-from localspec.spec.adaptive import CostModel
+from localspec.decoding.policy import CostModel
 
 
 def cost_lines(result: BenchResult) -> list[str]:

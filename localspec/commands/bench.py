@@ -6,8 +6,8 @@ import argparse
 import json
 import sys
 
-from localspec.commands.common import add_model_options
 from localspec.errors import UsageError
+from localspec.options import add_model_options
 
 DEFAULT_METHODS = "none,ngram:4,ngram:8,model:2,model:4,model:6,auto:8"
 
@@ -20,15 +20,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "plain decoding, n-gram and model drafting at several k, and auto; print decode tokens/s, speedup, "
         "acceptance, and the speedup the measured costs allow (the analytic bound).",
     )
-    add_model_options(p)
-    for action in p._actions:  # bench runs every method itself (--methods)
-        if action.dest in ("draft_method",):
-            action.help = argparse.SUPPRESS
+    add_model_options(p, method=False)  # bench runs every method itself (--methods)
     g = p.add_argument_group("benchmark")
     g.add_argument("--suites", default="all", help="comma-separated: code-gen, code-edit, chat, long-summary (default: all)")
     g.add_argument(
         "--methods",
-        default=DEFAULT_METHODS,
+        default=None,
         help=f"comma-separated METHOD[:K] (default: {DEFAULT_METHODS}; model ones are skipped without a draft)",
     )
     g.add_argument("--reps", type=int, default=2, help="repetitions of every run, interleaved (default: 2)")
@@ -45,10 +42,9 @@ def run(args: argparse.Namespace) -> int:
     from localspec.bench.measure import parse_methods, run_bench
     from localspec.bench.report import bench_lines
     from localspec.bench.suites import suites
-    from localspec.commands.common import load_options
-    from localspec.loader import _backend_module, resolve_backend
-    from localspec.spec.sampling import SamplingParams
-    from localspec.vocab import check_compatible
+    from localspec.decoding.sampling import SamplingParams
+    from localspec.options import model_options_from_args
+    from localspec.pipeline import load_pipeline
 
     if args.reps < 1 or args.max_tokens < 2:
         raise UsageError("--reps must be >= 1 and --max-tokens >= 2", "try --reps 2 --max-tokens 96")
@@ -57,27 +53,19 @@ def run(args: argparse.Namespace) -> int:
     unknown = [n for n in names if n not in available]
     if unknown:
         raise UsageError(f"unknown suite(s): {', '.join(unknown)}", f"choose from: {', '.join(available)}")
-    args.draft_method = args.draft_method or "model"  # bench loads the draft itself; methods come from --methods
-    args.num_draft = None
-    opts = load_options(args)
-    methods = parse_methods(args.methods, has_draft=bool(opts.draft))
-    backend, note = resolve_backend(opts.backend)
-    module = _backend_module(backend)
-    if opts.draft:
-        check_compatible(module.peek_vocab(opts.target), module.peek_vocab(opts.draft), target_name=opts.target, draft_name=opts.draft)
+    # The draft model (if given) is loaded once; every method then runs over the same loaded models.
+    opts = model_options_from_args(args).with_method("model" if (args.draft or args.pair) else "none")
+    methods = parse_methods(args.methods or DEFAULT_METHODS, has_draft=opts.uses_draft_model, explicit=bool(args.methods))
     log = (lambda s: None) if args.json else (lambda s: print(s, file=sys.stderr, flush=True))
-    if note:
-        log(note)
     _sigterm_interrupts()
-    target = module.load(opts.target, n_ctx=opts.n_ctx, threads=opts.threads, n_gpu_layers=opts.n_gpu_layers)
-    draft = None
+    pipeline = load_pipeline(opts)
+    if pipeline.backend_note:
+        log(pipeline.backend_note)
     try:
-        if opts.draft:
-            draft = module.load(opts.draft, n_ctx=opts.n_ctx, threads=opts.threads, n_gpu_layers=opts.n_gpu_layers)
         sampling = SamplingParams(temperature=args.temperature, seed=args.seed if args.temperature > 0 else None)
         result = run_bench(
-            target,
-            draft,
+            pipeline.target,
+            pipeline.draft,
             [available[n] for n in names],
             methods,
             reps=args.reps,
@@ -88,9 +76,7 @@ def run(args: argparse.Namespace) -> int:
             progress=log,
         )
     finally:
-        if draft is not None:
-            draft.close()
-        target.close()
+        pipeline.close()
     if args.json_out:
         with open(args.json_out, "w", encoding="utf-8") as fh:
             json.dump(result.to_json(), fh, indent=1)

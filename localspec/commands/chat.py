@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from localspec.commands.common import (
+from localspec.options import (
+    ModelOptions,
     add_generation_options,
     add_model_options,
-    generation_config,
-    load_options,
-    num_draft,
+    generation_config_from_args,
+    model_options_from_args,
+    models_given,
 )
 
 
@@ -28,18 +29,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 
 def run(args: argparse.Namespace) -> int:
-    from localspec.loader import LoadOptions
     from localspec.tui.app import ChatApp
-    from localspec.tui.session import ChatSettings
+    from localspec.tui.settings import ChatSettings
 
-    config = generation_config(args)  # bad values fail here, before the screen takes over
+    config = generation_config_from_args(args)  # bad values fail here, before the screen takes over
     settings = ChatSettings.from_config(config, args.system)
-    given = bool(args.target or args.draft or args.pair)
-    options = load_options(args) if given else None
-    defaults = LoadOptions(  # for models picked in the app
+    options = model_options_from_args(args) if models_given(args) else None
+    defaults = ModelOptions(  # for models picked in the app
         target="",
         backend=args.backend,
-        max_draft=num_draft(args, "auto"),
+        draft_method=args.draft_method,
         n_ctx=args.n_ctx,
         threads=args.threads,
         n_gpu_layers=args.n_gpu_layers,

@@ -18,7 +18,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from localspec.commands.common import add_model_options
+from localspec.formatting import format_bytes
+from localspec.options import DEFAULT_N_CTX, add_model_options
 
 Severity = Literal["fix", "warn", "info"]
 
@@ -54,7 +55,7 @@ class Facts:
     mlx_device: str | None = None
     threads: int | None = None  # what localspec will use (explicit --threads, else its default)
     threads_explicit: bool = False
-    n_ctx: int = 4096
+    n_ctx: int = DEFAULT_N_CTX
     n_batch: int = 512
     n_gpu_layers: int = -1
     backend: str = "llama"
@@ -70,10 +71,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "batch settings, and free memory against the pair's size. Flags base settings that cost more than "
         "speculative decoding can win back: fix those first.",
     )
-    add_model_options(p)
-    for action in p._actions:
-        if action.dest in ("draft_method",):
-            action.help = argparse.SUPPRESS
+    add_model_options(p, method=False)
     p.add_argument(
         "--measure",
         action="store_true",
@@ -222,7 +220,7 @@ def _llama_facts(f: Facts) -> None:
 
 
 def _mlx_facts(f: Facts) -> None:
-    from localspec.loader import mlx_available
+    from localspec.pipeline import mlx_available
 
     if not mlx_available():
         return
@@ -239,10 +237,9 @@ def _mlx_facts(f: Facts) -> None:
 def _model_paths(args: argparse.Namespace) -> list[tuple[str, str]]:
     target, draft = args.target, args.draft
     if args.pair and not (target or draft):
-        from localspec.catalog import resolve_pair
-        from localspec.loader import resolve_backend
+        from localspec.pipeline import resolve_pair
 
-        target, draft = resolve_pair(args.pair, resolve_backend(args.backend)[0])
+        target, draft = resolve_pair(args.pair, args.backend)
     return [(role, p) for role, p in (("target", target), ("draft", draft)) if p]
 
 
@@ -271,24 +268,29 @@ def _model_facts(role: str, path: str) -> dict[str, Any]:
 
 
 def _measure(args: argparse.Namespace, paths: dict[str, str]) -> dict[str, Any]:
-    from localspec.loader import _backend_module, resolve_backend
-    from localspec.spec.adaptive import calibrate
+    from localspec.decoding.calibrate import calibrate
+    from localspec.options import ModelOptions
+    from localspec.pipeline import load_pipeline
 
-    module = _backend_module(resolve_backend(args.backend)[0])
-    load = dict(n_ctx=min(args.n_ctx, 2048), threads=args.threads, n_gpu_layers=args.n_gpu_layers)
-    target = module.load(paths["target"], **load)
-    draft = module.load(paths["draft"], **load) if "draft" in paths else None
+    opts = ModelOptions(
+        target=paths["target"],
+        draft=paths.get("draft"),
+        backend=args.backend,
+        draft_method="model" if "draft" in paths else "none",
+        n_ctx=min(args.n_ctx, 2048),
+        threads=args.threads,
+        n_gpu_layers=args.n_gpu_layers,
+    )
+    pipeline = load_pipeline(opts)
     try:
+        target = pipeline.target
         prompt = target.tokenize("def fibonacci(n):\n    " * 16, add_special=True, parse_special=False)
         target.forward(prompt, all_logits=False)
-        if draft is not None:
-            draft.forward(prompt[:-1], all_logits=False)
-        costs = calibrate(target, draft, max_batch=9, reps=3)
+        drafter = pipeline.drafter if pipeline.draft is not None else None
+        costs = calibrate(target, drafter, prompt, max_batch=9, reps=3)
         return {"device": target.info.device, **costs.as_dict()}
     finally:
-        if draft is not None:
-            draft.close()
-        target.close()
+        pipeline.close()
 
 
 # -- the rules -----------------------------------------------------------------------------------------
@@ -296,7 +298,6 @@ def _measure(args: argparse.Namespace, paths: dict[str, str]) -> dict[str, Any]:
 
 def findings(f: Facts) -> list[Finding]:
     out: list[Finding] = []
-    gb = 1024**3
     if f.rosetta:
         out.append(Finding("fix", "Python runs under Rosetta (x86_64 on Apple silicon): no Metal, slow CPU code",
                            "install an arm64 Python (e.g. from python.org or `brew install python`) and reinstall localspec"))
@@ -339,12 +340,12 @@ def findings(f: Facts) -> list[Finding]:
     need = total_size + kv
     if f.models and f.mem_available:
         if need > f.mem_available:
-            out.append(Finding("fix", f"the models ({total_size / gb:.1f} GB) and their KV caches at --n-ctx {f.n_ctx} "
-                               f"({kv / gb:.2f} GB) need more than the {f.mem_available / gb:.1f} GB of free memory: "
+            out.append(Finding("fix", f"the models ({format_bytes(total_size)}) and their KV caches at --n-ctx {f.n_ctx} "
+                               f"({format_bytes(kv)}) need more than the {format_bytes(f.mem_available)} of free memory: "
                                "the system will page, far slower than any speculation gains",
                                "close other programs, lower --n-ctx, or pick a smaller quantization"))
         elif need > 0.8 * f.mem_available:
-            out.append(Finding("warn", f"the pair needs {need / gb:.1f} GB of the {f.mem_available / gb:.1f} GB free",
+            out.append(Finding("warn", f"the pair needs {format_bytes(need)} of the {format_bytes(f.mem_available)} free",
                                "little headroom: other programs may push it into paging"))
     for m in f.models:
         ctx = m.get("ctx_train")
@@ -387,14 +388,13 @@ def _measured_findings(m: dict[str, Any]) -> list[Finding]:
 
 
 def report_lines(f: Facts, found: list[Finding]) -> list[str]:
-    gb = 1024**3
     lines = [
         f"system     {f.os} {f.machine}" + (" (under Rosetta)" if f.rosetta else ""),
         f"cpu        {f.logical_cpus} logical, {f.physical_cores or '?'} physical cores"
         + (f", {f.performance_cores} performance" if f.performance_cores else "")
         + (f", {f.usable_cpus:g} usable by this process" if f.usable_cpus else "")
         + (f", load average {f.load_avg:.1f}" if f.load_avg is not None else ""),
-        f"memory     {f.mem_available / gb:.1f} GB free of {f.mem_total / gb:.1f} GB"
+        f"memory     {format_bytes(f.mem_available)} free of {format_bytes(f.mem_total)}"
         if f.mem_available and f.mem_total else "memory     unknown",
         f"gpu        {', '.join(f.gpu_hardware) or 'none found'}",
         f"llama.cpp  "
@@ -413,7 +413,7 @@ def report_lines(f: Facts, found: list[Finding]) -> list[str]:
         extra = ", ".join(
             f"{k} {m[k]}" for k in ("layers", "ctx_train") if m.get(k) is not None
         )
-        size = f"{m['size'] / gb:.2f} GB" if m.get("size") else "?"
+        size = format_bytes(m["size"]) if m.get("size") else "?"
         lines.append(f"{m['role']:<10} {m['path']} ({size}{', ' + extra if extra else ''})")
     if f.measured:
         t = f.measured.get("target_s", {})

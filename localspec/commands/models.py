@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+
+from localspec.formatting import format_bytes
 import json
 import sys
 
@@ -73,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
             if r["hardware"]:
                 out.write(f"  suits: {r['hardware']}\n")
             last = r["name"]
-        disk = _fmt(r["bytes_on_disk"]) + " on disk" if r["bytes_on_disk"] else "-"
+        disk = format_bytes(r["bytes_on_disk"]) + " on disk" if r["bytes_on_disk"] else "-"
         size = f"~{r['size_gb']:g} GB download" if r["size_gb"] else ""
         out.write(f"  {r['backend']:<5}  {r['status']:<19} {disk:<18} {size}\n")
         out.write(f"         target {r['target']['ref']}\n         draft  {r['draft']['ref']}\n")
@@ -83,10 +85,3 @@ def run(args: argparse.Namespace) -> int:
         "download:  localspec pull NAME --backend llama|mlx   run: localspec run --pair NAME\n"
     )
     return 0
-
-
-def _fmt(n: float) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{int(n)} B"

@@ -13,6 +13,8 @@ import sys
 import time
 from typing import TYPE_CHECKING, TextIO
 
+from localspec.formatting import format_bytes
+
 if TYPE_CHECKING:
     from localspec.hub import ProgressEvent, PullResult
 
@@ -111,13 +113,13 @@ def _check_only(args: argparse.Namespace, custom: bool) -> int:
     report = check_remote_pair(target, draft, endpoint=args.endpoint)
     print(
         f"compatible: {report.target} and {report.draft} share a vocabulary "
-        f"({report.target_vocab:,} / {report.draft_vocab:,} tokens); read {_fmt(report.bytes_read)} of headers"
+        f"({report.target_vocab:,} / {report.draft_vocab:,} tokens); read {format_bytes(report.bytes_read)} of headers"
     )
     return 0
 
 
 def _print_result(result: PullResult, pair: str | None) -> None:
-    got = _fmt(result.bytes_downloaded) + " downloaded" if result.bytes_downloaded else "nothing to download"
+    got = format_bytes(result.bytes_downloaded) + " downloaded" if result.bytes_downloaded else "nothing to download"
     label = f"{pair} ({result.backend})" if pair else result.backend
     print(f"ready: {label}, {got}")
     for m in result.models:
@@ -159,13 +161,13 @@ class ProgressPrinter:
         label = f"{ev.role or 'model'}"
         if ev.cached:
             self.end_line()
-            self._write(f"{label}: {ev.repo}/{ev.file} already downloaded ({_fmt(ev.bytes_total)})\n")
+            self._write(f"{label}: {ev.repo}/{ev.file} already downloaded ({format_bytes(ev.bytes_total)})\n")
             return
         now = time.monotonic()
         if key not in self.started:
             self.started[key] = now
             if not self.tty:
-                self._write(f"{label}: downloading {ev.repo}/{ev.file} ({_fmt(ev.bytes_total)})\n")
+                self._write(f"{label}: downloading {ev.repo}/{ev.file} ({format_bytes(ev.bytes_total)})\n")
         if self.tty:
             self._bar(label, ev)
         else:
@@ -175,11 +177,11 @@ class ProgressPrinter:
         width = self.width or shutil.get_terminal_size((100, 20)).columns
         total = ev.bytes_total or 0
         frac = min(1.0, ev.bytes_done / total) if total else 0.0
-        stats = f" {_fmt(ev.bytes_done)}/{_fmt(ev.bytes_total)}"
+        stats = f" {format_bytes(ev.bytes_done)}/{format_bytes(ev.bytes_total)}"
         if ev.done:
-            stats += f"  {_fmt(ev.speed)}/s  done"
+            stats += f"  {format_bytes(ev.speed)}/s  done"
         else:
-            stats += f"  {_fmt(ev.speed)}/s  ETA {_eta(ev.eta)}"
+            stats += f"  {format_bytes(ev.speed)}/s  ETA {_eta(ev.eta)}"
         name = ev.file.rsplit("/", 1)[-1]
         bar_w = max(10, min(30, width - len(stats) - len(label) - 30))
         fill = int(frac * bar_w)
@@ -197,7 +199,7 @@ class ProgressPrinter:
         if ev.done:
             took = ev.elapsed or now - self.started.get(key, now)
             self._write(
-                f"{label}: {ev.file} done, {_fmt(ev.bytes_done)} in {took:.1f} s ({_fmt(ev.speed)}/s)\n"
+                f"{label}: {ev.file} done, {format_bytes(ev.bytes_done)} in {took:.1f} s ({format_bytes(ev.speed)}/s)\n"
             )
             return
         if not ev.bytes_total:
@@ -207,19 +209,13 @@ class ProgressPrinter:
         if frac - last_frac >= self.PLAIN_STEP and now - last_t >= self.PLAIN_MIN_INTERVAL:
             self.plain_state[key] = (frac, now)
             self._write(
-                f"{label}: {ev.file} {frac * 100:.0f}% {_fmt(ev.bytes_done)}/{_fmt(ev.bytes_total)} "
-                f"{_fmt(ev.speed)}/s ETA {_eta(ev.eta)}\n"
+                f"{label}: {ev.file} {frac * 100:.0f}% {format_bytes(ev.bytes_done)}/{format_bytes(ev.bytes_total)} "
+                f"{format_bytes(ev.speed)}/s ETA {_eta(ev.eta)}\n"
             )
 
     def _write(self, s: str) -> None:
         self.stream.write(s)
         self.stream.flush()
-
-
-def _fmt(n: float | None) -> str:
-    from localspec.hub import format_bytes
-
-    return format_bytes(n)
 
 
 def _eta(s: float | None) -> str:

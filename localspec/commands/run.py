@@ -10,8 +10,13 @@ import threading
 from dataclasses import asdict
 from typing import Any
 
-from localspec.commands.common import add_generation_options, add_model_options, generation_config, load_options
 from localspec.errors import UsageError
+from localspec.options import (
+    add_generation_options,
+    add_model_options,
+    generation_config_from_args,
+    model_options_from_args,
+)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -37,28 +42,26 @@ def read_prompt(arg: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from localspec.backends.base import ChatMessage, chat_prompt_tokens
-    from localspec.loader import load_pipeline
+    from localspec.backends.base import ChatMessage
+    from localspec.decoding.engine import Done
+    from localspec.pipeline import load_pipeline
     from localspec.report import summary_lines
-    from localspec.spec.engine import Done, generate
 
     prompt_text = read_prompt(args.prompt)
-    config = generation_config(args)
-    opts = load_options(args)
+    config = generation_config_from_args(args)
+    opts = model_options_from_args(args)
     pipeline = load_pipeline(opts)
     if pipeline.backend_note and not args.json:
         print(pipeline.backend_note, file=sys.stderr)
     try:
-        target = pipeline.target
         if args.raw:
-            tokens = target.tokenize(prompt_text, add_special=True, parse_special=False)
+            prompt: Any = prompt_text
         else:
-            messages = ([ChatMessage("system", args.system)] if args.system else []) + [ChatMessage("user", prompt_text)]
-            tokens = chat_prompt_tokens(target, messages)
+            prompt = ([ChatMessage("system", args.system)] if args.system else []) + [ChatMessage("user", prompt_text)]
         stop = threading.Event()
         rounds: list[dict[str, Any]] = []
         with _first_interrupt_stops(stop):
-            for event in generate(target, pipeline.drafter, tokens, config, stop=stop):
+            for event in pipeline.generate(prompt, config, raw=args.raw, stop=stop):
                 if isinstance(event, Done):
                     done = event
                     break

@@ -15,12 +15,16 @@ from textual import work
 from textual.app import App
 from textual.binding import Binding
 
-from localspec.loader import LoadOptions, Pipeline, load_pipeline
+from localspec.errors import error_text
+from localspec.options import ModelOptions
+from localspec.pipeline import Pipeline, load_pipeline
 from localspec.tui import messages as msg
-from localspec.tui.screens import ChatScreen, SetupScreen
-from localspec.tui.session import BackendStatus, ChatSettings, error_text, probe_backends
+from localspec.tui.chat_screen import ChatScreen
+from localspec.tui.models import BackendStatus, probe_backends
+from localspec.tui.settings import ChatSettings
+from localspec.tui.setup_screen import SetupScreen
 
-Loader = Callable[[LoadOptions], Pipeline]
+Loader = Callable[[ModelOptions], Pipeline]
 
 
 class ChatApp(App[None]):
@@ -31,21 +35,22 @@ class ChatApp(App[None]):
     def __init__(
         self,
         *,
-        options: LoadOptions | None = None,
+        options: ModelOptions | None = None,
         settings: ChatSettings | None = None,
-        load_defaults: LoadOptions | None = None,
-        loader: Loader = load_pipeline,
+        load_defaults: ModelOptions | None = None,
+        loader: Loader | None = None,
         probe: Callable[[], list[BackendStatus]] = probe_backends,
         clock: Callable[[], float] = time.perf_counter,
         save_dir: Path | None = None,
     ) -> None:
         """`options`: load these models at start and skip the picker. `load_defaults`: n_ctx, threads and
-        GPU layers for models picked in the app. `loader`, `probe`, `clock`: injected by tests."""
+        GPU layers and draft method for models picked in the app. `loader`, `probe`, `clock`: injected by tests
+        (the engine times the run with `clock`)."""
         super().__init__()
         self.options = options
         self.settings = settings or ChatSettings()
-        self.load_defaults = load_defaults or options or LoadOptions(target="")
-        self.loader = loader
+        self.load_defaults = load_defaults or options or ModelOptions(target="")
+        self.loader: Loader = loader or (lambda opts: load_pipeline(opts, clock=clock))
         self.probe = probe
         self.clock = clock
         self.save_dir = save_dir or Path.cwd()
@@ -64,7 +69,7 @@ class ChatApp(App[None]):
 
     # -- loading models --------------------------------------------------------------------------------
 
-    def load(self, options: LoadOptions) -> None:
+    def load(self, options: ModelOptions) -> None:
         if self.loading:
             self.notify("Already loading models.", severity="warning")
             return
@@ -79,7 +84,7 @@ class ChatApp(App[None]):
         self._load(options)
 
     @work(thread=True, group="load", exit_on_error=False)
-    def _load(self, options: LoadOptions) -> None:
+    def _load(self, options: ModelOptions) -> None:
         try:
             pipeline = self.loader(options)
         except Exception as e:

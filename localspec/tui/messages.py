@@ -6,9 +6,10 @@ from dataclasses import dataclass
 
 from textual.message import Message
 
-from localspec.loader import LoadOptions, Pipeline
-from localspec.spec.engine import Done
-from localspec.tui.session import BackendStatus, RunInfo
+from localspec.decoding.engine import Done
+from localspec.options import ModelOptions
+from localspec.pipeline import Pipeline
+from localspec.tui.models import BackendStatus
 
 
 @dataclass
@@ -26,22 +27,22 @@ class PairChecked(Message):
 @dataclass
 class PipelineLoaded(Message):
     pipeline: Pipeline
-    options: LoadOptions
+    options: ModelOptions
 
 
 @dataclass
 class PipelineFailed(Message):
-    options: LoadOptions
+    options: ModelOptions
     error: str
 
 
 @dataclass
 class ReplyStarted(Message):
-    info: RunInfo
+    n_prompt: int  # prompt tokens the engine is about to read
 
 
 class ChunksReady(Message):
-    """Chunks wait in the chat screen's StreamBuffer. Posted once per drain, so a fast model cannot flood
+    """Engine steps wait in the chat screen's StreamBuffer. Posted once per drain, so a fast model cannot flood
     the queue; a second one still queued merges into the first."""
 
     def can_replace(self, message: Message) -> bool:

@@ -11,8 +11,9 @@ from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Markdown, Sparkline, Static
 
 from localspec.report import advice
-from localspec.spec.stats import SpecStats
-from localspec.tui.session import Segment, fmt_acceptance, fmt_accepted_length, fmt_tps, reply_summary
+from localspec.decoding.stats import SpecStats
+from localspec.decoding.engine import Segment
+from localspec.tui.live import fmt_acceptance, fmt_accepted_length, fmt_tps, reply_summary
 
 DRAFT_STYLE = "bold #5fd787"  # accepted draft token: the friend got it right
 TARGET_STYLE = "#87afff"  # the target chose the token itself (first, recovered or bonus)
@@ -206,8 +207,10 @@ class StatsPanel(Vertical):
     def _run_line(stats: SpecStats, live: bool) -> Text:
         text = Text(style="dim")
         text.append(f"{stats.n_generated} tokens in {stats.decode_s:.2f} s")
+        if stats.draft_method == "auto" and stats.sources:
+            text.append(f"\nauto chose {stats.choices()}")
         if not live:
-            text.append(f" · stop: {stats.stop_reason.replace('_', ' ')}")
+            text.append(f" · stop: {(stats.stop_reason or 'running').replace('_', ' ')}")
             text.append(f"\nprompt {stats.prompt_tps:.0f} tok/s ({stats.n_prompt} tokens, {stats.n_prompt_cached} cached)")
             text.append(f"\nrule {stats.rule} · k={stats.num_draft} · seed {stats.seed}")
         return text

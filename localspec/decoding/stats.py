@@ -1,4 +1,9 @@
-"""What one round and one run of speculative decoding did, in the numbers users read."""
+"""What one round and one run of speculative decoding did, in the numbers users read.
+
+One stats type, SpecStats, serves every consumer: the engine yields a running snapshot with every
+step (stop_reason None while it runs) and the final one with Done; the CLI, the TUI, bench and the
+server render it and recompute nothing.
+"""
 
 from __future__ import annotations
 
@@ -20,11 +25,23 @@ class RoundStats:
     kind: RoundKind
     k: int = 0  # draft length asked for this round (the drafter may propose fewer)
     note: str = ""  # why the round looked like this (adaptive drafting explains itself here)
+    source: str = "none"  # who wrote the draft: "none" (plain round), "ngram", "model", ...
+    rollback_s: float = 0.0  # part of verify_s spent cutting the caches back (hybrid models restore state)
 
     @property
     def accepted_length(self) -> int:
         """Tokens this round's single target pass produced: accepted drafts plus the target's own."""
         return self.n_accepted + 1
+
+
+@dataclass(frozen=True)
+class SourceStats:
+    """Rounds of one draft source within a run (auto mixes several; a fixed method has one)."""
+
+    source: str
+    rounds: int
+    drafted: int
+    accepted: int
 
 
 @dataclass(frozen=True)
@@ -50,7 +67,9 @@ class SpecStats:
     verify_s: float
     drafted_by_position: tuple[int, ...]
     accepted_by_position: tuple[int, ...]
-    stop_reason: StopReason
+    stop_reason: StopReason | None  # None in a running snapshot
+    sources: tuple[SourceStats, ...] = ()
+    rollback_s: float = 0.0
 
     @property
     def prompt_tps(self) -> float:
@@ -58,10 +77,13 @@ class SpecStats:
         return n / self.prompt_s if self.prompt_s > 0 else 0.0
 
     @property
+    def decode_tokens(self) -> int:
+        """Tokens counted by decode speed: the first token comes from the prompt pass."""
+        return max(self.n_generated - 1, 0)
+
+    @property
     def decode_tps(self) -> float:
-        # The first token comes from the prompt pass; decode speed counts the tokens after it.
-        n = max(self.n_generated - 1, 0)
-        return n / self.decode_s if self.decode_s > 0 else 0.0
+        return self.decode_tokens / self.decode_s if self.decode_s > 0 else 0.0
 
     @property
     def acceptance_rate(self) -> float:
@@ -76,6 +98,15 @@ class SpecStats:
     def acceptance_by_position(self) -> tuple[float, ...]:
         return tuple(a / d if d else 0.0 for a, d in zip(self.accepted_by_position, self.drafted_by_position))
 
+    @property
+    def drafting_share(self) -> float:
+        """Share of rounds that drafted anything (auto decodes plainly in the others)."""
+        return (self.drafted_by_position[0] / self.n_rounds) if self.n_rounds and self.drafted_by_position else 0.0
+
+    def choices(self) -> str:
+        """What the rounds' drafts came from, e.g. `ngram 67%, plain 33%` (auto's decisions)."""
+        return format_choices({s.source: s.rounds for s in self.sources})
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         for name in ("prompt_tps", "decode_tps", "acceptance_rate", "mean_accepted_length", "acceptance_by_position"):
@@ -83,16 +114,36 @@ class SpecStats:
         return d
 
 
+def format_choices(rounds_by_source: dict[str, int]) -> str:
+    """`ngram 67%, plain 33%`: shares of rounds by draft source, largest first ("none" reads "plain")."""
+    total = sum(rounds_by_source.values())
+    if not total:
+        return ""
+    parts = sorted(rounds_by_source.items(), key=lambda kv: -kv[1])
+    return ", ".join(f"{'plain' if src == 'none' else src} {n / total:.0%}" for src, n in parts)
+
+
 class StatsCollector:
-    """Accumulates rounds into a SpecStats."""
+    """Accumulates rounds into the totals of a SpecStats."""
 
     def __init__(self) -> None:
-        self.rounds: list[RoundStats] = []
+        self.n_rounds = 0
+        self.n_drafted = 0
+        self.n_accepted = 0
+        self.draft_s = 0.0
+        self.verify_s = 0.0
+        self.rollback_s = 0.0
         self.drafted_by_position: list[int] = []
         self.accepted_by_position: list[int] = []
+        self._sources: dict[str, list[int]] = {}  # source -> [rounds, drafted, accepted]
 
     def add(self, r: RoundStats) -> None:
-        self.rounds.append(r)
+        self.n_rounds += 1
+        self.n_drafted += r.n_drafted
+        self.n_accepted += r.n_accepted
+        self.draft_s += r.draft_s
+        self.verify_s += r.verify_s
+        self.rollback_s += r.rollback_s
         grow = r.n_drafted - len(self.drafted_by_position)
         if grow > 0:
             self.drafted_by_position += [0] * grow
@@ -101,14 +152,20 @@ class StatsCollector:
             self.drafted_by_position[i] += 1
             if i < r.n_accepted:
                 self.accepted_by_position[i] += 1
+        counts = self._sources.setdefault(r.source if r.n_drafted else "none", [0, 0, 0])
+        counts[0] += 1
+        counts[1] += r.n_drafted
+        counts[2] += r.n_accepted
 
     def totals(self) -> dict[str, Any]:
         return {
-            "n_rounds": len(self.rounds),
-            "n_drafted": sum(r.n_drafted for r in self.rounds),
-            "n_accepted": sum(r.n_accepted for r in self.rounds),
-            "draft_s": sum(r.draft_s for r in self.rounds),
-            "verify_s": sum(r.verify_s for r in self.rounds),
+            "n_rounds": self.n_rounds,
+            "n_drafted": self.n_drafted,
+            "n_accepted": self.n_accepted,
+            "draft_s": self.draft_s,
+            "verify_s": self.verify_s,
+            "rollback_s": self.rollback_s,
             "drafted_by_position": tuple(self.drafted_by_position),
             "accepted_by_position": tuple(self.accepted_by_position),
+            "sources": tuple(SourceStats(s, *c) for s, c in self._sources.items()),
         }

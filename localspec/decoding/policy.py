@@ -1,41 +1,34 @@
-"""`--draft-method auto`: pick each round's draft (n-gram, model, or none) from measured costs and acceptance.
+"""The policy behind `--draft-method auto`: measured costs and acceptance in, this round's plan out.
 
-Speculation pays only when the tokens a round is expected to emit outweigh what the round costs:
+Pure: no backends, no clocks. Speculation pays only when the tokens a round is expected to emit
+outweigh what the round costs:
 
     rate(method, j) = E(alpha, j) / (draft_cost(j) + T(j + 1))      tokens per second
     E(alpha, j)     = 1 + alpha + ... + alpha**j                       (expected tokens per round)
     plain rate      = 1 / T(1)
 
 T(n) is the target's time for a batch of n tokens and draft_cost(j) is j times the draft model's time
-per token (about zero for n-gram lookup). All of these are measured: a short calibration on the first
-generation seeds them, and every round's own draft/verify seconds keep them current (one common factor
-follows how busy the machine is, so plain and speculative estimates do not drift apart). Acceptance
-alpha is a decayed success count per draft source (per matched n-gram length for prompt lookup), so it
-follows the text. Each round takes the option with the best rate, plain decoding included.
+per token (about zero for n-gram lookup). All of these are measured (localspec.decoding.calibrate seeds
+them; every round's own draft/verify seconds keep them current, and one common factor follows how busy
+the machine is, so plain and speculative estimates do not drift apart). Acceptance alpha is a decayed
+success count per draft source (per matched n-gram length for prompt lookup), so it follows the text.
+Each round takes the option with the best rate, plain decoding included.
 
-While plain decoding wins, n-gram proposals are still made and graded against the text the target
-then writes, which measures their acceptance for free (exactly, at any temperature); a model draft
-must actually run to be measured, so it is re-probed on a small allowance of the plain decoding time
-(EXPLORE), halved after each probe that changes nothing, and never when even perfect acceptance could
-not pay. Model drafts stop early at a token the draft itself doubts (a threshold from the costs).
-Every round's note says what was chosen and why; AutoDrafter.summary() totals it.
+A model draft must actually run to be measured, so while plain decoding wins it is re-probed on a small
+allowance of the plain decoding time (EXPLORE), halved after each probe that changes nothing, and never
+when even perfect acceptance could not pay. Model drafts stop early at a token the draft itself doubts
+(a threshold from the costs).
 """
 
 from __future__ import annotations
 
 import math
-import time
-from collections import Counter
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
 
-from localspec.backends.base import Backend, common_prefix
-from localspec.spec.drafters import EMPTY_DRAFT, Draft, ModelDrafter, NgramDrafter
-from localspec.spec.sampling import SamplingParams
-from localspec.spec.stats import RoundStats
+from localspec.decoding.stats import RoundStats
 
 Method = Literal["none", "ngram", "model"]
 
@@ -48,15 +41,9 @@ MARGIN = 0.03  # speculation must beat plain decoding by this much (timing noise
 EXPLORE = 0.03  # model-draft re-probes may cost at most this share of the plain decoding time between them
 MAX_BACKOFF = 5  # ... and that allowance halves after each probe that does not change the decision, 2**5 at most
 CATCH_UP_ROUNDS = 8  # a draft model that fell behind is caught up once: its cost is spread over this many rounds
-SHADOWS = 8  # n-gram proposals graded against the text that followed, at most this many pending
 # Priors (weight of about two rounds): optimistic enough to try, quickly overruled.
 MODEL_PRIOR = 0.6
 NGRAM_PRIOR = {1: 0.15, 2: 0.3, 3: 0.45, 4: 0.55, 5: 0.65}  # by the length of the matched n-gram
-
-
-def auto_ngram() -> NgramDrafter:
-    """The n-gram drafter auto uses: matches up to 5 tokens long, each length with its own acceptance."""
-    return NgramDrafter(max_ngram=max(NGRAM_PRIOR))
 
 
 def expected_tokens(alpha: float, j: int) -> float:
@@ -316,214 +303,3 @@ class Controller:
             a.soften(0.25)
         self.probe_credit, self.probe_fails = 0.0, 0
 
-
-def calibrate(
-    target: Backend,
-    draft: Backend | None,
-    *,
-    max_batch: int,
-    reps: int = 2,
-    clock: Callable[[], float] = time.perf_counter,
-    stat: Callable[[list[float]], float] = min,
-    sizes: Sequence[int] | None = None,
-) -> CostModel:
-    """Measure T(1..max_batch) and the draft's seconds per token on the current caches, then restore them.
-
-    Each size is timed `reps` times after one warm-up pass and summarized by `stat`: the minimum by
-    default (noise on a shared machine only ever adds time), the median for reporting. The forwards append
-    copies of the last cached token and are rolled back, so the caches end as they began.
-    """
-    costs = CostModel()
-    n0 = len(target.cached_tokens)
-    if n0 == 0 or n0 + max_batch > target.n_ctx:
-        return costs
-    filler = int(target.cached_tokens[-1])
-    target.forward([filler], all_logits=False)  # warm-up
-    target.rollback(n0)
-    for n in sorted(set(sizes)) if sizes else range(1, max_batch + 1):
-        if n > max_batch:
-            continue
-        samples = []
-        for _ in range(reps):
-            t0 = clock()
-            target.forward([filler] * n, all_logits=True)
-            samples.append(clock() - t0)
-            target.rollback(n0)
-        costs.target[n] = float(stat(samples))
-    if draft is not None and len(draft.cached_tokens) > 0:
-        m0 = len(draft.cached_tokens)
-        tok = int(draft.cached_tokens[-1])
-        n_tok = max(2, min(max_batch, 4)) * reps
-        if m0 + n_tok + 1 <= draft.n_ctx:
-            draft.forward([tok], all_logits=False)  # warm-up
-            samples = []
-            for _ in range(n_tok):
-                t0 = clock()
-                draft.forward([tok], all_logits=False)
-                samples.append(clock() - t0)
-            draft.rollback(m0)
-            costs.draft_token = float(stat(samples))
-    return costs
-
-
-class AutoDrafter:
-    """Adaptive drafting over an n-gram drafter and/or a model drafter (the `auto` draft method)."""
-
-    method = "auto"
-
-    def __init__(
-        self,
-        *,
-        ngram: NgramDrafter | None = None,
-        model: ModelDrafter | None = None,
-        target: Backend | None = None,
-        costs: CostModel | None = None,
-        max_k: int = 8,
-        clock: Callable[[], float] = time.perf_counter,
-    ) -> None:
-        if ngram is None and model is None:
-            raise ValueError("auto drafting needs an n-gram drafter, a model drafter, or both")
-        self.ngram = ngram
-        self.model = model
-        self.target = target
-        self.max_k = max_k
-        self.clock = clock
-        self.controller = Controller(costs)
-        self.calibrated = costs is not None and bool(costs.target)
-        parts = [p for p in ("ngram" if ngram else "", model.name if model else "") if p]
-        self.name = "auto(" + "+".join(parts) + ")"
-        self._plan: Plan | None = None
-        self._order = 0
-        self._catch_up_s = 0.0
-        self._shadows: list[tuple[list[int], int, int]] = []  # (proposal, n-gram order, context length then)
-        self.decisions: Counter[str] = Counter()
-        self.drafted_k: Counter[str] = Counter()
-
-    # -- Drafter protocol -------------------------------------------------------------------------
-
-    def prepare(self, context: Sequence[int]) -> None:
-        self._shadows = []
-        if self.ngram is not None:
-            self.ngram.prepare(context)
-        self.controller.new_generation()
-        if not self.calibrated and self.target is not None:
-            self._calibrate(context)
-        if self.model is not None and self.model_can_pay():
-            self.model.prepare(context)  # else the draft catches up only if a probe ever needs it
-
-    def model_can_pay(self) -> bool:
-        """Whether the draft model could beat plain decoding here even if every draft token were accepted."""
-        c = self.controller
-        return c.ceiling("model", self.max_k) > c.plain_rate() * (1.0 + MARGIN) or 1 not in c.costs.target
-
-    def _calibrate(self, context: Sequence[int]) -> None:
-        # The target's cache holds the prompt now. The draft needs a little context to be timed on;
-        # a short prefix of the prompt keeps its cache a prefix of the text.
-        draft = self.model.backend if self.model is not None else None
-        if draft is not None and common_prefix(draft.cached_tokens, context, limit=len(context) - 1) == 0:
-            draft.rollback(0)
-            draft.forward(list(context[: max(1, min(32, len(context) - 1))]), all_logits=False)
-        # A few batch sizes (the rest interpolated, then refined by every round): about a second on a CPU.
-        top = self.max_k + 1
-        measured = calibrate(
-            self.target, draft, max_batch=top, reps=2, clock=self.clock, sizes=(1, 2, 3, top // 2 + 1, top)  # type: ignore[arg-type]
-        )
-        costs = self.controller.costs
-        costs.target.update({n: t / costs.scale for n, t in measured.target.items()})
-        if measured.draft_token is not None:
-            costs.draft_token = measured.draft_token / costs.scale
-        self.calibrated = bool(measured.target)
-
-    def propose(self, context: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator) -> Draft:
-        k = min(k, self.max_k)
-        ng = EMPTY_DRAFT
-        self._order = 0
-        if self.ngram is not None and k > 0:
-            self._grade_shadows(context)
-            ng = self.ngram.propose(context, k, sampling, rng)
-            self._order = self.ngram.last_order if ng.tokens else 0
-        gap = self._model_gap(context)
-        plan = self.controller.plan(
-            k, model=self.model is not None, ngram_avail=len(ng.tokens), ngram_order=self._order, model_gap=gap
-        )
-        self._plan = plan
-        key = ("probe " if plan.probe else "") + plan.method
-        self.decisions[key] += 1
-        if ng.tokens and plan.method != "ngram":
-            # Not used this round: grade it against the text that follows, for free.
-            self._shadows.append((list(ng.tokens), self._order, len(context)))
-            del self._shadows[:-SHADOWS]
-        if plan.method == "ngram":
-            self.drafted_k[key] += plan.k
-            return Draft(ng.tokens[: plan.k], None, plan.note() + f" n-gram order {self._order}")
-        if plan.method == "model":
-            assert self.model is not None
-            self._catch_up_s = self._catch_up(context)
-            if gap > 0:
-                self.controller.costs.observe_catch_up(gap, self._catch_up_s)
-            self.model.min_confidence = plan.min_confidence
-            d = self.model.propose(context, plan.k, sampling, rng)
-            self.drafted_k[key] += len(d.tokens)
-            note = plan.note() + (f"; {d.note}" if d.note else "")
-            return Draft(d.tokens, d.q, note)
-        return Draft([], None, plan.note())
-
-    def _grade_shadows(self, context: Sequence[int]) -> None:
-        """Score earlier unused n-gram proposals against what the target actually wrote.
-
-        Under the exact rule a one-hot draft token d is accepted with probability p(d), which is also
-        the chance the target itself emits d: so matching proposals against the emitted text measures
-        n-gram acceptance without spending a verify pass, at any temperature.
-        """
-        pending = []
-        for tokens, order, start in self._shadows:
-            seen = context[start : start + len(tokens)]
-            n = 0
-            while n < len(seen) and seen[n] == tokens[n]:
-                n += 1
-            if n < len(seen) or len(seen) == len(tokens):
-                self.controller.ngram_acceptance(order).update(n, len(tokens))
-            else:
-                pending.append((tokens, order, start))
-        self._shadows = pending
-
-    def _model_gap(self, context: Sequence[int]) -> int:
-        if self.model is None:
-            return 0
-        return len(context) - 1 - common_prefix(self.model.backend.cached_tokens, context, limit=len(context) - 1)
-
-    def observe(self, stats: RoundStats) -> None:
-        if self._plan is not None:
-            # Catching the draft's cache up after plain rounds is a one-off, not the draft's per-token cost.
-            drafting = replace(stats, draft_s=max(stats.draft_s - self._catch_up_s, 0.0))
-            self.controller.observe(self._plan, drafting, self._order)
-        self._plan = None
-        self._catch_up_s = 0.0
-
-    def _catch_up(self, context: Sequence[int]) -> float:
-        """Feed the draft model what it missed during plain or n-gram rounds, in one batch; its seconds."""
-        assert self.model is not None
-        backend = self.model.backend
-        keep = common_prefix(backend.cached_tokens, context, limit=len(context) - 1)
-        if keep >= len(context) - 1:
-            return 0.0
-        t0 = self.clock()
-        backend.rollback(keep)
-        backend.forward(context[keep:-1], all_logits=False)
-        return self.clock() - t0
-
-    def close(self) -> None:
-        if self.model is not None:
-            self.model.close()
-
-    # -- reporting --------------------------------------------------------------------------------
-
-    def summary(self) -> str:
-        """What auto did over its lifetime, e.g. `plain 40, model 12 (mean k 3.1), probe model 2`."""
-        parts = []
-        for key, n in sorted(self.decisions.items(), key=lambda kv: -kv[1]):
-            if key.endswith("none"):
-                parts.append(f"{key.replace('none', 'plain')} {n}")
-            else:
-                parts.append(f"{key} {n} (mean k {self.drafted_k[key] / n:.1f})")
-        return ", ".join(parts) or "no rounds"

@@ -1,8 +1,9 @@
 """The speculative decoding loop: prefill, then rounds of draft, verify, accept, roll back, emit.
 
-`generate` yields events: one `Step` per round (new text, its tokens and where each came from, the
-round's stats) and a final `Done` with the run's SpecStats. Plain decoding is the same loop with a
-drafter that proposes nothing, so every comparison runs through identical code.
+`generate` yields events: one `Step` per round (new text split by who chose it, its tokens and their
+origins, the round's stats and a running SpecStats snapshot) and a final `Done` with the run's
+SpecStats. Consumers (CLI, TUI, bench, server) render these and recompute nothing. Plain decoding is
+the same loop with a drafter that proposes nothing, so every comparison runs through identical code.
 """
 
 from __future__ import annotations
@@ -15,14 +16,15 @@ from typing import Literal
 
 import numpy as np
 
-from localspec.backends.base import Backend, Detokenizer, common_prefix
+from localspec.backends.base import Backend, Detokenizer, sync_cache
 from localspec.errors import ContextOverflowError, UsageError
-from localspec.spec import verify
-from localspec.spec.drafters import Draft, Drafter
-from localspec.spec.sampling import SamplingParams, greedy, probabilities, sample
-from localspec.spec.stats import RoundStats, SpecStats, StatsCollector, StopReason
+from localspec.decoding import verify
+from localspec.decoding.drafters import Draft, Drafter
+from localspec.decoding.sampling import SamplingParams, greedy, probabilities, sample
+from localspec.decoding.stats import RoundStats, SpecStats, StatsCollector, StopReason
 
 Origin = Literal["draft", "target"]  # accepted draft token, or a token the target chose itself
+Segment = tuple[str, Origin]  # a run of text whose tokens share one origin
 
 
 @dataclass(frozen=True)
@@ -43,10 +45,16 @@ class GenerationConfig:
 
 @dataclass(frozen=True)
 class Step:
-    text: str  # newly decoded text (may be empty while a UTF-8 character is incomplete)
+    segments: tuple[Segment, ...]  # the new text, split into runs of one origin (empty runs left out)
     tokens: tuple[int, ...]
     origins: tuple[Origin, ...]
     round: RoundStats | None  # None for the first token (from the prompt pass) and the final UTF-8 flush
+    stats: SpecStats  # the run so far (stop_reason None until Done)
+
+    @property
+    def text(self) -> str:
+        """Newly decoded text (may be empty while a UTF-8 character is incomplete)."""
+        return "".join(s for s, _ in self.segments)
 
 
 @dataclass(frozen=True)
@@ -104,14 +112,17 @@ class _Run:
         self.text_parts: list[str] = []
         self.collector = StatsCollector()
         self.eog = target.eog_ids
+        self.prompt_s = 0.0
+        self.n_cached = 0
+        self.t_decode = 0.0  # clock when decoding started (after the prompt pass)
 
     # -- the loop ---------------------------------------------------------------------------------
 
     def events(self) -> Iterator[Event]:
         t0 = self.clock()
         n_cached, first = self._prefill()
-        t1 = self.clock()
-        self.prompt_s, self.n_cached = t1 - t0, n_cached
+        self.t_decode = self.clock()
+        self.prompt_s, self.n_cached = self.t_decode - t0, n_cached
         reason = yield from self._emit([first], ["target"], None)
         while reason is None:
             if self.stop is not None and self.stop.is_set():
@@ -123,20 +134,19 @@ class _Run:
                 break
             step = self._round(k)
             reason = yield from self._emit(*step)
-        self.decode_s = self.clock() - t1
+        decode_s = self.clock() - self.t_decode
         tail = self.detok.flush()
         if tail:
             self.text_parts.append(tail)
-            yield Step(tail, (), (), None)
-        yield Done("".join(self.text_parts), tuple(self.generated), self._stats(reason))
+            yield Step(((tail, "target"),), (), (), None, self._stats(None, decode_s))
+        yield Done("".join(self.text_parts), tuple(self.generated), self._stats(reason, decode_s))
 
     def _prefill(self) -> tuple[int, int]:
         """Fill both caches with the prompt (reusing any cached prefix); return (reused, first token)."""
-        keep = common_prefix(self.target.cached_tokens, self.prompt, limit=len(self.prompt) - 1)
-        self.target.rollback(keep)
-        logits = self.target.forward(self.prompt[keep:], all_logits=False)[-1]
+        keep, logits = sync_cache(self.target, self.prompt, logits=True)
+        assert logits is not None
         first = self._sample_one(logits)
-        self.drafter.prepare(self.prompt)
+        self.drafter.prepare(self.prompt, self.config.num_draft)
         return keep, first
 
     def _round(self, k: int) -> tuple[list[int], list[Origin], RoundStats]:
@@ -151,7 +161,7 @@ class _Run:
         tokens = [*draft.tokens[: verdict.n_accepted], verdict.token]
         origins: list[Origin] = ["draft"] * verdict.n_accepted + ["target"]
         stats = RoundStats(
-            index=len(self.collector.rounds),
+            index=self.collector.n_rounds,
             n_drafted=len(draft.tokens),
             n_accepted=verdict.n_accepted,
             n_emitted=len(tokens),
@@ -160,6 +170,7 @@ class _Run:
             kind=verdict.kind,
             k=k,
             note=draft.note,
+            source=draft.source if draft.tokens else "none",
         )
         return tokens, origins, stats
 
@@ -205,10 +216,24 @@ class _Run:
             self.drafter.observe(stats)
         self.generated += tokens
         self.context += tokens
-        text = self.detok.add(tokens)
-        self.text_parts.append(text)
-        yield Step(text, tuple(tokens), tuple(origins), stats)
+        segments = self._segments(tokens, origins)
+        self.text_parts += [s for s, _ in segments]
+        yield Step(segments, tuple(tokens), tuple(origins), stats, self._stats(None, self.clock() - self.t_decode))
         return reason
+
+    def _segments(self, tokens: list[int], origins: list[Origin]) -> tuple[Segment, ...]:
+        """Decode tokens run by run of equal origin, so the text can be coloured by who chose each token."""
+        out: list[Segment] = []
+        i = 0
+        while i < len(tokens):
+            j = i
+            while j < len(tokens) and origins[j] == origins[i]:
+                j += 1
+            text = self.detok.add(tokens[i:j])
+            if text:
+                out.append((text, origins[i]))
+            i = j
+        return tuple(out)
 
     # -- helpers ----------------------------------------------------------------------------------
 
@@ -225,7 +250,7 @@ class _Run:
             return int(np.argmax(logits))
         return sample(probabilities(logits, self.sampling), self.rng)
 
-    def _stats(self, reason: StopReason) -> SpecStats:
+    def _stats(self, reason: StopReason | None, decode_s: float) -> SpecStats:
         info = self.target.info
         return SpecStats(
             backend=info.backend,
@@ -241,7 +266,7 @@ class _Run:
             n_prompt_cached=self.n_cached,
             prompt_s=self.prompt_s,
             n_generated=len(self.generated),
-            decode_s=self.decode_s,
+            decode_s=decode_s,
             stop_reason=reason,
             **self.collector.totals(),
         )

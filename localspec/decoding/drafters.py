@@ -1,0 +1,206 @@
+"""Drafters: who writes the k tokens ahead. A draft model, n-gram prompt lookup, or nobody.
+
+Every drafter implements the Drafter protocol; the engine and the auto drafter use nothing else.
+A drafter owns its own state (a model drafter its draft model's cache) and brings it in line with
+the committed context itself, through backends.base.sync_cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from localspec.backends.base import Backend, common_prefix, sync_cache
+from localspec.decoding.sampling import SamplingParams, probabilities, sample
+from localspec.decoding.stats import RoundStats
+
+
+@dataclass(frozen=True)
+class Draft:
+    tokens: list[int]
+    q: np.ndarray | None  # [len(tokens), V] processed draft distributions; None: one-hot (no model)
+    note: str = ""  # why the drafter proposed this (shown in RoundStats.note)
+    source: str = "none"  # which kind of drafter wrote it (RoundStats.source)
+    order: int = 0  # lookup drafts: length of the matched context (the evidence behind the draft)
+
+
+EMPTY_DRAFT = Draft([], None)
+
+
+class Drafter(Protocol):
+    method: str  # "model" | "ngram" | "none" | "auto"
+    name: str
+
+    def prepare(self, context: Sequence[int], max_k: int) -> None:
+        """A new generation starts from `context` (the prompt) and drafts at most max_k per round."""
+        ...
+
+    def propose(
+        self, context: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator, *, min_confidence: float = 0.0
+    ) -> Draft:
+        """Up to k tokens continuing `context` (every token committed so far). Drafters that sample stop
+        before a token whose own probability is below min_confidence (llama.cpp's p_min)."""
+        ...
+
+    def observe(self, stats: RoundStats) -> None:
+        """What the round made of the last proposal (adaptive drafters learn from it)."""
+        ...
+
+    def lag(self, context: Sequence[int]) -> int:
+        """Tokens of `context` this drafter would first have to take in before drafting (0: none)."""
+        ...
+
+    def catch_up(self, context: Sequence[int]) -> None:
+        """Take in what `lag` counts now, in one batch (auto calls it after rounds it drafted without us)."""
+        ...
+
+    def close(self) -> None:
+        """Free the drafter's own state. Models it was given stay open: the pipeline owns them."""
+        ...
+
+
+class _Stateless:
+    """Defaults for drafters without a cache of their own."""
+
+    def observe(self, stats: RoundStats) -> None:
+        pass
+
+    def lag(self, context: Sequence[int]) -> int:
+        return 0
+
+    def catch_up(self, context: Sequence[int]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class NoDrafter(_Stateless):
+    """Plain decoding through the same engine path: the baseline every speedup is measured against."""
+
+    method = "none"
+    name = "none"
+
+    def prepare(self, context: Sequence[int], max_k: int) -> None:
+        pass
+
+    def propose(
+        self, context: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator, *, min_confidence: float = 0.0
+    ) -> Draft:
+        return EMPTY_DRAFT
+
+
+class NgramDrafter(_Stateless):
+    """Prompt lookup: find the latest earlier occurrence of the context's last n tokens, propose what followed.
+
+    Tries n = max_ngram down to min_ngram. The index of n-grams grows incrementally with the context,
+    so a round costs O(new tokens), not O(context).
+    """
+
+    method = "ngram"
+    name = "ngram"
+
+    def __init__(self, *, max_ngram: int = 3, min_ngram: int = 1) -> None:
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+        self._index: dict[tuple[int, ...], int] = {}  # n-gram -> position right after its latest occurrence
+        self._n_indexed = 0  # the context is append-only within a generation; this much is indexed
+
+    def prepare(self, context: Sequence[int], max_k: int) -> None:
+        self._index.clear()
+        self._n_indexed = 0
+
+    def propose(
+        self, context: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator, *, min_confidence: float = 0.0
+    ) -> Draft:
+        if k <= 0 or len(context) < 2:
+            return EMPTY_DRAFT
+        self._extend_index(context)
+        for n in range(min(self.max_ngram, len(context) - 1), self.min_ngram - 1, -1):
+            at = self._index.get(tuple(context[-n:]))
+            if at is not None:
+                return Draft(list(context[at : at + k]), None, source="ngram", order=n)
+        return EMPTY_DRAFT
+
+    def _extend_index(self, context: Sequence[int]) -> None:
+        if self._n_indexed > len(context):
+            self.prepare(context, 0)
+        # Index n-grams that end before the last token, so a lookup finds an *earlier* occurrence.
+        for end in range(max(self._n_indexed, 1), len(context)):
+            for n in range(self.min_ngram, min(self.max_ngram, end) + 1):
+                self._index[tuple(context[end - n : end])] = end
+        self._n_indexed = len(context)
+
+
+class ModelDrafter:
+    """A small draft model through the same backend interface; owns the draft model's cache (not the model).
+
+    min_confidence > 0 (from the caller, per proposal) stops a draft before a token whose draft
+    probability is below it: a token the draft itself doubts is rarely accepted and costs a draft pass
+    and a wider verify.
+    """
+
+    method = "model"
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.name = backend.info.name
+
+    def prepare(self, context: Sequence[int], max_k: int) -> None:
+        # Prefill all but the last token; propose() feeds the rest and gets the first draft's logits.
+        if len(context) - 1 <= self.backend.n_ctx:  # a prompt beyond the draft's window: no drafts
+            self.catch_up(context)
+
+    def lag(self, context: Sequence[int]) -> int:
+        return len(context) - 1 - common_prefix(self.backend.cached_tokens, context, limit=len(context) - 1)
+
+    def catch_up(self, context: Sequence[int]) -> None:
+        sync_cache(self.backend, context[:-1], logits=False)
+
+    def propose(
+        self, context: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator, *, min_confidence: float = 0.0
+    ) -> Draft:
+        # The draft's window may be smaller than the target's (e.g. a capped sliding-window cache): the
+        # cache ends holding context + k - 1 tokens, so draft less, then nothing, rather than overflow.
+        k = min(k, self.backend.n_ctx - len(context) + 1)
+        if k <= 0:
+            return EMPTY_DRAFT
+        _, logits = sync_cache(self.backend, context, logits=True)
+        assert logits is not None
+        eog = self.backend.eog_ids
+        tokens: list[int] = []
+        rows: list[np.ndarray] = []
+        note = ""
+        while True:
+            if sampling.greedy:
+                tok = int(np.argmax(logits))
+                conf = _top_probability(logits) if min_confidence > 0 else 1.0
+            else:
+                q = probabilities(logits, sampling)
+                tok = sample(q, rng)
+                conf = float(q[tok]) if min_confidence > 0 else 1.0
+            if conf < min_confidence:
+                note = f"draft stopped at position {len(tokens) + 1}: confidence {conf:.2f} < {min_confidence:.2f}"
+                break
+            if not sampling.greedy:
+                rows.append(q)
+            tokens.append(tok)
+            if len(tokens) >= k or tok in eog:  # drafting past the end of the answer is wasted work
+                break
+            logits = self.backend.forward([tok], all_logits=False)[-1]
+        return Draft(tokens, np.stack(rows) if rows else None, note, source="model")
+
+    def observe(self, stats: RoundStats) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _top_probability(logits: np.ndarray) -> float:
+    """softmax(logits).max() without materializing the distribution: 1 / sum(exp(z - max z))."""
+    z = np.asarray(logits, dtype=np.float32)
+    return float(1.0 / np.exp(z - z.max()).sum())

@@ -1,0 +1,152 @@
+"""Download models from the Hugging Face Hub into the standard HF cache, and check pairs from headers.
+
+API (safe to call from a UI worker thread; `progress` and `log` run on the downloading thread, so a
+Textual app should forward them with `call_from_thread` / `post_message`):
+
+    pull_pair(name, backend="auto", *, progress=None, endpoint=None, token=None, cache_dir=None,
+              check=True, cancel=None, log=None) -> PullResult
+        A catalog pair. backend "auto" picks MLX on Apple silicon with mlx-lm, else llama.cpp.
+    pull_model(spec, *, backend=None, progress=None, endpoint=None, token=None, cache_dir=None,
+               cancel=None, log=None) -> PullResult
+        One model: "REPO:FILE" (a GGUF, with all parts of a split GGUF), "REPO" (its only GGUF,
+        else an mlx-lm snapshot; a repo with several GGUFs is refused with the list), "...@REV".
+    pull_custom_pair(target, draft, *, backend=None, ...same keywords as pull_pair...) -> PullResult
+        Two models given as "REPO:FILE" (llama) or "REPO" (mlx).
+    With check=True (the default) a GGUF pair is checked from its headers before any large
+    transfer, and an MLX pair from its tokenizer files (fetched first; needs mlx-lm) before the
+    weights.
+    check_remote_pair(target, draft, *, endpoint=None, token=None, cache_dir=None) -> CompatReport
+        llama.cpp's vocabulary rule from the two GGUF headers only (HTTP Range reads of a few MB,
+        or the local file when cached). Raises IncompatiblePairError.
+
+    ProgressEvent(file, repo, role, bytes_done, bytes_total, speed, eta, done, cached, elapsed)
+        one per file at most every 0.1 s, plus a final done=True event (cached=True: nothing moved)
+    PullResult.models (PulledModel: role, repo, files, path, bytes_downloaded), .target, .draft,
+        .path(role), .bytes_downloaded, .header_bytes_read
+    cancel: a threading.Event; setting it aborts the transfer with PullCancelled.
+
+Errors are PullError (message + hint; PullCancelled is one), IncompatiblePairError, CatalogError.
+Downloads go through hf_hub_download, so HF_TOKEN, HF_ENDPOINT, HF_HOME/HF_HUB_CACHE and
+HF_HUB_OFFLINE mean what they mean to huggingface_hub; a second pull of the same files transfers
+nothing. A dropped connection is resumed inside the same pull with HTTP Range (huggingface_hub's
+retry); a file never appears in the cache until it is complete (huggingface_hub writes a
+temporary file and renames it), so an interrupted pull leaves no complete-looking partial file.
+
+The package: files.py (which files make a model), client.py (plan, check, download, offline),
+headers.py (remote GGUF headers), progress.py (events), errors.py (messages and hints), types.py.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from localspec.catalog import ModelRef, load_catalog
+from localspec.errors import PullError
+from localspec.hub.client import Hub
+from localspec.hub.files import as_ref, pair_backend
+from localspec.hub.progress import Tracker
+from localspec.hub.types import (
+    CompatReport,
+    LogFn,
+    ProgressEvent,
+    ProgressFn,
+    PullCancelled,
+    PulledModel,
+    PullResult,
+)
+
+
+
+# -- public entry points ------------------------------------------------------------------------
+
+
+def pull_pair(
+    name: str,
+    backend: str = "auto",
+    *,
+    progress: ProgressFn | None = None,
+    endpoint: str | None = None,
+    token: str | bool | None = None,
+    cache_dir: str | None = None,
+    check: bool = True,
+    cancel: threading.Event | None = None,
+    log: LogFn | None = None,
+) -> PullResult:
+    """Download a catalog pair's target and draft for one backend (checking llama pairs first)."""
+    pair = load_catalog().get(name)
+    if backend == "auto":
+        from localspec.pipeline import resolve_backend
+
+        backend = resolve_backend("auto")[0]
+        if backend not in pair.backends:
+            backend = next(iter(pair.backends))
+    bp = pair.backend(backend)
+    hub = Hub(endpoint, token, cache_dir, progress, cancel, log)
+    return hub.pull([("target", bp.target), ("draft", bp.draft)], backend, check=check)
+
+
+def pull_custom_pair(
+    target: str | ModelRef,
+    draft: str | ModelRef,
+    *,
+    backend: str | None = None,
+    progress: ProgressFn | None = None,
+    endpoint: str | None = None,
+    token: str | bool | None = None,
+    cache_dir: str | None = None,
+    check: bool = True,
+    cancel: threading.Event | None = None,
+    log: LogFn | None = None,
+) -> PullResult:
+    """Download a target and a draft not in the catalog; GGUF pairs are checked from headers first."""
+    t, d = as_ref(target), as_ref(draft)
+    backend = backend or pair_backend(t, d)
+    hub = Hub(endpoint, token, cache_dir, progress, cancel, log)
+    return hub.pull([("target", t), ("draft", d)], backend, check=check)
+
+
+def pull_model(
+    spec: str | ModelRef,
+    *,
+    backend: str | None = None,
+    progress: ProgressFn | None = None,
+    endpoint: str | None = None,
+    token: str | bool | None = None,
+    cache_dir: str | None = None,
+    cancel: threading.Event | None = None,
+    log: LogFn | None = None,
+) -> PullResult:
+    """Download one model given as REPO[:FILE][@REV]."""
+    ref = as_ref(spec)
+    hub = Hub(endpoint, token, cache_dir, progress, cancel, log)
+    return hub.pull([("", ref)], backend, check=False)
+
+
+def check_remote_pair(
+    target: str | ModelRef,
+    draft: str | ModelRef,
+    *,
+    endpoint: str | None = None,
+    token: str | bool | None = None,
+    cache_dir: str | None = None,
+) -> CompatReport:
+    """Check a GGUF pair with llama.cpp's vocabulary rule from the headers alone."""
+    t, d = as_ref(target), as_ref(draft)
+    for r in (t, d):
+        if not (r.file and r.file.endswith(".gguf")):
+            raise PullError(f"{r} is not a GGUF file reference", "use REPO:FILE.gguf for both models")
+    hub = Hub(endpoint, token, cache_dir, None, None, None)
+    return hub.check_pair(t, d)
+
+
+__all__ = [
+    "CompatReport",
+    "ProgressEvent",
+    "PullCancelled",
+    "PullResult",
+    "PulledModel",
+    "check_remote_pair",
+    "pull_custom_pair",
+    "pull_model",
+    "pull_pair",
+]

@@ -1,0 +1,136 @@
+"""Which files make a model on the Hub: a GGUF (all parts of a split one) or an mlx-lm snapshot."""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from dataclasses import dataclass, field
+
+from localspec.catalog import ModelRef, parse_model_ref, split_gguf_parts
+from localspec.errors import CatalogError, PullError
+from localspec.formatting import format_bytes
+
+MLX_ALLOW_PATTERNS = (
+    "*.json", "model*.safetensors", "*.py", "tokenizer.model", "*.tiktoken", "tiktoken.model", "*.txt", "*.jsonl",
+    "*.jinja",
+)  # fmt: skip
+
+
+@dataclass
+class FilePlan:
+    path: str
+    size: int | None
+    cached_path: str | None  # local path if already complete in the cache
+
+
+@dataclass
+class ModelPlan:
+    role: str
+    ref: ModelRef
+    backend: str  # "llama" | "mlx"
+    commit: str | None
+    files: list[FilePlan] = field(default_factory=list)
+    local: dict[str, str] = field(default_factory=dict)  # fetched so far: repo path -> local path
+    downloaded: int = 0
+
+    @property
+    def main_file(self) -> str | None:
+        return self.files[0].path if self.backend == "llama" and self.files else None
+
+    @property
+    def bytes_to_download(self) -> int:
+        return sum(f.size or 0 for f in self.files if not f.cached_path)
+
+    @property
+    def bytes_total(self) -> int:
+        return sum(f.size or 0 for f in self.files)
+
+
+
+def select_files(ref: ModelRef, backend: str | None, sizes: dict[str, int | None]) -> tuple[str, list[str]]:
+    ggufs = sorted(p for p in sizes if p.endswith(".gguf"))
+    if ref.file:
+        if backend == "mlx":
+            raise PullError(f"{ref}: an MLX model is a whole repo, not one file", f"pull {ref.repo} without :FILE")
+        parts = split_gguf_parts(ref.file)
+        missing = [p for p in parts if p not in sizes]
+        if missing:
+            raise PullError(
+                f"file {missing[0]} not found in {ref.repo} (revision {ref.revision})",
+                gguf_choice_hint(ref.repo, ggufs, sizes) if ggufs else f"files there: {', '.join(sorted(sizes)[:20])}",
+            )
+        return "llama" if ref.file.endswith(".gguf") else "file", parts
+    models = gguf_models(ggufs)
+    has_weights = any(fnmatch.fnmatch(p, "model*.safetensors") for p in sizes)
+    if backend == "llama" or (backend is None and models):
+        if not models:
+            raise PullError(
+                f"{ref.repo} has no GGUF model files",
+                "it looks like an MLX/safetensors repo: use --backend mlx" if has_weights else "check the repo id",
+            )
+        if len(models) > 1:
+            raise PullError(
+                f"{ref.repo} has {len(models)} GGUF models; say which one to pull",
+                gguf_choice_hint(ref.repo, ggufs, sizes),
+            )
+        return "llama", split_gguf_parts(models[0])
+    if not has_weights:
+        raise PullError(
+            f"{ref.repo} has no safetensors weights, so it is not an mlx-lm model repo",
+            "for a GGUF repo use --backend llama and REPO:FILE" if ggufs else "check the repo id",
+        )
+    files = [p for p in sorted(sizes) if any(fnmatch.fnmatch(p, pat) for pat in MLX_ALLOW_PATTERNS)]
+    return "mlx", files
+
+
+def gguf_models(ggufs: list[str]) -> list[str]:
+    """GGUF models in a listing: split sets count once (by their first part); projector files are not models."""
+    out = []
+    for p in ggufs:
+        name = p.rsplit("/", 1)[-1]
+        if name.startswith("mmproj") or "imatrix" in name.lower():
+            continue
+        m = re.match(r"^(.*)-(\d{5})-of-(\d{5})\.gguf$", p)
+        if m and m.group(2) != "00001":
+            continue
+        out.append(p)
+    return out
+
+
+def gguf_choice_hint(repo: str, ggufs: list[str], sizes: dict[str, int | None]) -> str:
+    models = gguf_models(ggufs)
+    lines = []
+    for p in models:
+        parts = split_gguf_parts(p)
+        total = sum(sizes.get(q) or 0 for q in parts)
+        extra = f", {len(parts)} parts" if len(parts) > 1 else ""
+        lines.append(f"  localspec pull {repo}:{p}   ({format_bytes(total)}{extra})")
+    return "pick one:\n" + "\n".join(lines)
+
+
+def pair_backend(t: ModelRef, d: ModelRef) -> str:
+    kinds = {"llama" if (r.file or "").endswith(".gguf") else ("mlx" if not r.file else "?") for r in (t, d)}
+    if kinds == {"llama"}:
+        return "llama"
+    if kinds == {"mlx"}:
+        return "mlx"
+    raise PullError(
+        f"target {t} and draft {d} are not the same kind of model",
+        "give two GGUF files (REPO:FILE.gguf, llama.cpp) or two mlx-lm repos (REPO, MLX)",
+    )
+
+
+def as_ref(spec: str | ModelRef) -> ModelRef:
+    if isinstance(spec, ModelRef):
+        return spec
+    from localspec.errors import CatalogError
+
+    try:
+        return parse_model_ref(spec)
+    except CatalogError as e:
+        raise PullError(e.message, e.hint) from None
+
+
+def pinned(plan: ModelPlan) -> ModelRef:
+    return ModelRef(plan.ref.repo, plan.main_file, plan.commit or plan.ref.revision)
+

@@ -1,0 +1,222 @@
+"""From options to a running generation: resolve the backend, check the pair, load the models, build
+the drafter, stream. `run`, `chat` (and its picker's check), `bench`, `doctor` and `serve` all go
+through here.
+
+    resolve_backend(name, target) -> (backend, note)       "auto" made concrete, and why
+    backend_module(backend) -> BackendModule                llama.cpp or MLX (clear error if missing)
+    resolve_pair(name, backend) -> (target, draft)         a catalog pair's local files
+    check_pair(opts) -> PairCheck                           from metadata only; raises on a bad pair
+    load_pipeline(opts) -> Pipeline                         both models loaded, the drafter built
+    Pipeline.generate(prompt, config, stop=...) -> events   the engine's Step/Done stream
+    Pipeline.new_drafter(method) -> Drafter                 another drafter on the loaded models (bench)
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import platform
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+from localspec.backends.base import Backend, BackendModule, ChatMessage, chat_prompt_tokens
+from localspec.decoding.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
+from localspec.decoding.engine import Event, GenerationConfig, generate
+from localspec.errors import BackendUnavailableError, UsageError
+from localspec.options import DRAFT_METHODS, ModelOptions, check_choice
+from localspec.vocab import VocabInfo, check_compatible
+
+Prompt = str | Sequence[ChatMessage] | Sequence[int]  # raw text, a conversation, or token ids
+
+
+# -- the backend -------------------------------------------------------------------------------------
+
+
+def mlx_available() -> bool:
+    return importlib.util.find_spec("mlx") is not None and importlib.util.find_spec("mlx_lm") is not None
+
+
+def resolve_backend(name: str, target: str | None = None) -> tuple[str, str]:
+    """Map "auto" to a concrete backend: llama.cpp for GGUF files; otherwise MLX on Apple silicon
+    when installed, else llama.cpp. Returns (backend, a note saying why; empty when not auto)."""
+    if name in ("llama", "mlx"):
+        return name, ""
+    check_choice("backend", name, ("auto", "llama", "mlx"))
+    if target is not None and target.lower().endswith(".gguf"):
+        return "llama", "auto picked llama.cpp (the target is a GGUF file)"
+    apple = sys.platform == "darwin" and platform.machine() == "arm64"
+    if apple and mlx_available():
+        return "mlx", "auto picked MLX (Apple silicon, mlx-lm installed)"
+    return "llama", f"auto picked llama.cpp ({'MLX not installed' if apple else 'not Apple silicon'})"
+
+
+def backend_module(backend: str) -> BackendModule:
+    """The backend module for a concrete backend name, or a clear error saying how to install it."""
+    if backend == "llama":
+        try:
+            from localspec.backends import llama_cpp as llama_module
+        except ImportError as e:
+            raise BackendUnavailableError(
+                f"the llama.cpp backend cannot load: {e}",
+                "install it with `pip install llama-cpp-python` "
+                '(CUDA: CMAKE_ARGS="-DGGML_CUDA=on", Metal: CMAKE_ARGS="-DGGML_METAL=on")',
+            ) from None
+        return llama_module  # type: ignore[return-value]
+    if backend != "mlx":
+        check_choice("backend", backend, ("llama", "mlx"))
+    if not mlx_available():
+        raise BackendUnavailableError(
+            "the MLX backend needs mlx and mlx-lm, which are not installed",
+            "install them with `pip install 'localspec[mlx]'` (on Linux this brings mlx[cpu])",
+        )
+    from localspec.backends import mlx as mlx_module
+
+    return mlx_module  # type: ignore[return-value]
+
+
+def resolve_pair(name: str, backend: str) -> tuple[str, str]:
+    """A catalog pair's local (target, draft) paths for a backend ("auto" resolved first)."""
+    from localspec.catalog import resolve_pair as catalog_resolve
+
+    return catalog_resolve(name, resolve_backend(backend)[0])
+
+
+# -- checking a pair before anything loads ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PairCheck:
+    backend: str
+    backend_note: str
+    target_vocab: VocabInfo
+    draft_vocab: VocabInfo | None  # None when no draft model is used
+
+    def describe(self, method: str) -> str:
+        t = self.target_vocab.n_vocab
+        if self.draft_vocab is None:
+            return f"target readable ({t:,} tokens); draft: {method}"
+        return f"compatible: same vocabulary ({t:,} / {self.draft_vocab.n_vocab:,} tokens)"
+
+
+def check_pair(opts: ModelOptions) -> PairCheck:
+    """Everything that can be checked without loading weights: the backend, the files, the vocabularies.
+
+    Raises UsageError, ModelFileError, IncompatiblePairError or BackendUnavailableError.
+    """
+    if opts.draft_method == "model" and not opts.draft:
+        raise UsageError(
+            "--draft-method model needs a draft model",
+            "pass --draft PATH (a small model with the target's tokenizer), or use --draft-method ngram",
+        )
+    backend, note = resolve_backend(opts.backend, opts.target)
+    module = backend_module(backend)
+    tv = module.peek_vocab(opts.target)
+    dv = None
+    if opts.uses_draft_model:
+        assert opts.draft is not None
+        dv = module.peek_vocab(opts.draft)
+        check_compatible(tv, dv, target_name=opts.target, draft_name=opts.draft)
+    # The vocabularies first (from headers alone), then whether the files are whole.
+    for path in (opts.target, opts.draft if dv is not None else None):
+        if path:
+            module.check_path(path)
+    return PairCheck(backend, note, tv, dv)
+
+
+def check_vocabularies(
+    backend: str, target: str, draft: str, *, names: tuple[str, str] | None = None
+) -> tuple[VocabInfo, VocabInfo]:
+    """The vocabulary rule for two local models of one backend (`pull` checks MLX pairs with it).
+    `names`: how to call the two models in an error (default: their paths)."""
+    module = backend_module(backend)
+    tv, dv = module.peek_vocab(target), module.peek_vocab(draft)
+    t_name, d_name = names or (target, draft)
+    check_compatible(tv, dv, target_name=t_name, draft_name=d_name)
+    return tv, dv
+
+
+# -- the loaded pipeline ---------------------------------------------------------------------------
+
+
+@dataclass
+class Pipeline:
+    """A loaded target (and draft model, if one is used) with the drafter for the chosen method.
+
+    The pipeline owns both models; drafters only borrow them. close() frees everything.
+    """
+
+    options: ModelOptions
+    backend: str
+    target: Backend
+    draft: Backend | None
+    drafter: Drafter
+    backend_note: str = ""  # e.g. why `auto` picked this backend
+    clock: Callable[[], float] = field(default=time.perf_counter)
+
+    def new_drafter(self, method: str) -> Drafter:
+        """A fresh drafter of `method` over the loaded models (bench runs each method this way)."""
+        return make_drafter(method, self.target, self.draft, clock=self.clock)
+
+    def prompt_tokens(self, prompt: Prompt, *, raw: bool = False) -> list[int]:
+        """Token ids for a prompt: a conversation goes through the chat template; raw text does not."""
+        if isinstance(prompt, str):
+            if raw:
+                return self.target.tokenize(prompt, add_special=True, parse_special=False)
+            return chat_prompt_tokens(self.target, [ChatMessage("user", prompt)])
+        items = list(prompt)
+        if items and isinstance(items[0], ChatMessage):
+            return chat_prompt_tokens(self.target, items)  # type: ignore[arg-type]
+        return [int(t) for t in items]  # type: ignore[arg-type]
+
+    def generate(
+        self, prompt: Prompt, config: GenerationConfig, *, raw: bool = False, stop: threading.Event | None = None
+    ) -> Iterator[Event]:
+        """Stream a generation: the engine's events for this prompt through the pipeline's drafter."""
+        return generate(self.target, self.drafter, self.prompt_tokens(prompt, raw=raw), config, stop=stop, clock=self.clock)
+
+    def close(self) -> None:
+        self.drafter.close()
+        if self.draft is not None:
+            self.draft.close()
+        self.target.close()
+
+
+def load_pipeline(opts: ModelOptions, *, clock: Callable[[], float] = time.perf_counter) -> Pipeline:
+    """Check the pair from metadata, then load the target and (when used) the draft, and build the drafter."""
+    check = check_pair(opts)
+    module = backend_module(check.backend)
+    load = dict(n_ctx=opts.n_ctx, threads=opts.threads, n_gpu_layers=opts.n_gpu_layers)
+    target = module.load(opts.target, **load)
+    draft: Backend | None = None
+    try:
+        if opts.uses_draft_model:
+            assert opts.draft is not None
+            draft = module.load(opts.draft, **load)
+        drafter = make_drafter(opts.draft_method, target, draft, clock=clock)
+    except BaseException:
+        if draft is not None:
+            draft.close()
+        target.close()
+        raise
+    return Pipeline(opts, check.backend, target, draft, drafter, check.backend_note, clock)
+
+
+def make_drafter(
+    method: str, target: Backend, draft: Backend | None, *, clock: Callable[[], float] = time.perf_counter
+) -> Drafter:
+    """The drafter for a method over loaded models: the only place drafters are built."""
+    check_choice("draft method", method, DRAFT_METHODS)
+    if method == "none":
+        return NoDrafter()
+    if method == "ngram":
+        return NgramDrafter()
+    if method == "model":
+        if draft is None:
+            raise UsageError("--draft-method model needs a draft model", "pass --draft PATH, or use --draft-method ngram")
+        return ModelDrafter(draft)
+    from localspec.decoding.auto import AutoDrafter, auto_ngram
+
+    model = ModelDrafter(draft) if draft is not None else None
+    return AutoDrafter(ngram=auto_ngram(), model=model, target=target, clock=clock)

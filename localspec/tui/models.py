@@ -1,0 +1,136 @@
+"""What the picker offers: backends that can run here, catalog pairs and their download state, a pair
+check from metadata alone, and catalog pulls with progress. No Textual here: workers call these."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from localspec.errors import IncompatiblePairError, LocalspecError, error_text
+from localspec.formatting import format_bytes
+from localspec.options import ModelOptions
+
+@dataclass(frozen=True)
+class BackendStatus:
+    name: str  # "llama" | "mlx": the LoadOptions.backend value
+    label: str  # what the picker shows
+    usable: bool
+    detail: str  # the device it runs on, or why it cannot run here
+
+
+def probe_backends() -> list[BackendStatus]:
+    """Both backends, usable or not (an unusable one carries the reason). Loads no model."""
+    return [_probe_llama(), _probe_mlx()]
+
+
+def _probe_llama() -> BackendStatus:
+    try:
+        from localspec.backends import llama_cpp
+    except Exception as e:  # ImportError, or a shared library that fails to load
+        return BackendStatus(
+            "llama", "llama.cpp", False, f"llama-cpp-python does not load: {e}. Install: pip install llama-cpp-python"
+        )
+    try:
+        kind = llama_cpp.gpu_kind()
+    except Exception as e:
+        return BackendStatus("llama", "llama.cpp", False, f"llama.cpp does not initialise: {e}")
+    if kind:
+        return BackendStatus("llama", "llama.cpp", True, f"{kind} build: layers offload to the GPU")
+    return BackendStatus("llama", "llama.cpp", True, "CPU build (this llama-cpp-python has no GPU offload)")
+
+
+def _probe_mlx() -> BackendStatus:
+    from localspec.pipeline import mlx_available
+
+    if not mlx_available():
+        return BackendStatus("mlx", "MLX", False, "not installed: pip install 'localspec[mlx]'")
+    try:
+        import mlx.core as mx
+
+        metal = bool(getattr(mx, "metal", None) and mx.metal.is_available())
+        device = str(mx.default_device())
+    except Exception as e:
+        return BackendStatus("mlx", "MLX", False, f"installed but unusable here: {e}")
+    if metal:
+        return BackendStatus("mlx", "MLX", True, "installed, runs on Metal (Apple GPU)")
+    where = "Linux" if sys.platform.startswith("linux") else sys.platform
+    return BackendStatus("mlx", "MLX", True, f"installed, CPU only on {where} ({device}); slow, for testing")
+
+
+def check_pair(backend: str, target: str, draft: str, method: str) -> tuple[bool, str]:
+    """Whether a target/draft choice can run, from file metadata only (no weights load): (ok, why)."""
+    from localspec.pipeline import check_pair as pipeline_check
+
+    target, draft = target.strip(), draft.strip()
+    if not target:
+        return False, "choose a target model (a catalog pair, or a path)"
+    if method == "model" and not draft:
+        return False, "draft method 'model' needs a draft model (or pick ngram / none)"
+    try:
+        opts = ModelOptions(target=target, draft=draft or None, backend=backend, draft_method=method)
+        return True, pipeline_check(opts).describe(method)
+    except IncompatiblePairError as e:
+        return False, f"{e.message} (pick a draft of the same family, or set the draft method below to ngram)"
+    except LocalspecError as e:
+        return False, error_text(e)
+    except Exception as e:  # a file the metadata readers choke on
+        return False, error_text(e)
+
+
+@dataclass(frozen=True)
+class PairEntry:
+    name: str
+    description: str
+    downloaded: bool
+    size_text: str
+    target_path: str | None = None
+    draft_path: str | None = None
+
+
+def catalog_entries(backend: str) -> tuple[list[PairEntry], str | None]:
+    """The catalog's pairs for a backend, each marked downloaded or not; or why there are none."""
+    try:
+        from localspec import catalog
+    except ImportError:
+        return [], "no catalog in this build: give model paths below"
+    try:
+        cat = catalog.load_catalog()
+    except LocalspecError as e:
+        return [], "catalog unreadable: " + error_text(e)
+    entries = []
+    for name, pair in cat.pairs.items():
+        bp = pair.backends.get(backend)
+        if bp is None:
+            continue
+        size = format_bytes(bp.size_gb * 1e9) if bp.size_gb else "size unknown"
+        try:
+            target, draft = catalog.resolve_pair(name, backend)
+        except LocalspecError:
+            entries.append(PairEntry(name, pair.description, False, size))
+        else:
+            entries.append(PairEntry(name, pair.description, True, size, str(target), str(draft)))
+    if not entries:
+        return [], f"the catalog has no pairs for {backend}"
+    return entries, None
+
+
+def pull_pair_with_progress(
+    name: str, backend: str, report: Callable[[float | None, str], None], cancel: threading.Event | None = None
+) -> None:
+    """Download a catalog pair (localspec.hub), reporting (fraction of the current file or None, text)."""
+    from localspec import hub
+
+    def progress(ev: hub.ProgressEvent) -> None:
+        role = f"{ev.role} " if ev.role else ""
+        if ev.cached:
+            report(1.0, f"{role}{ev.file}: already downloaded")
+            return
+        total = ev.bytes_total
+        fraction = ev.bytes_done / total if total else None
+        amount = f"{format_bytes(ev.bytes_done)} / {format_bytes(total)}" if total else format_bytes(ev.bytes_done)
+        speed = f", {format_bytes(ev.speed)}/s" if ev.speed else ""
+        report(fraction, f"pulling {role}{ev.file}: {amount}{speed}")
+
+    hub.pull_pair(name, backend, progress=progress, cancel=cancel)

@@ -1,0 +1,291 @@
+"""The picker: a backend (unusable ones shown with the reason) and a pair (catalog, or local paths)."""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+from rich.text import Text
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.timer import Timer
+from textual.widgets import Button, Footer, Header, Input, Label, OptionList, ProgressBar, Select, Static
+from textual.widgets.option_list import Option
+
+from localspec.errors import error_text
+from localspec.options import DEFAULT_DRAFT_METHOD, DRAFT_METHODS, ModelOptions
+from localspec.tui import messages as msg
+from localspec.tui.models import BackendStatus, PairEntry, catalog_entries, check_pair, pull_pair_with_progress
+
+if TYPE_CHECKING:
+    from localspec.tui.app import ChatApp
+
+
+class SetupScreen(Screen[None]):
+    """Pick a backend (unusable ones shown with the reason) and a pair (catalog, or local paths)."""
+
+    BINDINGS = [
+        Binding("ctrl+s", "start", "Start chat"),
+        Binding("ctrl+d", "pull", "Pull pair"),
+        Binding("escape", "back", "Back"),
+    ]
+
+    app: ChatApp
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.backends: list[BackendStatus] = []
+        self.backend = "llama"
+        self.entries: list[PairEntry] = []  # the catalog's pairs for the chosen backend
+        self.pair_name: str | None = None
+        self.check: msg.PairChecked | None = None
+        self._check_timer: Timer | None = None
+        self.pulling: str | None = None
+        self.pull_cancel = threading.Event()
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with Horizontal(id="setup"):
+            with Vertical(id="backend-box"):
+                yield Label("Backend", classes="box-title")
+                yield OptionList(Option("probing backends …", disabled=True), id="backends")
+            with Vertical(id="pair-box"):
+                yield Label("Catalog pairs (Enter picks a downloaded one, Ctrl+D pulls)", classes="box-title")
+                yield OptionList(id="pairs")
+                yield Label("Or models on disk (GGUF file for llama.cpp, directory or repo id for MLX)")
+                yield Input(placeholder="target model path", id="target")
+                yield Input(placeholder="draft model path (same tokenizer as the target)", id="draft")
+                with Horizontal(classes="field"):
+                    yield Label("draft method")
+                    yield Select([(m, m) for m in DRAFT_METHODS], value=DEFAULT_DRAFT_METHOD, allow_blank=False, id="method")
+                yield Static("", id="pair-status", markup=False)
+                yield ProgressBar(total=None, show_eta=False, id="pull-progress")
+                with Horizontal(classes="buttons"):
+                    yield Button("Start chat", variant="primary", id="start")
+                    yield Button("Pull pair", id="pull")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.sub_title = "choose a backend and a target/draft pair"
+        self.query_one("#pull-progress").display = False
+        opts = self.app.options
+        self.query_one("#method", Select).value = (opts or self.app.load_defaults).draft_method
+        if opts is not None:
+            self.query_one("#target", Input).value = opts.target
+            self.query_one("#draft", Input).value = opts.draft or ""
+        self._probe()
+        self.query_one("#backends", OptionList).focus()
+
+    @work(thread=True, group="probe", exit_on_error=False)
+    def _probe(self) -> None:
+        try:
+            found = self.app.probe()
+        except Exception as e:
+            found = [BackendStatus("llama", "llama.cpp", False, error_text(e))]
+        self.post_message(msg.BackendsProbed(found))
+
+    def on_backends_probed(self, message: msg.BackendsProbed) -> None:
+        self.backends = message.backends
+        ol = self.query_one("#backends", OptionList)
+        ol.clear_options()
+        for b in self.backends:
+            mark = ("✓ ", "green") if b.usable else ("✗ ", "red")
+            prompt = Text.assemble(mark, (b.label, "bold"), "\n  ", (b.detail, "dim" if b.usable else "red"))
+            ol.add_option(Option(prompt, id=b.name, disabled=not b.usable))
+        wanted = self.app.options.backend if self.app.options is not None else "llama"
+        usable = [b.name for b in self.backends if b.usable]
+        choice = wanted if wanted in usable else (usable[0] if usable else None)
+        if choice is not None:
+            ol.highlighted = [b.name for b in self.backends].index(choice)
+            self.choose_backend(choice)
+        else:
+            self.set_pair_status(False, "no backend can run here: see the reasons on the left")
+
+    @on(OptionList.OptionHighlighted, "#backends")
+    @on(OptionList.OptionSelected, "#backends")
+    def _backend_picked(self, event: OptionList.OptionHighlighted) -> None:
+        if event.option.id and not event.option.disabled:
+            self.choose_backend(event.option.id)
+
+    def choose_backend(self, name: str) -> None:
+        if name == self.backend and self.entries:
+            return
+        self.backend = name
+        self.refresh_pairs()
+        self.schedule_check()
+
+    def refresh_pairs(self) -> None:
+        ol = self.query_one("#pairs", OptionList)
+        ol.clear_options()
+        self.entries, problem = catalog_entries(self.backend)
+        if problem:
+            ol.add_option(Option(Text(problem, style="dim"), disabled=True))
+        for e in self.entries:
+            state = ("● downloaded", "green") if e.downloaded else ("○ not downloaded", "yellow")
+            line = Text.assemble((e.name, "bold"), "  ", state, "  ", (e.size_text, "dim"))
+            if e.description:
+                line.append("\n  " + e.description, "dim")
+            ol.add_option(Option(line, id=e.name))
+
+    @on(OptionList.OptionHighlighted, "#pairs")
+    def _pair_highlighted(self, event: OptionList.OptionHighlighted) -> None:
+        entry = next((e for e in self.entries if e.name == event.option.id), None)
+        if entry is None:
+            return
+        self.pair_name = entry.name
+        if not entry.downloaded:
+            self.set_pair_status(False, f"{entry.name} is not downloaded ({entry.size_text}): Ctrl+D pulls it")
+        elif (entry.target_path, entry.draft_path) != self.current()[1:3]:
+            self.set_pair_status(True, f"{entry.name} is downloaded: Enter picks it")
+
+    @on(OptionList.OptionSelected, "#pairs")
+    def _pair_selected(self, event: OptionList.OptionSelected) -> None:
+        entry = next((e for e in self.entries if e.name == event.option.id), None)
+        if entry is None:
+            return
+        self.pair_name = entry.name
+        if not entry.downloaded:
+            self.set_pair_status(False, f"{entry.name} is not downloaded ({entry.size_text}): Ctrl+D pulls it")
+            return
+        self.query_one("#target", Input).value = entry.target_path or ""
+        self.query_one("#draft", Input).value = entry.draft_path or ""
+
+    @on(Input.Changed, "#target")
+    @on(Input.Changed, "#draft")
+    @on(Select.Changed, "#method")
+    def _choice_changed(self) -> None:
+        self.schedule_check()
+
+    def schedule_check(self) -> None:
+        if self._check_timer is not None:
+            self._check_timer.stop()
+        self._check_timer = self.set_timer(0.25, self._run_check)
+
+    def current(self) -> tuple[str, str, str, str]:
+        method = str(self.query_one("#method", Select).value)
+        return (
+            self.backend,
+            self.query_one("#target", Input).value.strip(),
+            self.query_one("#draft", Input).value.strip(),
+            method,
+        )
+
+    def _run_check(self) -> None:
+        self._check_timer = None
+        key = self.current()
+        if not key[1] and not key[2]:
+            return
+        self._check(key, start=False)
+
+    @work(thread=True, group="check", exit_on_error=False)
+    def _check(self, key: tuple[str, str, str, str], start: bool) -> None:
+        ok, text = check_pair(*key)
+        self.post_message(msg.PairChecked(key, ok, text))
+        if ok and start:
+            backend, target, draft, method = key
+            d = self.app.load_defaults
+            options = ModelOptions(
+                target=target,
+                draft=draft or None,
+                backend=backend,
+                draft_method=method,
+                n_ctx=d.n_ctx,
+                threads=d.threads,
+                n_gpu_layers=d.n_gpu_layers,
+            )
+            self.app.call_from_thread(self.app.load, options)
+
+    def on_pair_checked(self, message: msg.PairChecked) -> None:
+        if message.key != self.current():
+            return  # the choice changed since; its own check follows
+        self.check = message
+        self.set_pair_status(message.ok, message.text)
+
+    def set_pair_status(self, ok: bool, text: str) -> None:
+        status = self.query_one("#pair-status", Static)
+        status.update(Text(("✓ " if ok else "✗ ") + text))
+        status.set_class(not ok, "-error")
+        status.set_class(ok, "-ok")
+
+    def show_load_error(self, error: str) -> None:
+        self.set_pair_status(False, "could not load: " + error)
+
+    def action_start(self) -> None:
+        key = self.current()
+        if not key[1]:
+            self.set_pair_status(False, "choose a target model (a downloaded catalog pair, or a path) first")
+            return
+        self.set_pair_status(True, "checking the pair …")
+        self._check(key, start=True)
+
+    @on(Button.Pressed, "#start")
+    def _start_pressed(self) -> None:
+        self.action_start()
+
+    @on(Button.Pressed, "#pull")
+    def _pull_pressed(self) -> None:
+        self.action_pull()
+
+    def action_back(self) -> None:
+        if len(self.app.screen_stack) > 2:
+            self.app.pop_screen()
+
+    # -- pulling a catalog pair ---------------------------------------------------------------------------
+
+    def action_pull(self) -> None:
+        if self.pulling:
+            self.notify(f"Already pulling {self.pulling}.")
+            return
+        entry = next((e for e in self.entries if e.name == self.pair_name), None)
+        if entry is None:
+            self.notify("Highlight a catalog pair to pull first.", severity="warning")
+            return
+        self.pulling = entry.name
+        bar = self.query_one("#pull-progress", ProgressBar)
+        bar.display = True
+        bar.update(total=None, progress=0)
+        self.set_pair_status(True, f"pulling {entry.name} …")
+        self._pull(entry.name, self.backend)
+
+    @work(thread=True, group="pull", exit_on_error=False)
+    def _pull(self, name: str, backend: str) -> None:
+        def report(fraction: float | None, text: str) -> None:
+            self.post_message(msg.PullProgress(name, fraction, text))
+
+        try:
+            pull_pair_with_progress(name, backend, report, self.pull_cancel)
+        except Exception as e:
+            self.post_message(msg.PullFinished(name, error_text(e)))
+            return
+        self.post_message(msg.PullFinished(name, None))
+
+    def on_unmount(self) -> None:
+        self.pull_cancel.set()  # a pull in flight stops; a finished one stays in the cache
+
+    def on_pull_progress(self, message: msg.PullProgress) -> None:
+        bar = self.query_one("#pull-progress", ProgressBar)
+        if message.fraction is None:
+            bar.update(total=None)
+        else:
+            bar.update(total=100, progress=round(message.fraction * 100, 1))
+        self.set_pair_status(True, message.text)
+
+    def on_pull_finished(self, message: msg.PullFinished) -> None:
+        self.pulling = None
+        self.query_one("#pull-progress").display = False
+        if message.error:
+            self.set_pair_status(False, f"pull of {message.pair} failed: {message.error}")
+            return
+        self.refresh_pairs()
+        ol = self.query_one("#pairs", OptionList)
+        ids = [e.name for e in self.entries]
+        if message.pair in ids:
+            ol.highlighted = ids.index(message.pair)
+            entry = self.entries[ids.index(message.pair)]
+            if entry.downloaded:
+                self.query_one("#target", Input).value = entry.target_path or ""
+                self.query_one("#draft", Input).value = entry.draft_path or ""
+                self.notify(f"{message.pair} is downloaded: Ctrl+S starts the chat.")
