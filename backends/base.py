@@ -13,6 +13,10 @@ The error contract, the same for every backend (tests/test_backend_contract.py c
 - forward: ValueError for an empty batch (a caller bug); ContextOverflowError when the cache cannot
   take the tokens (nothing is appended); GenerationError when the library fails (the cache is left
   holding exactly `cached_tokens`).
+- abort: `abort()` (from any thread) makes a forward in flight stop within a fraction of a second and
+  raise Interrupted, with the cache holding exactly `cached_tokens`; while the flag is set every forward
+  raises Interrupted at once; `abort(False)` clears it. A load can be cancelled the same way through the
+  `cancel` event given to `load` (Interrupted).
 - rollback: ValueError for a negative n_keep; n_keep >= len(cached_tokens) does nothing;
   UnsupportedModelError when the model's state cannot be cut back that far.
 """
@@ -20,6 +24,7 @@ The error contract, the same for every backend (tests/test_backend_contract.py c
 from __future__ import annotations
 
 import codecs
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -116,6 +121,10 @@ class Backend(Protocol):
         """Drop every cached position from n_keep on."""
         ...
 
+    def abort(self, on: bool = True) -> None:
+        """Stop a forward in flight on another thread (it raises Interrupted); see the contract above."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -128,7 +137,15 @@ class BackendModule(Protocol):
         """Vocabulary facts from metadata or tokenizer files alone (no weights are read)."""
         ...
 
-    def load(self, path: str, *, n_ctx: int, threads: int | None = None, n_gpu_layers: int = -1) -> Backend: ...
+    def load(
+        self,
+        path: str,
+        *,
+        n_ctx: int,
+        threads: int | None = None,
+        n_gpu_layers: int = -1,
+        cancel: threading.Event | None = None,
+    ) -> Backend: ...
 
     def check_path(self, path: str) -> None:
         """Raise ModelFileError when `path` cannot be a model for this backend (cheap: no weights)."""

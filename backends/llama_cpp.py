@@ -22,7 +22,13 @@ import numpy as np
 
 from localspec.backends.base import ByteDetokenizer, ChatMessage, ModelInfo
 from localspec.backends.chat_template import render_chat
-from localspec.errors import ContextOverflowError, GenerationError, ModelFileError, UnsupportedModelError
+from localspec.errors import (
+    ContextOverflowError,
+    GenerationError,
+    Interrupted,
+    ModelFileError,
+    UnsupportedModelError,
+)
 from localspec.gguf_meta import GGUFHeader, read_gguf_header
 from localspec.vocab import VocabInfo
 
@@ -105,19 +111,49 @@ def check_path(path: str | Path) -> None:
     read_header(path)
 
 
-def load(path: str | Path, *, n_ctx: int = 4096, threads: int | None = None, n_gpu_layers: int = -1) -> LlamaCppBackend:
-    return LlamaCppBackend(path, n_ctx=n_ctx, threads=threads, n_gpu_layers=n_gpu_layers)
+def load(
+    path: str | Path,
+    *,
+    n_ctx: int = 4096,
+    threads: int | None = None,
+    n_gpu_layers: int = -1,
+    cancel: threading.Event | None = None,
+) -> LlamaCppBackend:
+    return LlamaCppBackend(path, n_ctx=n_ctx, threads=threads, n_gpu_layers=n_gpu_layers, cancel=cancel)
+
+
+@functools.cache
+def _abort_check():  # type: ignore[no-untyped-def]
+    """ggml's abort callback, as a native function: libc's strlen on a 2-byte flag buffer is 0 until the
+    flag is set. ggml calls it between graph nodes, so a Python callback (and the GIL) there would cost
+    about a millisecond per forward; this costs nothing. None where libc cannot be found."""
+    try:
+        libc = ctypes.CDLL(None) if sys.platform != "win32" else ctypes.cdll.msvcrt
+        address = ctypes.cast(libc.strlen, ctypes.c_void_p).value
+    except (OSError, AttributeError):
+        return None
+    return llama_cpp.ggml_abort_callback(address) if address else None
 
 
 class LlamaCppBackend:
     """A GGUF model with its context (KV cache) on one sequence."""
 
-    def __init__(self, path: str | Path, *, n_ctx: int, threads: int | None, n_gpu_layers: int, n_batch: int = 512) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        n_ctx: int,
+        threads: int | None,
+        n_gpu_layers: int,
+        n_batch: int = 512,
+        cancel: threading.Event | None = None,
+    ) -> None:
         _init_llama()
         p = Path(path).expanduser()
         self._header = read_header(p)
         self._meta = self._header.metadata
-        self._model = self._load_model(p, n_gpu_layers)
+        self._abort_flag = ctypes.create_string_buffer(2)  # non-empty string: abort (see _abort_check)
+        self._model = self._load_model(p, n_gpu_layers, cancel)
         self._ctx = None
         self._batch = None
         try:
@@ -139,11 +175,17 @@ class LlamaCppBackend:
 
     # -- loading ----------------------------------------------------------------------------------
 
-    def _load_model(self, p: Path, n_gpu_layers: int):  # type: ignore[no-untyped-def]
+    def _load_model(self, p: Path, n_gpu_layers: int, cancel: threading.Event | None):  # type: ignore[no-untyped-def]
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else n_gpu_layers
+        if cancel is not None:
+            # llama.cpp stops loading when this returns False (it is called as tensors load).
+            keep_going = llama_cpp.llama_progress_callback(lambda progress, data: not cancel.is_set())
+            params.progress_callback = keep_going
         with _LOG.capture() as log:
             model = llama_cpp.llama_model_load_from_file(str(p).encode("utf-8"), params)
+        if not model and cancel is not None and cancel.is_set():
+            raise Interrupted(f"loading {p.name} was cancelled")
         if not model:
             reason = _last_error(log) or "llama.cpp gave no reason"
             raise ModelFileError(
@@ -171,6 +213,8 @@ class LlamaCppBackend:
         params.no_perf = True
         with _LOG.capture() as log:
             ctx = llama_cpp.llama_init_from_model(self._model, params)
+        if ctx and _abort_check() is not None:
+            llama_cpp.llama_set_abort_callback(ctx, _abort_check(), ctypes.cast(self._abort_flag, ctypes.c_void_p))
         if not ctx:
             raise ModelFileError(
                 f"llama.cpp could not create a context of {n_ctx:,} tokens: {_last_error(log) or 'no reason given'}",
@@ -265,9 +309,14 @@ class LlamaCppBackend:
         tokens = self._meta.get("tokenizer.ggml.tokens") or []
         return tokens[tid] if tid is not None and 0 <= tid < len(tokens) else ""
 
+    def abort(self, on: bool = True) -> None:
+        self._abort_flag[0] = b"x" if on else b"\0"
+
     def forward(self, tokens: Sequence[int], *, all_logits: bool = True) -> np.ndarray:
         if not tokens:
             raise ValueError("forward needs at least one token")
+        if self._abort_flag.value:
+            raise Interrupted("stopped before the forward pass")
         if len(self._tokens) + len(tokens) > self.n_ctx:
             raise ContextOverflowError(
                 f"the context holds {self.n_ctx:,} tokens; {len(self._tokens):,} are cached and "
@@ -308,6 +357,8 @@ class LlamaCppBackend:
         if rc != 0:
             # A failed decode may leave part of the batch in the cache: cut back to what we track.
             llama_cpp.llama_memory_seq_rm(self._memory, 0, n_past, -1)
+            if rc == 2:  # the abort callback said stop
+                raise Interrupted("stopped during a forward pass")
             raise GenerationError(
                 f"llama_decode failed (code {rc}): {_last_error(log) or 'no reason given'}",
                 "this usually means the KV cache is full or out of memory; lower --n-ctx or --num-draft",

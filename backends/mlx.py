@@ -12,6 +12,7 @@ say how to install them when they are missing.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from localspec.errors import (
     BackendUnavailableError,
     ContextOverflowError,
     GenerationError,
+    Interrupted,
     ModelFileError,
     UnsupportedModelError,
 )
@@ -59,8 +61,16 @@ def check_path(path: str) -> None:
         raise ModelFileError(f"model not found: {path}", _MODEL_DIR_HINT)
 
 
-def load(path: str, *, n_ctx: int, threads: int | None = None, n_gpu_layers: int = -1) -> MLXBackend:
-    """Load a model for speculative decoding. `threads` and `n_gpu_layers` do not apply to MLX."""
+def load(
+    path: str,
+    *,
+    n_ctx: int,
+    threads: int | None = None,
+    n_gpu_layers: int = -1,
+    cancel: threading.Event | None = None,
+) -> MLXBackend:
+    """Load a model for speculative decoding. `threads` and `n_gpu_layers` do not apply to MLX.
+    `cancel` is checked before the weights are materialized (the one long step)."""
     _require_mlx()
     import mlx.core as mx
     from mlx_lm.utils import load_model
@@ -74,6 +84,8 @@ def load(path: str, *, n_ctx: int, threads: int | None = None, n_gpu_layers: int
     except ValueError as e:
         raise UnsupportedModelError(f"mlx-lm cannot build the model in {path}: {e}", "check that mlx-lm is up to date") from None
     n_ctx, cache_note = _check_cache(model, config, path, n_ctx)
+    if cancel is not None and cancel.is_set():
+        raise Interrupted(f"loading {path} was cancelled")
     mx.eval(model.parameters())
     tokenizer = _load_tokenizer(model_path, eos_token_ids=config.get("eos_token_id"))
     return MLXBackend(model, tokenizer, config, path=path, model_path=model_path, n_ctx=n_ctx, note=cache_note)
@@ -217,6 +229,7 @@ class MLXBackend:
         self.cache = make_cache(model, config)
         self._tokens: list[int] = []
         self._n_forward = 0
+        self._aborted = False
         self._n_ctx = n_ctx
         self._n_vocab = self._logits_width()
         self._eog = self._find_eog()
@@ -291,7 +304,19 @@ class MLXBackend:
 
     # -- the cache --------------------------------------------------------------------------------
 
+    # A long prompt is fed in chunks, so that abort() (checked between them) stops it soon: MLX itself
+    # cannot be interrupted inside a pass.
+    CHUNK = 256
+
+    def abort(self, on: bool = True) -> None:
+        self._aborted = on
+
     def forward(self, tokens: Sequence[int], *, all_logits: bool = True) -> np.ndarray:
+        self._check_room(len(tokens))
+        if len(tokens) > self.CHUNK and not all_logits:
+            for start in range(0, len(tokens) - self.CHUNK, self.CHUNK):
+                self.forward_device(tokens[start : start + self.CHUNK], all_logits=False)
+            tokens = tokens[(len(tokens) - 1) // self.CHUNK * self.CHUNK :]
         logits = self.forward_device(tokens, all_logits=all_logits)
         return np.asarray(logits)  # [n, V] float32 (MLX evaluates here)
 
@@ -300,12 +325,9 @@ class MLXBackend:
         mx = self._mx
         if not tokens:
             raise ValueError("forward needs at least one token")
-        if len(self._tokens) + len(tokens) > self._n_ctx:
-            raise ContextOverflowError(
-                f"the context holds {self._n_ctx:,} tokens; {len(self._tokens):,} are cached and "
-                f"{len(tokens):,} more do not fit",
-                "raise --n-ctx (memory permitting) or shorten the prompt",
-            )
+        if self._aborted:
+            raise Interrupted("stopped before the forward pass")
+        self._check_room(len(tokens))
         x = mx.array(list(tokens), dtype=mx.uint32)[None]  # [1, n]
         try:
             out = self.model(x, cache=self.cache)  # [1, n, V]
@@ -321,6 +343,14 @@ class MLXBackend:
         if self._n_forward % 256 == 0:  # as mlx-lm's generate does: return freed buffers now and then
             mx.clear_cache()
         return out
+
+    def _check_room(self, n: int) -> None:
+        if len(self._tokens) + n > self._n_ctx:
+            raise ContextOverflowError(
+                f"the context holds {self._n_ctx:,} tokens; {len(self._tokens):,} are cached and "
+                f"{n:,} more do not fit",
+                "raise --n-ctx (memory permitting) or shorten the prompt",
+            )
 
     def _resync(self) -> None:
         """After a failed pass, cut every layer's cache back to the tokens we know it holds."""

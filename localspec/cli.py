@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from localspec import __version__
-from localspec.errors import LocalspecError
+from localspec.errors import Interrupted, LocalspecError
 
 COMMANDS: tuple[str, ...] = ("run", "chat", "pull", "models", "bench", "doctor")
 
@@ -39,6 +39,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(args.handler(args) or 0)
+    except Interrupted as e:
+        print(f"\ninterrupted: {e.message}", file=sys.stderr)
+        return e.exit_code
     except LocalspecError as e:
         print_error(e)
         return e.exit_code

@@ -55,6 +55,12 @@ class GenerationError(LocalspecError):
     """The backend failed while generating."""
 
 
+class Interrupted(LocalspecError):
+    """The user stopped a load or a forward pass in flight (Ctrl-C, Esc, a client that went away)."""
+
+    exit_code = 130
+
+
 def error_text(e: BaseException) -> str:
     """One line for a UI: the message and its hint for our errors, the type and text for anything else."""
     if isinstance(e, LocalspecError):

@@ -171,10 +171,24 @@ class Pipeline:
         return [int(t) for t in items]  # type: ignore[arg-type]
 
     def generate(
-        self, prompt: Prompt, config: GenerationConfig, *, raw: bool = False, stop: threading.Event | None = None
+        self,
+        prompt: Prompt,
+        config: GenerationConfig,
+        *,
+        raw: bool = False,
+        stop: threading.Event | None = None,
+        on_phase: Callable[[str], None] | None = None,
     ) -> Iterator[Event]:
-        """Stream a generation: the engine's events for this prompt through the pipeline's drafter."""
-        return generate(self.target, self.drafter, self.prompt_tokens(prompt, raw=raw), config, stop=stop, clock=self.clock)
+        """Stream a generation: the engine's events for this prompt through the pipeline's drafter.
+        `stop` ends it after the current round; abort() (from another thread) at once."""
+        tokens = self.prompt_tokens(prompt, raw=raw)
+        return generate(self.target, self.drafter, tokens, config, stop=stop, clock=self.clock, on_phase=on_phase)
+
+    def abort(self, on: bool = True) -> None:
+        """Make the forward pass in flight (on the generating thread) stop now; abort(False) re-arms."""
+        for backend in (self.target, self.draft):
+            if backend is not None:
+                backend.abort(on)
 
     def close(self) -> None:
         self.drafter.close()
@@ -183,11 +197,14 @@ class Pipeline:
         self.target.close()
 
 
-def load_pipeline(opts: ModelOptions, *, clock: Callable[[], float] = time.perf_counter) -> Pipeline:
-    """Check the pair from metadata, then load the target and (when used) the draft, and build the drafter."""
+def load_pipeline(
+    opts: ModelOptions, *, clock: Callable[[], float] = time.perf_counter, cancel: threading.Event | None = None
+) -> Pipeline:
+    """Check the pair from metadata, then load the target and (when used) the draft, and build the drafter.
+    Setting `cancel` (from another thread) stops a load in progress with Interrupted."""
     check = check_pair(opts)
     module = backend_module(check.backend)
-    load = dict(n_ctx=opts.n_ctx, threads=opts.threads, n_gpu_layers=opts.n_gpu_layers)
+    load = dict(n_ctx=opts.n_ctx, threads=opts.threads, n_gpu_layers=opts.n_gpu_layers, cancel=cancel)
     target = module.load(opts.target, **load)
     draft: Backend | None = None
     try:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from localspec.backends.base import ByteDetokenizer, ChatMessage, ModelInfo
+from localspec.errors import Interrupted
 from localspec.vocab import VocabInfo
 
 EOG = 256
@@ -36,6 +37,7 @@ class FakeBackend:
         self._tokens: list[int] = []
         self.forward_calls: list[int] = []  # batch sizes, for tests that count passes
         self.closed = False
+        self.aborted = False
         self._info = ModelInfo("fake", f"/fake/{name}", name, "fake", "CPU", n_ctx)
 
     @property
@@ -72,7 +74,12 @@ class FakeBackend:
         text = "".join(f"<{m.role}>{m.content}\n" for m in messages)
         return text + ("<assistant>" if add_generation_prompt else "")
 
+    def abort(self, on: bool = True) -> None:
+        self.aborted = on
+
     def forward(self, tokens: Sequence[int], *, all_logits: bool = True) -> np.ndarray:
+        if self.aborted:
+            raise Interrupted("fake backend: aborted")
         if len(self._tokens) + len(tokens) > self._n_ctx:
             raise RuntimeError("fake backend: context overflow")
         self.forward_calls.append(len(tokens))

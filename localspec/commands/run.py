@@ -1,4 +1,9 @@
-"""`localspec run PROMPT`: one prompt, the answer streamed to stdout, stats to stderr (or --json)."""
+"""`localspec run PROMPT`: one prompt, the answer streamed to stdout, stats to stderr (or --json).
+
+The models load and the engine runs on a worker thread, so that the main thread is always free to
+take Ctrl-C: the first stops after the current round (at once while loading, reading the prompt or
+preparing the drafter) and still prints the stats; the second aborts at once.
+"""
 
 from __future__ import annotations
 
@@ -7,16 +12,19 @@ import json
 import signal
 import sys
 import threading
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from localspec.errors import UsageError
 from localspec.options import (
+    ModelOptions,
     add_generation_options,
     add_model_options,
     generation_config_from_args,
     model_options_from_args,
 )
+
+ABORT_GRACE_S = 2.0  # after a second Ctrl-C, wait this long at most for the worker to free the models
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -41,39 +49,80 @@ def read_prompt(arg: str) -> str:
     return text
 
 
-def run(args: argparse.Namespace) -> int:
-    from localspec.backends.base import ChatMessage
-    from localspec.decoding.engine import Done
-    from localspec.pipeline import load_pipeline
-    from localspec.report import summary_lines
+def ignored_options(args: argparse.Namespace, opts: ModelOptions) -> list[str]:
+    """Options given that the chosen draft method does not use (said, not silently dropped)."""
+    if args.draft and not opts.uses_draft_model:
+        return [f"--draft is not used by --draft-method {opts.draft_method} (only model and auto use a draft model)"]
+    return []
 
+
+def run(args: argparse.Namespace) -> int:
     prompt_text = read_prompt(args.prompt)
     config = generation_config_from_args(args)
     opts = model_options_from_args(args)
-    pipeline = load_pipeline(opts)
-    if pipeline.backend_note and not args.json:
-        print(pipeline.backend_note, file=sys.stderr)
-    try:
-        if args.raw:
-            prompt: Any = prompt_text
-        else:
-            prompt = ([ChatMessage("system", args.system)] if args.system else []) + [ChatMessage("user", prompt_text)]
-        stop = threading.Event()
-        rounds: list[dict[str, Any]] = []
-        with _first_interrupt_stops(stop):
-            for event in pipeline.generate(prompt, config, raw=args.raw, stop=stop):
-                if isinstance(event, Done):
-                    done = event
-                    break
-                if event.round is not None:
-                    rounds.append(asdict(event.round))
-                if not args.json and event.text:
-                    sys.stdout.write(event.text)
-                    sys.stdout.flush()
-        if args.json:
-            out = {"text": done.text, "tokens": list(done.tokens), "stats": done.stats.to_dict(), "rounds": rounds}
-            if pipeline.backend_note:
-                out["backend_note"] = pipeline.backend_note
+    for note in ignored_options(args, opts):
+        print(f"note: {note}", file=sys.stderr)
+    job = _RunJob(opts, config, prompt_text, args)
+    return job.run()
+
+
+@dataclass
+class _RunJob:
+    opts: ModelOptions
+    config: Any  # GenerationConfig
+    prompt_text: str
+    args: argparse.Namespace
+    stop: threading.Event = field(default_factory=threading.Event)  # after the current round
+    cancel: threading.Event = field(default_factory=threading.Event)  # now
+    pipeline: Any = None
+    decoding: bool = False  # a first token is out: the first Ctrl-C may wait for the round
+    interrupts: int = 0
+    done: Any = None
+    rounds: list[dict[str, Any]] = field(default_factory=list)
+    error: BaseException | None = None
+    pipeline_note: str = ""
+
+    # -- main thread ---------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        worker = threading.Thread(target=self._work, name="localspec-run", daemon=True)
+        previous = signal.signal(signal.SIGINT, self._on_sigint) if _main_thread() else None
+        try:
+            worker.start()
+            while worker.is_alive():
+                worker.join(0.1)  # short waits: Python runs signal handlers only between them
+                if self.interrupts >= 2:
+                    worker.join(ABORT_GRACE_S)
+                    print("\naborted", file=sys.stderr)
+                    return 130
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+        if self.error is not None:
+            raise self.error
+        return self._report()
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        self.interrupts += 1
+        self.stop.set()
+        if self.interrupts == 1 and self.decoding:
+            print("\n[stopping after this round; Ctrl-C again to abort]", file=sys.stderr, flush=True)
+            return
+        self._interrupt_now()
+
+    def _interrupt_now(self) -> None:
+        self.cancel.set()
+        if self.pipeline is not None:
+            self.pipeline.abort()
+
+    def _report(self) -> int:
+        from localspec.report import summary_lines
+
+        done = self.done
+        if self.args.json:
+            out = {"text": done.text, "tokens": list(done.tokens), "stats": done.stats.to_dict(), "rounds": self.rounds}
+            if self.pipeline_note:
+                out["backend_note"] = self.pipeline_note
             json.dump(out, sys.stdout)
             sys.stdout.write("\n")
         else:
@@ -81,27 +130,55 @@ def run(args: argparse.Namespace) -> int:
             for line in summary_lines(done.stats):
                 print(line, file=sys.stderr)
         return 130 if done.stats.stop_reason == "stopped" else 0
-    finally:
-        pipeline.close()
+
+    # -- worker thread ------------------------------------------------------------------------------
+
+    def _work(self) -> None:
+        from localspec.pipeline import load_pipeline
+
+        try:
+            self._say(f"loading {self.opts.target}" + (f" and {self.opts.draft}" if self.opts.uses_draft_model else ""))
+            pipeline = load_pipeline(self.opts, cancel=self.cancel)
+            self.pipeline, self.pipeline_note = pipeline, pipeline.backend_note
+            if self.cancel.is_set():  # Ctrl-C while the load finished
+                pipeline.abort()
+            try:
+                if pipeline.backend_note:
+                    self._say(pipeline.backend_note)
+                self._generate(pipeline)
+            finally:
+                pipeline.close()
+        except BaseException as e:  # re-raised on the main thread, where the CLI reports it
+            self.error = e
+
+    def _generate(self, pipeline: Any) -> None:
+        from localspec.backends.base import ChatMessage
+        from localspec.decoding.engine import Done
+
+        args = self.args
+        if args.raw:
+            prompt: Any = self.prompt_text
+        else:
+            prompt = ([ChatMessage("system", args.system)] if args.system else []) + [ChatMessage("user", self.prompt_text)]
+        tokens = pipeline.prompt_tokens(prompt, raw=args.raw)
+        phases = {"prompt": f"reading the prompt ({len(tokens):,} tokens)", "drafter": "preparing the drafter"}
+        events = pipeline.generate(tokens, self.config, stop=self.stop, on_phase=lambda p: self._say(phases[p]))
+        for event in events:
+            if isinstance(event, Done):
+                self.done = event
+                break
+            self.decoding = True
+            if event.round is not None:
+                self.rounds.append(asdict(event.round))
+            if not args.json and event.text:
+                sys.stdout.write(event.text)
+                sys.stdout.flush()
+
+    def _say(self, text: str) -> None:
+        """What is happening before the first token (stderr, and never in --json mode)."""
+        if not self.args.json:
+            print(f"{text} …", file=sys.stderr, flush=True)
 
 
-class _first_interrupt_stops:
-    """First Ctrl-C finishes the current round and ends cleanly (stats still printed); a second aborts."""
-
-    def __init__(self, stop: threading.Event) -> None:
-        self.stop = stop
-        self.previous: Any = None
-
-    def __enter__(self) -> None:
-        if threading.current_thread() is threading.main_thread():
-            self.previous = signal.signal(signal.SIGINT, self._handle)
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.stop.is_set():
-            raise KeyboardInterrupt
-        self.stop.set()
-        print("\n[stopping after this round; Ctrl-C again to abort]", file=sys.stderr)
-
-    def __exit__(self, *exc: object) -> None:
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()

@@ -17,7 +17,7 @@ from typing import Literal
 import numpy as np
 
 from localspec.backends.base import Backend, Detokenizer, sync_cache
-from localspec.errors import ContextOverflowError, UsageError
+from localspec.errors import ContextOverflowError, Interrupted, UsageError
 from localspec.decoding import verify
 from localspec.decoding.drafters import Draft, Drafter
 from localspec.decoding.sampling import SamplingParams, greedy, probabilities, sample
@@ -75,9 +75,15 @@ def generate(
     *,
     stop: threading.Event | None = None,
     clock: Callable[[], float] = time.perf_counter,
+    on_phase: Callable[[str], None] | None = None,
 ) -> Iterator[Event]:
-    """Generate from `prompt` (token ids). The output is distributed as the target's own sampling."""
-    return _Run(target, drafter, prompt, config, stop, clock).events()
+    """Generate from `prompt` (token ids). The output is distributed as the target's own sampling.
+
+    `stop` ends the run after the current round. A backend abort (Backend.abort, from another thread)
+    ends it at once: the round in flight is dropped, and Done says "stopped". `on_phase` hears what the
+    run does before its first token: "prompt" (reading the prompt), then "drafter" (preparing the drafter).
+    """
+    return _Run(target, drafter, prompt, config, stop, clock, on_phase).events()
 
 
 class _Run:
@@ -89,6 +95,7 @@ class _Run:
         config: GenerationConfig,
         stop: threading.Event | None,
         clock: Callable[[], float],
+        on_phase: Callable[[str], None] | None = None,
     ) -> None:
         if not prompt:
             raise UsageError("the prompt is empty", "give the model some text to continue")
@@ -104,6 +111,7 @@ class _Run:
         self.sampling = config.sampling
         self.stop = stop
         self.clock = clock
+        self.on_phase = on_phase or (lambda phase: None)
         self.seed = config.sampling.seed if config.sampling.seed is not None else _fresh_seed()
         self.rng = np.random.default_rng(self.seed)
         self.context: list[int] = list(prompt)  # every committed token: prompt + generated
@@ -120,7 +128,12 @@ class _Run:
 
     def events(self) -> Iterator[Event]:
         t0 = self.clock()
-        n_cached, first = self._prefill()
+        try:
+            n_cached, first = self._prefill()
+        except Interrupted:
+            self.prompt_s = self.clock() - t0
+            yield Done("", (), self._stats("stopped", 0.0))
+            return
         self.t_decode = self.clock()
         self.prompt_s, self.n_cached = self.t_decode - t0, n_cached
         reason = yield from self._emit([first], ["target"], None)
@@ -132,7 +145,12 @@ class _Run:
             if k < 0:
                 reason = "context"
                 break
-            step = self._round(k)
+            try:
+                step = self._round(k)
+            except Interrupted:
+                self.target.rollback(len(self.context) - 1)  # the round in flight is dropped whole
+                reason = "stopped"
+                break
             reason = yield from self._emit(*step)
         decode_s = self.clock() - self.t_decode
         tail = self.detok.flush()
@@ -143,9 +161,11 @@ class _Run:
 
     def _prefill(self) -> tuple[int, int]:
         """Fill both caches with the prompt (reusing any cached prefix); return (reused, first token)."""
+        self.on_phase("prompt")
         keep, logits = sync_cache(self.target, self.prompt, logits=True)
         assert logits is not None
         first = self._sample_one(logits)
+        self.on_phase("drafter")
         self.drafter.prepare(self.prompt, self.config.num_draft)
         return keep, first
 
