@@ -27,11 +27,14 @@ import codecs
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
 from localspec.vocab import VocabInfo
+
+if TYPE_CHECKING:
+    from localspec.backends.chat_template import ChatFormat
 
 
 @dataclass(frozen=True)
@@ -105,8 +108,15 @@ class Backend(Protocol):
 
     def detokenizer(self) -> Detokenizer: ...
 
-    def apply_chat_template(self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True) -> str:
-        """The prompt text for a conversation, rendered with the model's own chat template."""
+    def chat_template(self) -> str | None:
+        """The model's own Jinja chat template; None when it ships none."""
+        ...
+
+    def apply_chat_template(
+        self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True, template: str | None = None
+    ) -> str:
+        """The prompt text for a conversation, rendered with `template` or else the model's own (which
+        must exist: chat_template.choose_chat_format decides what a model without one gets)."""
         ...
 
     def forward(self, tokens: Sequence[int], *, all_logits: bool = True) -> np.ndarray:
@@ -176,12 +186,16 @@ def sync_cache(backend: Backend, tokens: Sequence[int], *, logits: bool) -> tupl
     return keep, (row if logits else None)
 
 
-def chat_prompt_tokens(backend: Backend, messages: Sequence[ChatMessage]) -> list[int]:
-    """Render a conversation with the model's template and tokenize it, specials included.
+def chat_prompt_tokens(backend: Backend, messages: Sequence[ChatMessage], fmt: ChatFormat | None = None) -> list[int]:
+    """Render a conversation in `fmt` (default: chosen for the model, see choose_chat_format) and
+    tokenize it, specials included.
 
     Templates that write the BOS token themselves would get a second one from the tokenizer; drop it.
     """
-    tokens = backend.tokenize(backend.apply_chat_template(messages), add_special=True, parse_special=True)
+    from localspec.backends.chat_template import choose_chat_format, conversation_text
+
+    fmt = fmt or choose_chat_format(backend)
+    tokens = backend.tokenize(conversation_text(backend, messages, fmt), add_special=True, parse_special=not fmt.raw)
     bos = backend.vocab_info().bos_id
     if bos is not None and len(tokens) >= 2 and tokens[0] == tokens[1] == bos:
         tokens = tokens[1:]

@@ -295,9 +295,17 @@ class LlamaCppBackend:
     def detokenizer(self) -> ByteDetokenizer:
         return ByteDetokenizer(self.piece)
 
-    def apply_chat_template(self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True) -> str:
+    def chat_template(self) -> str | None:
+        return self._meta.get("tokenizer.chat_template") or None
+
+    def apply_chat_template(
+        self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True, template: str | None = None
+    ) -> str:
+        template = template or self.chat_template()
+        if template is None:
+            raise GenerationError(f"{self.info.name} ships no chat template", "give one with --chat-template, or use --raw")
         return render_chat(
-            self._meta.get("tokenizer.chat_template"),
+            template,
             messages,
             add_generation_prompt=add_generation_prompt,
             bos_token=self._special_text("tokenizer.ggml.bos_token_id"),

@@ -289,16 +289,22 @@ class MLXBackend:
             return ByteDetokenizer(lambda t: pieces[t] if 0 <= t < len(pieces) else b"")
         return _StreamingDetokenizer(self.tokenizer.detokenizer, self._special_ids)
 
-    def apply_chat_template(self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True) -> str:
-        if not self.tokenizer.has_chat_template:
-            # No template shipped: the same ChatML fallback as the llama.cpp backend.
+    def chat_template(self) -> str | None:
+        return self.tokenizer.chat_template if self.tokenizer.has_chat_template else None
+
+    def apply_chat_template(
+        self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True, template: str | None = None
+    ) -> str:
+        if template is not None:  # a family's or the user's template, rendered as for llama.cpp
             from localspec.backends.chat_template import render_chat
 
             tok = self.tokenizer._tokenizer
             return render_chat(
-                None, messages, add_generation_prompt=add_generation_prompt,
+                template, messages, add_generation_prompt=add_generation_prompt,
                 bos_token=tok.bos_token or "", eos_token=tok.eos_token or "",
             )  # fmt: skip
+        if not self.tokenizer.has_chat_template:
+            raise GenerationError(f"{self.info.name} ships no chat template", "give one with --chat-template, or use --raw")
         msgs = [{"role": m.role, "content": m.content} for m in messages]
         return self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=add_generation_prompt)
 

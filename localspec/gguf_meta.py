@@ -180,4 +180,7 @@ def read_gguf_header(path: str | Path, *, check_size: bool = True) -> GGUFHeader
 
 
 _NOT_GGUF_HINT = "llama.cpp reads GGUF files (*.gguf); convert other formats with llama.cpp's convert_hf_to_gguf.py"
-_TRUNCATED_HINT = "the download was probably interrupted: delete the file and download it again (`localspec pull` resumes)"
+_TRUNCATED_HINT = (
+    "the download was probably cut short: delete the file, then download it again "
+    "(for a catalog pair, `localspec pull NAME` then fetches it anew)"
+)

@@ -43,6 +43,7 @@ class ModelOptions:
     threads: int | None = None
     n_gpu_layers: int = -1  # -1: offload everything the build can
     pair: str | None = None
+    chat_template: str | None = None  # a format name, "raw" or a Jinja file; None: the model's own (or its family's)
 
     def __post_init__(self) -> None:
         check_choice("backend", self.backend, BACKENDS)
@@ -152,6 +153,12 @@ def add_model_options(p: argparse.ArgumentParser, *, method: bool = True) -> Non
     g.add_argument("--n-ctx", type=int, default=DEFAULT_N_CTX, help=f"context window in tokens (default: {DEFAULT_N_CTX})")
     g.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     g.add_argument("--n-gpu-layers", type=int, default=-1, help="layers to offload to the GPU; -1 all (default)")
+    g.add_argument(
+        "--chat-template",
+        metavar="NAME|FILE",
+        help="chat format when the model ships none (or to override it): chatml, gemma, llama3, phi3, mistral, "
+        "raw (plain completion), or a Jinja template file (default: the model's own, else its family's)",
+    )
 
 
 def add_generation_options(p: argparse.ArgumentParser) -> None:
@@ -201,6 +208,7 @@ def model_options_from_args(args: argparse.Namespace) -> ModelOptions:
         threads=args.threads,
         n_gpu_layers=args.n_gpu_layers,
         pair=args.pair,
+        chat_template=getattr(args, "chat_template", None),
     )
 
 

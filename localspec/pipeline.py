@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from localspec.backends.base import Backend, BackendModule, ChatMessage, chat_prompt_tokens
+from localspec.backends.chat_template import ChatFormat, choose_chat_format
 from localspec.decoding.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
 from localspec.decoding.engine import Event, GenerationConfig, generate
 from localspec.errors import BackendUnavailableError, UsageError
@@ -154,6 +155,12 @@ class Pipeline:
     drafter: Drafter
     backend_note: str = ""  # e.g. why `auto` picked this backend
     clock: Callable[[], float] = field(default=time.perf_counter)
+    chat_format: ChatFormat | None = None  # how conversations become prompts (None: chosen per call)
+
+    @property
+    def notes(self) -> list[str]:
+        """What the user should hear once after loading: the backend choice, a chat-format fallback."""
+        return [n for n in (self.backend_note, self.chat_format.note if self.chat_format else "") if n]
 
     def new_drafter(self, method: str) -> Drafter:
         """A fresh drafter of `method` over the loaded models (bench runs each method this way)."""
@@ -164,10 +171,10 @@ class Pipeline:
         if isinstance(prompt, str):
             if raw:
                 return self.target.tokenize(prompt, add_special=True, parse_special=False)
-            return chat_prompt_tokens(self.target, [ChatMessage("user", prompt)])
+            return chat_prompt_tokens(self.target, [ChatMessage("user", prompt)], self.chat_format)
         items = list(prompt)
         if items and isinstance(items[0], ChatMessage):
-            return chat_prompt_tokens(self.target, items)  # type: ignore[arg-type]
+            return chat_prompt_tokens(self.target, items, self.chat_format)  # type: ignore[arg-type]
         return [int(t) for t in items]  # type: ignore[arg-type]
 
     def generate(
@@ -212,12 +219,13 @@ def load_pipeline(
             assert opts.draft is not None
             draft = module.load(opts.draft, **load)
         drafter = make_drafter(opts.draft_method, target, draft, clock=clock)
+        chat_format = choose_chat_format(target, opts.chat_template)
     except BaseException:
         if draft is not None:
             draft.close()
         target.close()
         raise
-    return Pipeline(opts, check.backend, target, draft, drafter, check.backend_note, clock)
+    return Pipeline(opts, check.backend, target, draft, drafter, check.backend_note, clock, chat_format)
 
 
 def make_drafter(

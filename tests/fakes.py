@@ -70,7 +70,12 @@ class FakeBackend:
     def detokenizer(self) -> ByteDetokenizer:
         return ByteDetokenizer(lambda t: bytes([t]) if t < 256 else b"")
 
-    def apply_chat_template(self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True) -> str:
+    def chat_template(self) -> str | None:
+        return "<role>content"  # stands for a template: apply_chat_template below is what renders
+
+    def apply_chat_template(
+        self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True, template: str | None = None
+    ) -> str:
         text = "".join(f"<{m.role}>{m.content}\n" for m in messages)
         return text + ("<assistant>" if add_generation_prompt else "")
 

@@ -32,12 +32,22 @@ def write_tiny_llama(
     scale: float = 0.5,
     base: dict[str, np.ndarray] | None = None,
     noise: float = 0.0,
+    chatless: bool = False,
 ) -> dict[str, np.ndarray]:
     """Write a random model to `path`; return its tensors (pass them as `base` with `noise` for a
-    similar "draft" model). Weights are float32, so batched and single-token passes agree closely."""
+    similar "draft" model). Weights are float32, so batched and single-token passes agree closely.
+    `chatless`: no chat template, and no special token but token 0 as BOS and EOS (a base model of
+    an unknown family)."""
     import gguf
 
-    meta = read_gguf_header(tokenizer_source).metadata
+    meta = dict(read_gguf_header(tokenizer_source).metadata)
+    if chatless:
+        meta.pop("tokenizer.chat_template", None)
+        meta["tokenizer.ggml.bos_token_id"] = meta["tokenizer.ggml.eos_token_id"] = 0  # <|endoftext|> in SmolLM2's
+        keep = {0}
+        meta["tokenizer.ggml.token_type"] = [
+            t if i in keep else 1 for i, t in enumerate(meta["tokenizer.ggml.token_type"])
+        ]
     n_vocab = len(meta["tokenizer.ggml.tokens"])
     rng = np.random.default_rng(seed)
     shapes = _tensor_shapes(n_vocab, n_embd, n_layer, n_ff)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from fakes import EOG, FakeBackend, hashed_logits, noisy, scripted_tokens, without
+from fakes import EOG, N_VOCAB, FakeBackend, hashed_logits, noisy, scripted_tokens, without
 from localspec.errors import ContextOverflowError, UsageError
 from localspec.decoding.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
 from localspec.decoding.engine import Done, GenerationConfig, Step, generate
@@ -463,3 +463,34 @@ def test_draft_tokens_outside_the_target_vocabulary_are_rejected_not_fed() -> No
         if temperature == 0.0:
             plain = list(generate(FakeBackend(target_fn), NoDrafter(), [1, 2, 3], cfg))[-1]
             assert spec.tokens == plain.tokens
+
+
+def test_greedy_near_ties_are_marked_with_position_and_gap() -> None:
+    """At temperature 0 a choice whose runner-up is within NEAR_TIE_GAP logits is listed (where batched
+    and one-token arithmetic may part); clear choices are not, and sampling runs list none."""
+    from localspec.decoding.drafters import NgramDrafter
+    from localspec.decoding.engine import Done, GenerationConfig, generate
+    from localspec.decoding.sampling import SamplingParams
+    from localspec.decoding.stats import NEAR_TIE_GAP
+
+    def logits(tokens: list[int]) -> np.ndarray:
+        row = np.zeros(N_VOCAB, dtype=np.float32)
+        n = len(tokens)
+        row[65 + n % 3] = 5.0
+        if n % 4 == 0:  # every fourth step: a runner-up 0.05 below
+            row[66 + n % 3] = 5.0 - NEAR_TIE_GAP / 2
+        return row
+
+    def ties(temperature: float) -> tuple[tuple[int, ...], list]:  # type: ignore[type-arg]
+        target = FakeBackend(logits)
+        config = GenerationConfig(max_tokens=24, num_draft=4, sampling=SamplingParams(temperature=temperature, seed=1))
+        done = [e for e in generate(target, NgramDrafter(), [65, 66, 67], config) if isinstance(e, Done)][0]
+        return done.tokens, list(done.stats.near_ties)
+
+    tokens, found = ties(0.0)
+    prompt_len = 3
+    expected = [i for i in range(len(tokens)) if (prompt_len + i) % 4 == 0]
+    assert [t.position for t in found] == expected and expected
+    for t in found:
+        assert t.token == tokens[t.position] and abs(t.gap - NEAR_TIE_GAP / 2) < 1e-4 and t.runner_up == t.token + 1
+    assert ties(0.7)[1] == []

@@ -189,9 +189,19 @@ def _top2_gap(backend, prompt: list[int], prefix: tuple[int, ...]) -> float:  # 
     return float(top[1] - top[0])
 
 
+def _plain_logits(backend, prompt: list[int], prefix: tuple[int, ...]) -> np.ndarray:  # type: ignore[no-untyped-def]
+    """The logits after `prefix` as plain decoding computes them: the prompt in one pass, then one token at a time."""
+    backend.rollback(0)
+    logits = backend.forward(prompt, all_logits=False)[-1]
+    for t in prefix:
+        logits = backend.forward([t], all_logits=False)[-1]
+    return logits
+
+
 # Batched and single-token evaluation of quantized models differ in the last bits (DESIGN.md measured
-# up to ~0.1 on Qwen2.5-Coder 1.5B Q4_K_M); streams may part only where the top two are this close.
-NEAR_TIE = 0.25
+# up to ~0.1 on Qwen2.5-Coder 1.5B Q4_K_M; Gemma 3's larger logits differ more: a 0.35 gap in one
+# shape was reversed in another); streams may part only where the top two are this close.
+NEAR_TIE = 0.5
 
 
 @pytest.mark.parametrize("model", ["smollm2_path", "gemma_path"])
@@ -207,7 +217,10 @@ def test_fixture_self_draft_accepts_every_token(model: str, request: pytest.Fixt
             assert spec.tokens == plain.tokens
             assert spec.stats.acceptance_rate == 1.0
         else:  # a rejection can only come from a batched-vs-single near-tie, where the streams part
-            assert _top2_gap(target, prompt, plain.tokens[:div]) < NEAR_TIE
+            logits = _plain_logits(target, prompt, plain.tokens[:div])
+            top2 = {int(t) for t in np.argsort(logits)[-2:]}
+            assert {plain.tokens[div], spec.tokens[div]} == top2  # the two streams took the two leaders
+            assert float(np.diff(np.sort(logits)[-2:])[0]) < NEAR_TIE
     finally:
         target.close()
         draft.close()

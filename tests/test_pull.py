@@ -458,13 +458,15 @@ def test_cli_pull_piped_prints_plain_lines(hub: FakeHub, capsys: pytest.CaptureF
     out, _ = capsys.readouterr()
     tiny = out[out.index("tiny  (num_draft 3)") :]
     assert tiny.splitlines()[3].split()[:2] == ["llama", "ready"] and "MB on disk" in tiny
+    assert "download" not in tiny.splitlines()[3]  # a ready pair has nothing left to download
     assert "not pulled" in out  # the built-in pairs
+    assert any("not pulled" in ln and "GB download" in ln for ln in out.splitlines())
 
 
 def test_cli_errors_and_usage(hub: FakeHub, capsys: pytest.CaptureFixture[str]) -> None:
     assert _main(["pull", "test-org/multi-GGUF", "--endpoint", hub.url]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("error: test-org/multi-GGUF has 3 GGUF models") and "hint: pick one:" in err
+    assert "\nerror: test-org/multi-GGUF has 3 GGUF models" in err and "hint: pick one:" in err
     assert _main(["pull", "--target", f"{T_REPO}:{T_FILE}"]) == 2
     assert "both --target and --draft" in capsys.readouterr().err
     assert _main(["pull", "no-such-pair"]) == 1

@@ -174,6 +174,38 @@ async def test_stop_mid_generation_with_real_model(smollm2_path: Path, tmp_path:
         assert app.chat.query_one(ReplyMessage).has_class("-stopped")
         assert "stopped" in text_of(app.chat.query_one(ReplyMessage).query_one(".reply-stats", Static))
         assert app.chat.transcript.messages()[-1].role == "assistant"  # the partial reply stays in context
+        assert "stopped" in text_of(app.chat.query_one("#status", Static))
+        await pilot.press("ctrl+n")
+        await pilot.pause()
+        assert "stopped" not in text_of(app.chat.query_one("#status", Static))  # a new chat starts clean
+
+
+@pytest.mark.asyncio
+async def test_esc_while_reading_a_long_prompt_stops_at_once(smollm2_path: Path, tmp_path: Path) -> None:
+    """Esc must not wait for the prompt pass (seconds long here); the next reply then runs normally."""
+    import time as _time
+
+    opts = ModelOptions(target=str(smollm2_path), draft_method="none", threads=2, n_ctx=8192)
+    app = ChatApp(options=opts, settings=ChatSettings(max_tokens=8), save_dir=tmp_path)
+    long_prompt = "Summarise: " + " ".join(f"item {i} is blue and round." for i in range(700))
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.pipeline is not None, what="models to load")
+        app.chat.query_one("#prompt", Input).value = long_prompt
+        app.chat.query_one("#prompt", Input).focus()
+        await pilot.press("enter")
+        await until(pilot, lambda: app.chat.live is not None, what="the prompt pass to start")
+        await pilot.pause(0.2)
+        t0 = _time.monotonic()
+        await pilot.press("escape")
+        await until(pilot, lambda: not app.chat.generating, timeout=60, what="the reply to stop")
+        assert _time.monotonic() - t0 < 3.0  # the whole prompt pass takes several seconds on this CPU
+        turn = app.chat.transcript.turns[0]
+        assert turn.stats is not None and turn.stats.stop_reason == "stopped" and turn.stats.n_generated == 0
+        await pilot.press("ctrl+n")  # a fresh chat: the next prompt is short
+        await send(pilot, "Say hi.")
+        await settle(app, pilot)
+        second = app.chat.transcript.turns[0]
+        assert second.stats is not None and second.stats.stop_reason in ("eog", "max_tokens") and second.reply
 
 
 @pytest.mark.asyncio
@@ -217,6 +249,7 @@ async def test_picker_refuses_an_incompatible_pair(smollm2_path: Path, gemma_pat
         assert not setup.check.ok  # type: ignore[union-attr]
         status = text_of(setup.query_one("#pair-status", Static))
         assert "✗" in status and "differ" in status  # the reason, from the vocabulary rule
+        assert "draft method below" in status and "--draft-method" not in status  # the fix is on this screen
         await pilot.press("ctrl+s")
         await pilot.pause(0.5)
         await app.workers.wait_for_complete()

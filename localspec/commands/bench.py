@@ -59,8 +59,8 @@ def run(args: argparse.Namespace) -> int:
     log = (lambda s: None) if args.json else (lambda s: print(s, file=sys.stderr, flush=True))
     _sigterm_interrupts()
     pipeline = load_pipeline(opts)
-    if pipeline.backend_note:
-        log(pipeline.backend_note)
+    for note in pipeline.notes:
+        log(note)
     try:
         sampling = SamplingParams(temperature=args.temperature, seed=args.seed if args.temperature > 0 else None)
         result = run_bench(

@@ -76,7 +76,8 @@ def run(args: argparse.Namespace) -> int:
                 out.write(f"  suits: {r['hardware']}\n")
             last = r["name"]
         disk = format_bytes(r["bytes_on_disk"]) + " on disk" if r["bytes_on_disk"] else "-"
-        size = f"~{r['size_gb']:g} GB download" if r["size_gb"] else ""
+        downloaded = r["status"].startswith("ready")
+        size = f"~{r['size_gb']:g} GB download" if r["size_gb"] and not downloaded else ""
         out.write(f"  {r['backend']:<5}  {r['status']:<19} {disk:<18} {size}\n")
         out.write(f"         target {r['target']['ref']}\n         draft  {r['draft']['ref']}\n")
     out.write(

@@ -80,7 +80,6 @@ class _RunJob:
     done: Any = None
     rounds: list[dict[str, Any]] = field(default_factory=list)
     error: BaseException | None = None
-    pipeline_note: str = ""
 
     # -- main thread ---------------------------------------------------------------------------------
 
@@ -95,12 +94,13 @@ class _RunJob:
                     worker.join(ABORT_GRACE_S)
                     print("\naborted", file=sys.stderr)
                     return 130
+            if self.error is not None:
+                raise self.error
+            return self._report()  # a late Ctrl-C (the run already over) must not cut the stats short
         finally:
             if previous is not None:
-                signal.signal(signal.SIGINT, previous)
-        if self.error is not None:
-            raise self.error
-        return self._report()
+                # After a Ctrl-C the process is ending: a further one must not turn the exit into a crash.
+                signal.signal(signal.SIGINT, signal.SIG_IGN if self.interrupts else previous)
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
         self.interrupts += 1
@@ -121,8 +121,10 @@ class _RunJob:
         done = self.done
         if self.args.json:
             out = {"text": done.text, "tokens": list(done.tokens), "stats": done.stats.to_dict(), "rounds": self.rounds}
-            if self.pipeline_note:
-                out["backend_note"] = self.pipeline_note
+            if self.pipeline is not None and self.pipeline.backend_note:
+                out["backend_note"] = self.pipeline.backend_note
+            if self.pipeline is not None and self.pipeline.notes:
+                out["notes"] = self.pipeline.notes
             json.dump(out, sys.stdout)
             sys.stdout.write("\n")
         else:
@@ -139,12 +141,13 @@ class _RunJob:
         try:
             self._say(f"loading {self.opts.target}" + (f" and {self.opts.draft}" if self.opts.uses_draft_model else ""))
             pipeline = load_pipeline(self.opts, cancel=self.cancel)
-            self.pipeline, self.pipeline_note = pipeline, pipeline.backend_note
+            self.pipeline = pipeline
             if self.cancel.is_set():  # Ctrl-C while the load finished
                 pipeline.abort()
             try:
-                if pipeline.backend_note:
-                    self._say(pipeline.backend_note)
+                for note in pipeline.notes:
+                    if not self.args.json:
+                        print(f"note: {note}", file=sys.stderr, flush=True)
                 self._generate(pipeline)
             finally:
                 pipeline.close()

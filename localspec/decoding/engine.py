@@ -20,8 +20,8 @@ from localspec.backends.base import Backend, Detokenizer, sync_cache
 from localspec.errors import ContextOverflowError, Interrupted, UsageError
 from localspec.decoding import verify
 from localspec.decoding.drafters import Draft, Drafter
-from localspec.decoding.sampling import SamplingParams, greedy, probabilities, sample
-from localspec.decoding.stats import RoundStats, SpecStats, StatsCollector, StopReason
+from localspec.decoding.sampling import SamplingParams, greedy, probabilities, runner_up_gaps, sample
+from localspec.decoding.stats import NEAR_TIE_GAP, NearTie, RoundStats, SpecStats, StatsCollector, StopReason
 
 Origin = Literal["draft", "target"]  # accepted draft token, or a token the target chose itself
 Segment = tuple[str, Origin]  # a run of text whose tokens share one origin
@@ -115,6 +115,8 @@ class _Run:
         self.seed = config.sampling.seed if config.sampling.seed is not None else _fresh_seed()
         self.rng = np.random.default_rng(self.seed)
         self.context: list[int] = list(prompt)  # every committed token: prompt + generated
+        self.near_ties: list[NearTie] = []
+        self.pending_ties: list[tuple[int, int, int, float]] = []  # (offset, token, runner-up, gap) of the next emit
         self.generated: list[int] = []
         self.detok: Detokenizer = target.detokenizer()
         self.text_parts: list[str] = []
@@ -176,6 +178,7 @@ class _Run:
         n_before = len(self.target.cached_tokens)
         logits = self.target.forward(self._verify_batch(draft.tokens))  # [k+1, V], fewer: see _verify_batch
         verdict = self._verify(draft, logits)
+        self._note_ties(logits[: verdict.n_accepted + 1])
         self.target.rollback(n_before + 1 + verdict.n_accepted)
         t2 = self.clock()
         tokens = [*draft.tokens[: verdict.n_accepted], verdict.token]
@@ -234,6 +237,9 @@ class _Run:
                 stats = replace(stats, n_emitted=cut)
             self.collector.add(stats)
             self.drafter.observe(stats)
+        start = len(self.generated)
+        self.near_ties += [NearTie(start + i, t, r, g) for i, t, r, g in self.pending_ties if i < cut]
+        self.pending_ties = []
         self.generated += tokens
         self.context += tokens
         segments = self._segments(tokens, origins)
@@ -265,8 +271,18 @@ class _Run:
             return -1
         return max(0, min(self.config.num_draft, room_ctx, room_out))
 
+    def _note_ties(self, rows: np.ndarray) -> None:
+        """Keep the greedy choices about to be emitted whose runner-up was close (see NearTie)."""
+        self.pending_ties = []
+        if not self.sampling.greedy:
+            return
+        for offset, (best, second, gap) in enumerate(runner_up_gaps(rows)):
+            if gap < NEAR_TIE_GAP:
+                self.pending_ties.append((offset, best, second, gap))
+
     def _sample_one(self, logits: np.ndarray) -> int:
         if self.sampling.greedy:
+            self._note_ties(logits)
             return int(np.argmax(logits))
         return sample(probabilities(logits, self.sampling), self.rng)
 
@@ -288,6 +304,7 @@ class _Run:
             n_generated=len(self.generated),
             decode_s=decode_s,
             stop_reason=reason,
+            near_ties=tuple(self.near_ties),
             **self.collector.totals(),
         )
 

@@ -45,6 +45,20 @@ class SourceStats:
 
 
 @dataclass(frozen=True)
+class NearTie:
+    """A greedy choice whose runner-up was within NEAR_TIE_GAP logits: where batched and one-token
+    arithmetic (last-bit differences) may pick differently, so speculative and plain streams can part."""
+
+    position: int  # index in the generated tokens
+    token: int
+    runner_up: int
+    gap: float  # logit of token minus logit of runner_up
+
+
+NEAR_TIE_GAP = 0.1
+
+
+@dataclass(frozen=True)
 class SpecStats:
     backend: str
     device: str
@@ -70,6 +84,7 @@ class SpecStats:
     stop_reason: StopReason | None  # None in a running snapshot
     sources: tuple[SourceStats, ...] = ()
     rollback_s: float = 0.0
+    near_ties: tuple[NearTie, ...] = ()  # greedy runs only
 
     @property
     def prompt_tps(self) -> float:

@@ -15,6 +15,7 @@ from localspec.formatting import format_bytes
 from localspec.hub.errors import hub_errors, map_error
 from localspec.hub.files import FilePlan, ModelPlan, pinned, select_files
 from localspec.hub.progress import Tracker
+from localspec.hub.timeouts import hub_timeout, install_timeouts
 from localspec.hub.types import CompatReport, LogFn, ProgressEvent, ProgressFn, PullCancelled, PulledModel, PullResult
 from localspec.vocab import VocabInfo, check_compatible
 
@@ -40,6 +41,7 @@ class Hub:
         self.cancel = cancel
         self.log = log or (lambda _msg: None)
         self._api: Any = None
+        install_timeouts(hub_timeout())
 
     @property
     def api(self) -> Any:
@@ -75,6 +77,7 @@ class Hub:
     # -- planning: what to download ----------------------------------------------------------
 
     def plan(self, ref: ModelRef, role: str, backend: str | None) -> ModelPlan:
+        self.log(f"asking {self.endpoint} for the files of {ref.repo} (waiting up to {hub_timeout():g} s for an answer)")
         with hub_errors(self, ref):
             info = self.api.model_info(ref.repo, revision=ref.revision)
             commit = info.sha

@@ -85,6 +85,14 @@ def map_error(e: BaseException, hub: Hub, ref: ModelRef, file: str | None, *, si
     # Transport errors come from huggingface_hub's HTTP client, whose package changes between releases
     # (httpx, httpx2): match them by class name, which every release shares.
     names = {c.__name__ for c in type(e).__mro__}
+    if names & {"ConnectTimeout", "ReadTimeout", "WriteTimeout", "PoolTimeout", "TimeoutException"}:
+        from localspec.hub.timeouts import TIMEOUT_ENV, hub_timeout
+
+        return PullError(
+            f"{endpoint} did not answer within {hub_timeout():g} s while fetching {what} ({type(e).__name__})",
+            f"check your network, proxy or HF_ENDPOINT, then run again (finished files are kept); "
+            f"{TIMEOUT_ENV}=SECONDS waits longer",
+        )
     if names & {"RemoteProtocolError", "ReadError", "ReadTimeout", "ChunkedEncodingError", "IncompleteRead"} or (
         isinstance(e, OSError) and "Consistency check failed" in str(e)
     ):

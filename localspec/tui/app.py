@@ -7,6 +7,7 @@ the generation thread has stopped, since llama.cpp must not free a context anoth
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -50,7 +51,8 @@ class ChatApp(App[None]):
         self.options = options
         self.settings = settings or ChatSettings()
         self.load_defaults = load_defaults or options or ModelOptions(target="")
-        self.loader: Loader = loader or (lambda opts: load_pipeline(opts, clock=clock))
+        self.load_cancel = threading.Event()  # set on quit: a load in progress stops at once
+        self.loader: Loader = loader or (lambda opts: load_pipeline(opts, clock=clock, cancel=self.load_cancel))
         self.probe = probe
         self.clock = clock
         self.save_dir = save_dir or Path.cwd()
@@ -108,8 +110,8 @@ class ChatApp(App[None]):
         self.chat.pipeline_changed()
         while isinstance(self.screen, SetupScreen):
             self.pop_screen()
-        if message.pipeline.backend_note:
-            self.notify(message.pipeline.backend_note)
+        for note in message.pipeline.notes:
+            self.notify(note, timeout=8)
 
     def on_pipeline_failed(self, message: msg.PipelineFailed) -> None:
         self.loading = False
@@ -130,6 +132,7 @@ class ChatApp(App[None]):
 
     def _close_models(self) -> None:
         self._shutting_down = True
+        self.load_cancel.set()
         if self.pipeline is not None:
             self.chat.stop_and_wait()
             self.pipeline.close()

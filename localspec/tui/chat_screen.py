@@ -141,6 +141,7 @@ class ChatScreen(Screen[None]):
         self.live = None
         self.pacer.reset()
         self.set_status("Generating … (Esc stops)")
+        pipeline.abort(False)  # re-arm after an Esc that stopped the last reply mid-pass
         self._generate(pipeline, messages, config)
 
     @work(thread=True, group="generate", exit_on_error=False)
@@ -229,21 +230,29 @@ class ChatScreen(Screen[None]):
         await self._drain()
         self.query_one("#transcript", TranscriptView).scroll_end(animate=False)
 
-    def stop_and_wait(self, timeout: float = 60.0) -> bool:
-        """Ask the engine thread to stop after its round; block until it has (used before closing models)."""
+    def stop_now(self) -> None:
+        """Stop the reply at once: the forward pass in flight (prompt, drafter set-up or a round) is
+        abandoned, and the engine ends the reply with what it had already shown."""
         self.stop_event.set()
+        pipeline = self.app.pipeline
+        if self.generating and pipeline is not None:
+            pipeline.abort()
+
+    def stop_and_wait(self, timeout: float = 60.0) -> bool:
+        """Stop the engine thread now; block until it has (used before closing models)."""
+        self.stop_now()
         return self.idle.wait(timeout)
 
     # -- actions ----------------------------------------------------------------------------------------
 
     def action_stop(self) -> None:
         if self.generating:
-            self.stop_event.set()
-            self.set_status("Stopping after this round …")
+            self.stop_now()
+            self.set_status("Stopping …")
 
     async def action_new_chat(self) -> None:
         if self.generating:
-            self.stop_event.set()
+            self.stop_now()
             self.notify("Stopping the reply first; press Ctrl+N again for a new chat.")
             return
         self.transcript = Transcript(system=self.app.settings.system)
