@@ -42,3 +42,17 @@ def tiny_ggufs(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> 
     write_tiny_llama(draft, smollm2_path, seed=1, base=base, noise=0.02)
     write_tiny_llama(other, smollm2_path, seed=2)
     return target, draft, other
+
+
+# pyproject's timeout (900 s) bounds every test; a test not marked slow gets a tighter bound, so a hang
+# (a gate never released, a worker never joined) fails that test in minutes instead of stalling CI.
+# Only the test's own body counts: a first run may spend longer fetching the fixture models.
+FAST_TEST_TIMEOUT = 240
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.pluginmanager.hasplugin("timeout"):
+        return
+    for item in items:
+        if item.get_closest_marker("slow") is None and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(FAST_TEST_TIMEOUT, func_only=True))
