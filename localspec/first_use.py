@@ -73,6 +73,9 @@ def ensure_pair(
     except NotDownloadedError as e:
         missing = e
     _refuse_download(label, name, backend, pair.backend(backend), policy, missing)
+    from localspec.pipeline import backend_module
+
+    backend_module(backend)  # a backend that cannot run here fails now, not after the download
     return _pull_first(name, backend, label, policy, out, answer or _read_answer(out))
 
 
@@ -107,19 +110,18 @@ def _pull_first(
     from localspec.hub import plan_pair, pull_pair
 
     with progress_display(out) as printer:
-        plan = plan_pair(name, backend, log=printer.log)
-        need = plan.bytes_to_download
-        if need:
-            printer.log(
-                f"{label} is not downloaded yet: localspec will download {format_bytes(need)} "
-                f"from {plan.endpoint} into {plan.cache_dir}:"
+        plan = plan_pair(name, backend, log=printer.log)  # the file listing: metadata only
+    need = plan.bytes_to_download
+    if need:
+        lines = [f"{label} is not downloaded yet: localspec will download {format_bytes(need)} "
+                 f"from {plan.endpoint} into {plan.cache_dir}:"] + ["  " + line for line in plan.lines()]  # fmt: skip
+        out.write("\n".join(lines) + "\n")
+        out.flush()
+        if not policy.yes and not _is_yes(answer("Download it now? [Y/n] ")):
+            raise NotDownloadedError(
+                f"{name} not downloaded (you said no)", f"run `{pull_command(name, backend)}` when you want it"
             )
-            for line in plan.lines():
-                printer.log("  " + line)
-            if not policy.yes and not _is_yes(answer("Download it now? [Y/n] ")):
-                raise NotDownloadedError(
-                    f"{name} not downloaded (you said no)", f"run `{pull_command(name, backend)}` when you want it"
-                )
+    with progress_display(out) as printer:
         result = pull_pair(name, backend, progress=printer, log=printer.log, plan=plan)
         printer.log(ready_line(result, name))
     return resolve_pair(name, backend)
