@@ -1,8 +1,8 @@
 """First use of a catalog pair: pulled when it is not downloaded yet, after saying what and how much.
 
     FirstUse(yes=False, no_pull=False, interactive=None)    what the user allowed (-y/--yes, --no-pull)
-    ensure_pair(name, backend, policy, *, default=False, out=sys.stderr, answer=None) -> (target, draft)
-        The pair's local paths. When it is not in the Hugging Face cache: with --no-pull, under
+    ensure_pair(name, backend, policy, *, default=False, out=sys.stderr, answer=None) -> LocalPair
+        The pair's concrete backend and local paths. When it is not in the Hugging Face cache: with --no-pull, under
         HF_HUB_OFFLINE, or with no terminal to ask and no --yes, NotDownloadedError (no request is
         made); otherwise the pair's file listing is fetched (metadata only), the files and sizes are
         shown, the user is asked (unless --yes), and the pair is pulled with `localspec pull`'s display,
@@ -23,6 +23,16 @@ from typing import TextIO
 from localspec.catalog import BackendPair, load_catalog, pull_command, resolve_pair
 from localspec.errors import NotDownloadedError, UsageError
 from localspec.formatting import format_bytes
+
+
+@dataclass(frozen=True)
+class LocalPair:
+    """A catalog pair ready to load: its backend ("llama" | "mlx") and local (target, draft) paths."""
+
+    name: str
+    backend: str
+    target: str
+    draft: str
 
 
 @dataclass(frozen=True)
@@ -56,8 +66,8 @@ def ensure_pair(
     default: bool = False,
     out: TextIO | None = None,
     answer: Callable[[str], str] | None = None,
-) -> tuple[str, str]:
-    """Local (target, draft) paths of a catalog pair, pulling it first when allowed (see the module doc).
+) -> LocalPair:
+    """A catalog pair's backend and local paths, pulling it first when allowed (see the module doc).
     `default`: the pair was chosen because no model was given (said so). `answer`: reads the user's
     reply to a question (default: a line from stdin; end of input is "no")."""
     from localspec.hub import pair_backend_for
@@ -69,14 +79,15 @@ def ensure_pair(
     if default:
         _say(out, f"no model given: using the default pair {name} (see `localspec models`; --pair NAME picks another)")
     try:
-        return resolve_pair(name, backend)
+        return LocalPair(name, backend, *resolve_pair(name, backend))
     except NotDownloadedError as e:
         missing = e
     _refuse_download(label, name, backend, pair.backend(backend), policy, missing)
     from localspec.pipeline import backend_module
 
     backend_module(backend)  # a backend that cannot run here fails now, not after the download
-    return _pull_first(name, backend, label, policy, out, answer or _read_answer(out))
+    _pull_first(name, backend, label, policy, out, answer or _read_answer(out))
+    return LocalPair(name, backend, *resolve_pair(name, backend))
 
 
 def _refuse_download(
@@ -105,7 +116,7 @@ def _refuse_download(
 
 def _pull_first(
     name: str, backend: str, label: str, policy: FirstUse, out: TextIO, answer: Callable[[str], str]
-) -> tuple[str, str]:
+) -> None:
     from localspec.commands.pull import progress_display, ready_line
     from localspec.hub import plan_pair, pull_pair
 
@@ -124,7 +135,6 @@ def _pull_first(
     with progress_display(out) as printer:
         result = pull_pair(name, backend, progress=printer, log=printer.log, plan=plan)
         printer.log(ready_line(result, name))
-    return resolve_pair(name, backend)
 
 
 def _is_yes(reply: str) -> bool:

@@ -216,20 +216,24 @@ def model_options_from_args(args: argparse.Namespace) -> ModelOptions:
     becomes local paths, pulled first if it is not downloaded yet and the flags allow it
     (localspec.first_use)."""
     method = getattr(args, "draft_method", None) or DEFAULT_DRAFT_METHOD
-    target, draft = args.target, args.draft
+    target, draft, backend = args.target, args.draft, args.backend
     if args.pair and (target or draft):
         raise UsageError("--pair cannot be combined with --target/--draft", "use one or the other")
     pair = chosen_pair(args)
     if pair:
         from localspec.first_use import FirstUse, ensure_pair
+        from localspec.pipeline import resolve_backend
 
-        target, draft = ensure_pair(pair, args.backend, FirstUse.from_args(args), default=not args.pair)
+        local = ensure_pair(pair, args.backend, FirstUse.from_args(args), default=not args.pair)
+        target, draft = local.target, local.draft
+        if backend == "auto" and resolve_backend("auto", target)[0] != local.backend:
+            backend = local.backend  # e.g. a pair with MLX models only, off Apple silicon
     if not target:
         raise UsageError("no target model given", "pass --pair NAME (see `localspec models`) or --target PATH")
     return ModelOptions(
         target=target,
         draft=draft,
-        backend=args.backend,
+        backend=backend,
         draft_method=method,
         n_ctx=args.n_ctx,
         threads=args.threads,
