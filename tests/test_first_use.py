@@ -74,7 +74,7 @@ def test_run_with_no_model_pulls_the_default_pair_and_answers_then_transfers_not
     bp = default_llama()
     t_size, d_size = tiny_ggufs[0].stat().st_size, tiny_ggufs[1].stat().st_size
 
-    rc = cli.main(["run", PROMPT, "--yes", "--max-tokens", "8", "--json"])
+    rc = cli.main(["run", PROMPT, "--yes", "--max-tokens", "8", "--json", "--draft-method", "model"])
     out, err = capsys.readouterr()
     assert rc == 0, err
     answer = json.loads(out)
@@ -93,7 +93,7 @@ def test_run_with_no_model_pulls_the_default_pair_and_answers_then_transfers_not
     assert hub.content_bytes("README.md") == 0
 
     hub.reset_stats()
-    rc = cli.main(["run", PROMPT, "--max-tokens", "8", "--json"])  # no --yes needed any more
+    rc = cli.main(["run", PROMPT, "--max-tokens", "8", "--json", "--draft-method", "model"])  # no --yes needed any more
     out, err = capsys.readouterr()
     assert rc == 0, err
     assert json.loads(out)["stats"]["n_generated"] > 0
