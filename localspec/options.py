@@ -132,7 +132,8 @@ def generation_config(
 # -- command-line flags ------------------------------------------------------------------------------
 
 
-def add_model_options(p: argparse.ArgumentParser, *, method: bool = True) -> None:
+def add_model_options(p: argparse.ArgumentParser, *, method: bool = True, first_use: bool = True) -> None:
+    """The model flags; `first_use`: also -y/--yes and --no-pull (for commands that may pull a pair)."""
     g = p.add_argument_group("models")
     g.add_argument(
         "--backend", default=DEFAULT_BACKEND, choices=BACKENDS,
@@ -140,7 +141,19 @@ def add_model_options(p: argparse.ArgumentParser, *, method: bool = True) -> Non
     )  # fmt: skip
     g.add_argument("--target", help="target model: GGUF file (llama) or mlx-lm directory / repo id (mlx)")
     g.add_argument("--draft", help="draft model, same tokenizer as the target")
-    g.add_argument("--pair", help="a catalog pair name (see `localspec models`) instead of --target/--draft")
+    g.add_argument(
+        "--pair",
+        help="a catalog pair name (see `localspec models`) instead of --target/--draft; "
+        "with neither, the catalog's default pair",
+    )
+    if first_use:
+        g.add_argument(
+            "-y", "--yes", action="store_true",
+            help="download a catalog pair that is not downloaded yet without asking (needed without a terminal)",
+        )  # fmt: skip
+        g.add_argument(
+            "--no-pull", action="store_true", help="never download: fail if the catalog pair is not downloaded"
+        )
     if method:
         g.add_argument(
             "--draft-method",
@@ -187,27 +200,45 @@ def models_given(args: argparse.Namespace) -> bool:
     return bool(args.target or args.draft or args.pair)
 
 
-def model_options_from_args(args: argparse.Namespace) -> ModelOptions:
-    """ModelOptions from the flags; a --pair is resolved to local paths (localspec.pipeline.resolve_pair)."""
-    method = getattr(args, "draft_method", None) or DEFAULT_DRAFT_METHOD
-    target, draft = args.target, args.draft
+def chosen_pair(args: argparse.Namespace) -> str | None:
+    """The catalog pair the flags name: --pair, or the catalog's default when no model is given at all."""
     if args.pair:
-        if target or draft:
-            raise UsageError("--pair cannot be combined with --target/--draft", "use one or the other")
-        from localspec.pipeline import resolve_pair
+        return str(args.pair)
+    if args.target or args.draft:
+        return None
+    from localspec.catalog import load_catalog
 
-        target, draft = resolve_pair(args.pair, args.backend)
+    return load_catalog().default_pair().name
+
+
+def model_options_from_args(args: argparse.Namespace) -> ModelOptions:
+    """ModelOptions from the flags. A catalog pair (--pair, or the default one when no model is given)
+    becomes local paths, pulled first if it is not downloaded yet and the flags allow it
+    (localspec.first_use)."""
+    method = getattr(args, "draft_method", None) or DEFAULT_DRAFT_METHOD
+    target, draft, backend = args.target, args.draft, args.backend
+    if args.pair and (target or draft):
+        raise UsageError("--pair cannot be combined with --target/--draft", "use one or the other")
+    pair = chosen_pair(args)
+    if pair:
+        from localspec.first_use import FirstUse, ensure_pair
+        from localspec.pipeline import resolve_backend
+
+        local = ensure_pair(pair, args.backend, FirstUse.from_args(args), default=not args.pair)
+        target, draft = local.target, local.draft
+        if backend == "auto" and resolve_backend("auto", target)[0] != local.backend:
+            backend = local.backend  # e.g. a pair with MLX models only, off Apple silicon
     if not target:
         raise UsageError("no target model given", "pass --pair NAME (see `localspec models`) or --target PATH")
     return ModelOptions(
         target=target,
         draft=draft,
-        backend=args.backend,
+        backend=backend,
         draft_method=method,
         n_ctx=args.n_ctx,
         threads=args.threads,
         n_gpu_layers=args.n_gpu_layers,
-        pair=args.pair,
+        pair=pair,
         chat_template=getattr(args, "chat_template", None),
     )
 
@@ -217,7 +248,7 @@ def generation_config_from_args(args: argparse.Namespace) -> GenerationConfig:
     return generation_config(
         method=method,
         k=args.num_draft,
-        pair_k=pair_num_draft(args.pair) if getattr(args, "pair", None) else None,
+        pair_k=pair_num_draft(pair) if (pair := chosen_pair(args)) else None,
         rule=args.rule,
         temperature=args.temperature,
         top_k=args.top_k,

@@ -540,8 +540,13 @@ async def test_pull_a_catalog_pair_from_the_picker(monkeypatch: pytest.MonkeyPat
             gate.release(10)  # a failed assertion must not leave the pull worker waiting
 
 
-def test_cli_chat_options_skip_the_pickers(monkeypatch: pytest.MonkeyPatch, smollm2_path: Path) -> None:
+def test_cli_chat_options_skip_the_pickers(monkeypatch: pytest.MonkeyPatch, smollm2_path: Path, tmp_path: Path) -> None:
     from localspec import cli
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty cache: the default pair is not downloaded
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    for var in ("HF_HUB_CACHE", "LOCALSPEC_CATALOG", "HF_HUB_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
 
     seen: dict[str, ChatApp] = {}
     monkeypatch.setattr(ChatApp, "run", lambda self: seen.setdefault("app", self))
@@ -551,7 +556,9 @@ def test_cli_chat_options_skip_the_pickers(monkeypatch: pytest.MonkeyPatch, smol
     assert app.options is not None and app.options.target == str(smollm2_path) and app.options.draft_method == "ngram"
     assert app.settings.num_draft == 3 and app.settings.temperature == 0.5
     seen.clear()
-    assert cli.main(["chat"]) == 0 and seen["app"].options is None  # no models given: the picker opens
+    # no models given, the default pair not downloaded and no terminal to ask: the picker opens, saying why
+    assert cli.main(["chat"]) == 0 and seen["app"].options is None
+    assert "add --yes" in (seen["app"].notice or "")
 
 
 @pytest.mark.asyncio

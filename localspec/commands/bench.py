@@ -54,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         raise UsageError(f"unknown suite(s): {', '.join(unknown)}", f"choose from: {', '.join(available)}")
     # The draft model (if given) is loaded once; every method then runs over the same loaded models.
-    opts = model_options_from_args(args).with_method("model" if (args.draft or args.pair) else "none")
+    opts = model_options_from_args(args)  # no model given: the default pair (pulled on first use)
+    opts = opts.with_method("model" if opts.draft else "none")
     methods = parse_methods(args.methods or DEFAULT_METHODS, has_draft=opts.uses_draft_model, explicit=bool(args.methods))
     log = (lambda s: None) if args.json else (lambda s: print(s, file=sys.stderr, flush=True))
     _sigterm_interrupts()

@@ -62,7 +62,10 @@ class Hub:
             raise PullError(f"unknown backend {backend!r}", "choose llama or mlx")
         if offline():
             return self._from_cache_offline(refs, backend)
-        plans = [self.plan(ref, role, backend) for role, ref in refs]
+        return self.pull_planned([self.plan(ref, role, backend) for role, ref in refs], check=check)
+
+    def pull_planned(self, plans: list[ModelPlan], *, check: bool) -> PullResult:
+        """Check (a pair), then download what the plans list and the cache lacks."""
         header_bytes, checked = 0, False
         if check and len(plans) == 2 and all(p.backend == "llama" for p in plans):
             t, d = plans
