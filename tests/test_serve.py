@@ -57,6 +57,27 @@ def metrics(s: ServeProcess) -> dict[str, float]:
     return out
 
 
+@pytest.mark.parametrize(
+    ("stops", "pieces", "sent", "hit"),
+    [
+        (["END"], ["abc E", "N", "D tail"], ["abc ", "", ""], True),  # split over three pieces
+        (["END", "xy"], ["abc E", "N", "x", "D more"], ["abc ", "", "EN", "xD more"], False),  # never whole
+        (["\n\n", "STOP"], ["one\n", "\ntwo"], ["one", ""], True),
+        (["aa"], ["ba", "a"], ["b", ""], True),
+    ],
+)
+def test_stop_matcher_holds_back_only_possible_stops(stops, pieces, sent, hit) -> None:  # type: ignore[no-untyped-def]
+    from localspec.server.stops import StopMatcher
+
+    m = StopMatcher(stops)
+    assert [m.feed(p) for p in pieces] == sent
+    assert m.hit == hit
+    tail = m.flush()
+    full = "".join(pieces)
+    assert m.text == (full[: min(full.find(x) for x in stops if x in full)] if hit else full)
+    assert tail == ("" if hit else full[len("".join(sent)):])
+
+
 # -- chat and completion, streamed and not -----------------------------------------------------------
 
 
@@ -327,10 +348,17 @@ def test_context_overflow_and_body_limit(server: ServeProcess) -> None:
     assert chat(server.client(), max_tokens=2).choices[0].message.content is not None  # still serving
 
 
-def test_api_key_required_and_compared(tiny_ggufs) -> None:  # type: ignore[no-untyped-def]
-    s = ServeProcess("--target", str(tiny_ggufs[0]), "--draft-method", "ngram", "--n-ctx", "512", api_key="s3cret")
+def test_api_key_required_and_compared_and_cors(tiny_ggufs) -> None:  # type: ignore[no-untyped-def]
+    s = ServeProcess("--target", str(tiny_ggufs[0]), "--draft-method", "ngram", "--n-ctx", "512",
+                     "--cors-origin", "http://app.example", api_key="s3cret")  # fmt: skip
     try:
         assert httpx.get(f"{s.url}/health").status_code == 200  # open, for load balancers
+        preflight = httpx.options(f"{s.url}{CHAT}", headers={"Origin": "http://app.example",
+                                                            "Access-Control-Request-Method": "POST"})  # fmt: skip
+        assert preflight.headers["access-control-allow-origin"] == "http://app.example"
+        other = httpx.options(f"{s.url}{CHAT}", headers={"Origin": "http://evil.example",
+                                                        "Access-Control-Request-Method": "POST"})  # fmt: skip
+        assert other.headers.get("access-control-allow-origin") != "http://evil.example"
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
             r = httpx.post(f"{s.url}{CHAT}", json={"messages": HELLO}, headers=headers)
             _assert_openai_error(r, 401, code="invalid_api_key")
