@@ -54,10 +54,13 @@ class Job:
     finished: bool = False  # its last item (Outcome or error) is on the way: nothing left to cancel
     pushed: int = 0  # items the engine put in the channel (engine thread only)
     read: int = 0  # items the request took out (event loop only)
-    last_read: float = field(default_factory=time.monotonic)
+    last_read: float = 0.0  # when the request last took one out
+    backlog_since: float = 0.0  # when an item was pushed into an empty channel
 
     def push(self, item: Item) -> None:
         """From the engine thread: never blocks, whatever the client does."""
+        if self.pushed == self.read:
+            self.backlog_since = time.monotonic()
         self.pushed += 1
         try:
             self.loop.call_soon_threadsafe(self.channel.put_nowait, item)
@@ -71,7 +74,8 @@ class Job:
         return item
 
     def stalled(self, now: float) -> bool:
-        return self.pushed > self.read and now - self.last_read > STALL_S
+        """Text has waited unread for STALL_S (a long prompt pass before the first token is no stall)."""
+        return self.pushed > self.read and now - max(self.last_read, self.backlog_since) > STALL_S
 
 
 class Scheduler:
