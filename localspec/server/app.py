@@ -147,6 +147,7 @@ def create_app(pipeline: Pipeline, settings: ServerSettings) -> FastAPI:
                 if isinstance(item, str):
                     yield sse(chunk(ids, text=item, include_usage=usage))
                 elif isinstance(item, APIError):
+                    metrics.error(item.status)  # (a non-streamed error is counted by its handler)
                     yield sse(item.body())  # the stream ends with the error; the server serves on
                     break
                 else:

@@ -39,7 +39,7 @@ class Metrics:
                                        ["position"], registry=r)  # fmt: skip
 
     def finished(self, stats: SpecStats, finish_reason: str) -> None:
-        self.success.labels(finish_reason).inc()
+        self.success.labels("abort" if finish_reason == "cancelled" else finish_reason).inc()  # vLLM's label
         self.prompt_tokens.inc(stats.n_prompt)
         self.cached_tokens.inc(stats.n_prompt_cached)
         self.generation_tokens.inc(stats.n_generated)

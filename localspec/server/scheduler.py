@@ -181,13 +181,11 @@ class Scheduler:
             if job.cancelled:
                 return
             err = from_localspec(e)
-            self.metrics.error(err.status)
             self.log(f"{req.endpoint} failed: {error_text(e)}")
             job.push(err)
             return
         except Exception as e:  # an engine bug must not take the server down: tell this client, serve on
             job.finished = True
-            self.metrics.error(500)
             self.log(f"{req.endpoint} failed: {error_text(e)}")
             job.push(APIError(500, f"generation failed: {error_text(e)}", None, "engine_error"))
             return
@@ -245,6 +243,7 @@ def request_line(req: GenerationRequest, o: Outcome) -> str:
     return (
         f"POST {'/v1/chat/completions' if req.endpoint == 'chat' else '/v1/completions'}"
         f"{' (stream)' if req.stream else ''} · prompt {s.n_prompt} ({s.n_prompt_cached} cached, "
-        f"{s.prompt_s * 1000:.0f} ms) · {s.n_generated} tokens at {s.decode_tps:.1f} tok/s · "
+        f"{s.prompt_s * 1000:.0f} ms; first text after {o.ttft_s * 1000:.0f} ms) · "
+        f"{s.n_generated} tokens at {s.decode_tps:.1f} tok/s · "
         f"{s.draft_method}{spec}{choices} · {o.finish_reason}"
     )
