@@ -31,7 +31,7 @@ from typing import Any
 from localspec.errors import CatalogError, NotDownloadedError
 
 BACKENDS = ("llama", "mlx")
-_PAIR_KEYS = {"name", "default", "description", "num_draft", "hardware", "notes", "llama", "mlx"}
+_PAIR_KEYS = {"name", "default", "description", "num_draft", "hardware", "notes", "base", "llama", "mlx"}
 _BACKEND_KEYS = {"target", "draft", "size_gb"}
 _REF_KEYS = {"repo", "file", "revision"}
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -62,6 +62,14 @@ class BackendPair:
 
 
 @dataclass(frozen=True)
+class BaseModels:
+    """The original (safetensors) Hub repos a pair's files were converted from: what vLLM loads."""
+
+    target: str
+    draft: str
+
+
+@dataclass(frozen=True)
 class Pair:
     name: str
     description: str
@@ -71,6 +79,7 @@ class Pair:
     notes: str = ""
     source: str = "built-in"  # "built-in" or the user file's path
     default: bool = False  # marked `default = true` in its file (Catalog.default says which one wins)
+    base: BaseModels | None = None  # the original Hub models (for vLLM, which serves those)
 
     def backend(self, backend: str) -> BackendPair:
         if backend not in self.backends:
@@ -214,7 +223,21 @@ def _parse_pair(raw: Any, *, where: str, source: str) -> Pair:
         notes=_str(raw, "notes", where),
         source=source,
         default=default,
+        base=_parse_base(raw.get("base"), where=f"{where} base"),
     )
+
+
+def _parse_base(raw: Any, *, where: str) -> BaseModels | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise CatalogError(f"{where}: must be a table {{ target = REPO, draft = REPO }}", _FORMAT_HINT)
+    _no_unknown(raw, {"target", "draft"}, where, "base table")
+    repos = [raw.get(role) for role in ("target", "draft")]
+    for role, repo in zip(("target", "draft"), repos):
+        if not isinstance(repo, str) or not _REPO_RE.match(repo):
+            raise CatalogError(f"{where}: {role} must be a Hub repo id like owner/name, got {repo!r}", _FORMAT_HINT)
+    return BaseModels(*repos)
 
 
 def _parse_backend(raw: Any, *, backend: str, where: str) -> BackendPair:

@@ -185,11 +185,15 @@ class Pipeline:
         raw: bool = False,
         stop: threading.Event | None = None,
         on_phase: Callable[[str], None] | None = None,
+        drafter: Drafter | None = None,
     ) -> Iterator[Event]:
-        """Stream a generation: the engine's events for this prompt through the pipeline's drafter.
-        `stop` ends it after the current round; abort() (from another thread) at once."""
+        """Stream a generation: the engine's events for this prompt through the pipeline's drafter (or
+        `drafter`, one from new_drafter: the server's per-request method). `stop` ends it after the
+        current round; abort() (from another thread) at once."""
         tokens = self.prompt_tokens(prompt, raw=raw)
-        return generate(self.target, self.drafter, tokens, config, stop=stop, clock=self.clock, on_phase=on_phase)
+        return generate(
+            self.target, drafter or self.drafter, tokens, config, stop=stop, clock=self.clock, on_phase=on_phase
+        )
 
     def abort(self, on: bool = True) -> None:
         """Make the forward pass in flight (on the generating thread) stop now; abort(False) re-arms."""

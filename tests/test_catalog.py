@@ -51,6 +51,12 @@ def test_builtin_catalog_parses_and_every_pair_names_both_roles() -> None:
             assert bp.target != bp.draft
 
 
+def test_every_builtin_pair_names_its_original_models_for_vllm() -> None:
+    for pair in load_catalog(include_user=False).pairs.values():
+        assert pair.base is not None and "/" in pair.base.target and "/" in pair.base.draft, pair.name
+        assert "GGUF" not in pair.base.target + pair.base.draft  # vLLM loads the originals, not conversions
+
+
 def test_models_toml_ships_in_the_package_and_matches_the_top_level_file() -> None:
     packaged = (importlib.resources.files("localspec") / "models.toml").read_text(encoding="utf-8")
     assert packaged == (ROOT / "models.toml").read_text(encoding="utf-8")
@@ -124,6 +130,8 @@ def test_malformed_user_catalog_names_file_and_line(tmp_path: Path, monkeypatch:
         ('[pair.mlx]\ntarget = "a/b:t.gguf"\ndraft = "a/c"\n', "whole repo"),
         ('num_drafts = 3\n[pair.mlx]\ntarget = "a/b"\ndraft = "a/c"\n', "unknown key 'num_drafts'"),
         ("", "needs a [pair.llama]"),
+        ('base = { target = "a/b" }\n[pair.mlx]\ntarget = "a/b"\ndraft = "a/c"\n', "draft must be a Hub repo id"),
+        ('base = { target = "a/b", draft = "c", x = 1 }\n[pair.mlx]\ntarget = "a/b"\ndraft = "a/c"\n', "unknown key 'x'"),
     ],
 )
 def test_semantic_errors_name_file_and_pair_line(body: str, needle: str) -> None:
