@@ -42,3 +42,11 @@ def tiny_ggufs(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> 
     write_tiny_llama(draft, smollm2_path, seed=1, base=base, noise=0.02)
     write_tiny_llama(other, smollm2_path, seed=2)
     return target, draft, other
+
+
+@pytest.fixture(autouse=True)
+def _private_cost_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Auto's remembered costs go to a fresh directory per test, never to the user's cache."""
+    d = tmp_path_factory.mktemp("cost-cache")
+    monkeypatch.setenv("LOCALSPEC_CACHE_DIR", str(d))
+    return d

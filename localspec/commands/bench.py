@@ -9,7 +9,7 @@ import sys
 from localspec.errors import UsageError
 from localspec.options import add_model_options
 
-DEFAULT_METHODS = "none,ngram:4,ngram:8,model:2,model:4,model:6,auto:8"
+DEFAULT_METHODS = "none,ngram:4,ngram:8,suffix:32,model:2,model:4,model:6,auto:32"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -22,7 +22,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     add_model_options(p, method=False)  # bench runs every method itself (--methods)
     g = p.add_argument_group("benchmark")
-    g.add_argument("--suites", default="all", help="comma-separated: code-gen, code-edit, chat, long-summary (default: all)")
+    g.add_argument("--suites", default="all", help="comma-separated: code-gen, code-edit, agentic, chat, long-summary (default: all)")
     g.add_argument(
         "--methods",
         default=None,
@@ -74,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
             n_prompts=args.prompts,
             threads=opts.threads,
             progress=log,
+            store=pipeline.cost_store,
         )
     finally:
         pipeline.close()
