@@ -44,7 +44,7 @@ CATCH_UP_ROUNDS = 8  # a draft model that fell behind is caught up once: its cos
 # Priors (weight of about two rounds): optimistic enough to try, quickly overruled.
 MODEL_PRIOR = 0.6
 # Lookup drafts (n-gram, suffix) by the length of the match behind them, in buckets (see match_bucket).
-NGRAM_PRIOR = {1: 0.15, 2: 0.3, 3: 0.45, 4: 0.55, 5: 0.65, 8: 0.75, 16: 0.85, 32: 0.9}
+NGRAM_PRIOR = {1: 0.15, 2: 0.3, 3: 0.45, 4: 0.55, 5: 0.65, 8: 0.8, 16: 0.9, 32: 0.95}
 
 
 def match_bucket(length: int) -> int:
