@@ -152,11 +152,15 @@ def measure_costs(
     reps: int = 5,
     clock: Callable[[], float] = time.perf_counter,
 ) -> CostModel:
-    """T(1..max_batch) and the draft's seconds per token, on a cache holding `prompt` (realistic attention)."""
+    """T(n) and the draft's seconds per token, on a cache holding `prompt` (realistic attention): every n
+    up to 9, then the sizes long drafts use (12, 16, 24, 32 and the top), the rest interpolated."""
     target.rollback(0)
     target.forward(list(prompt), all_logits=False)
     drafter = ModelDrafter(draft) if draft is not None else None
-    return calibrate(target, drafter, prompt, max_batch=max_batch, reps=reps, clock=clock, stat=statistics.median)
+    sizes = [n for n in (*range(1, 10), 12, 16, 24, 32) if n < max_batch] + [max_batch]
+    return calibrate(
+        target, drafter, prompt, max_batch=max_batch, sizes=sizes, reps=reps, clock=clock, stat=statistics.median
+    )
 
 
 def run_bench(
