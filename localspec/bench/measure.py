@@ -319,7 +319,7 @@ def summarize(result: BenchResult) -> list[Row]:
             n_rounds = sum(r.stats.n_rounds for r in runs)
             by_d = _sum_tuples([r.stats.drafted_by_position for r in runs])
             by_a = _sum_tuples([r.stats.accepted_by_position for r in runs])
-            bound = _bound_speedup(runs, costs, m) if m.method in ("model", "ngram") else None
+            bound = _bound_speedup(runs, costs, m) if m.method in ("model", "ngram", "suffix") else None
             speedup = statistics.median(speed) if speed else 0.0
             decisions = Counter[str]()
             for r in runs:
