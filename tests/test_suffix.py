@@ -238,19 +238,26 @@ def test_engine_greedy_output_equals_plain_on_tiny_ggufs(tiny_ggufs) -> None:  #
 
     target = lb.load(tiny_ggufs[0], n_ctx=512)
     try:
-        text = "def add(a, b):\n    return a + b\n\n" * 3
-        prompt = chat_prompt_tokens(target, [ChatMessage("user", "Repeat this:\n" + text)])
+        prompt = chat_prompt_tokens(target, [ChatMessage("user", "Repeat this:\ndef add(a, b):\n    return a + b\n")])
+        config = GenerationConfig(max_tokens=48, num_draft=32, sampling=GREEDY)
+        *_, plain = generate(target, NoDrafter(), prompt, config)
+        assert isinstance(plain, Done)
         runs = {}
-        for name, drafter, k in (
-            ("plain", NoDrafter(), 0),
-            ("suffix", SuffixDrafter(), 32),
-            ("suffix-ungated", SuffixDrafter(gate=False), 8),
-            ("auto", AutoDrafter(ngram=auto_lookup(), target=target), 32),
+        for name, drafter in (
+            ("suffix", SuffixDrafter()),
+            ("suffix-ungated", SuffixDrafter(gate=False)),
+            ("auto", AutoDrafter(ngram=auto_lookup(), target=target)),
         ):
-            *_, done = generate(target, drafter, prompt, GenerationConfig(max_tokens=48, num_draft=k, sampling=GREEDY))
+            # (Random weights never repeat themselves.) The session already holds this answer, as after
+            # a regenerated reply: the suffix drafts copy it, and the target verifies every copy.
+            lookup = drafter.ngram if isinstance(drafter, AutoDrafter) else drafter
+            lookup.prepare([*prompt, *plain.tokens], 32)  # type: ignore[union-attr]
+            *_, done = generate(target, drafter, prompt, config)
             assert isinstance(done, Done)
             runs[name] = done
-        assert runs["suffix"].tokens == runs["plain"].tokens == runs["suffix-ungated"].tokens == runs["auto"].tokens
-        assert runs["suffix-ungated"].stats.n_drafted > 0  # drafts were verified, not only skipped
+        assert runs["suffix"].tokens == runs["suffix-ungated"].tokens == runs["auto"].tokens == plain.tokens
+        for name in ("suffix", "suffix-ungated"):
+            s = runs[name].stats
+            assert s.n_drafted > 0 and s.n_accepted >= 0.8 * s.n_drafted and s.n_rounds < 20, name
     finally:
         target.close()

@@ -42,6 +42,7 @@ SPEC_FACTOR = 2  # a match of L tokens earns a draft of at most SPEC_FACTOR * L 
 MAX_TOKENS = 1 << 16  # tokens kept in a session's index
 MIN_ALPHA = 0.5  # standalone `suffix`: propose only where this match length's acceptance is at least this
 SHADOWS = 8  # withheld proposals graded against the text that followed, at most this many pending
+RETOKENIZE_SLACK = 8  # a next chat turn holds the last answer re-tokenized: its last few tokens may differ
 
 Position = tuple[int, int]  # (document id, end): a key occurrence ends at `end`; its continuation starts there
 
@@ -198,7 +199,8 @@ class SuffixDrafter:
     """The `suffix` draft method: suffix-match drafts over the session's texts (Drafter protocol).
 
     `prepare` starts a new current document, or continues the previous one when the new prompt
-    extends it (a chat's next turn holds the last answer), so text is not indexed twice. Standalone, it
+    extends it (a chat's next turn holds the last answer), so text is not indexed twice; a prompt that
+    only shares a beginning with it (a regenerated answer) starts a new one and the old answer stays. Standalone, it
     proposes only where its match length has earned it: acceptance per match-length bucket, learned from
     verified drafts and, for free, by grading withheld proposals against the text that followed. Under
     `auto` the same proposals go to the cost-based policy instead (`gate=False`).
@@ -225,7 +227,7 @@ class SuffixDrafter:
         idx = self.index
         prev = idx.docs.get(idx.current)
         keep = common_prefix(prev, context, limit=len(context)) if prev is not None else 0
-        if prev is not None and keep >= len(prev) // 2 and keep > 0:
+        if prev is not None and keep > 0 and keep >= len(prev) - RETOKENIZE_SLACK:
             idx.truncate(keep)
             idx.extend(context[keep:])
         else:
