@@ -40,9 +40,11 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prompt", default=PROMPT)
+    ap.add_argument("--no-warm-up", action="store_true", help="skip the warm-up run (the cost cache is already filled)")
     args = ap.parse_args()
-    _, warm = run_once("auto", args)  # fills the cost cache (not counted)
-    print(f"warm-up auto run: notes={warm.get('notes')}", flush=True)
+    if not args.no_warm_up:
+        _, warm = run_once("auto", args)  # fills the cost cache (not counted)
+        print(f"warm-up auto run: notes={warm.get('notes')}", flush=True)
     walls: dict[str, list[float]] = {"none": [], "auto": []}
     for rep in range(args.reps):
         order = ("none", "auto") if rep % 2 == 0 else ("auto", "none")
