@@ -331,7 +331,7 @@ def test_bench_command_json_on_tiny_models(tiny_ggufs, tmp_path) -> None:  # typ
     out_file = tmp_path / "bench.json"
     r = _cli("bench", "--target", str(tiny_ggufs[0]), "--draft", str(tiny_ggufs[1]), "--suites", "chat,code-edit",
              "--prompts", "1", "--reps", "1", "--max-tokens", "8", "--methods", "none,ngram:2,model:2,auto:3",
-             "--threads", "1", "--json-out", str(out_file))
+             "--threads", "1", "--cost-reps", "2", "--json-out", str(out_file))
     assert r.returncode == 0, r.stderr
     assert "suite chat" in r.stdout and "suite code-edit" in r.stdout and "auto k<=3" in r.stdout
     assert "cost of one forward pass" in r.stdout

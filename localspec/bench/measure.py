@@ -177,6 +177,7 @@ def run_bench(
     progress: Callable[[str], None] = lambda s: None,
     clock: Callable[[], float] = time.perf_counter,
     store: CostStore | None = None,
+    cost_reps: int = 5,
 ) -> BenchResult:
     """`store`: where auto finds its remembered costs (as in `localspec run`); None: auto measures afresh."""
     t_start = time.perf_counter()
@@ -193,7 +194,9 @@ def run_bench(
         suites=[s.name for s in suites],
     )
     try:
-        _measure_all(target, draft, suites, methods, result, reps, max_tokens, sampling, n_prompts, progress, clock, store)
+        _measure_all(
+            target, draft, suites, methods, result, reps, max_tokens, sampling, n_prompts, progress, clock, store, cost_reps
+        )
     except KeyboardInterrupt:
         result.interrupted = True
         progress("interrupted: reporting the runs that finished")
@@ -214,6 +217,7 @@ def _measure_all(
     progress: Callable[[str], None],
     clock: Callable[[], float],
     store: CostStore | None,
+    cost_reps: int,
 ) -> None:
     from localspec.pipeline import make_drafter
 
@@ -232,7 +236,7 @@ def _measure_all(
             # during one measurement does not decide the bound.
             first = prompts[suite.name][0]
             progress(f"measuring costs on {suite.name} ({len(first)} tokens of context)")
-            measured = measure_costs(target, draft, first, max_batch=k_top + 1, clock=clock)
+            measured = measure_costs(target, draft, first, max_batch=k_top + 1, reps=cost_reps, clock=clock)
             if suite.name not in result.costs:
                 result.costs[suite.name] = SuiteCosts(suite.name, len(first), measured)
             result.costs[suite.name].add(measured)

@@ -29,6 +29,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help=f"comma-separated METHOD[:K] (default: {DEFAULT_METHODS}; model ones are skipped without a draft)",
     )
     g.add_argument("--reps", type=int, default=2, help="repetitions of every run, interleaved (default: 2)")
+    g.add_argument("--cost-reps", type=int, default=5, help="timings per batch size for the cost curve (default: 5)")
     g.add_argument("--prompts", type=int, default=None, help="prompts per suite (default: all, 2 each)")
     g.add_argument("--max-tokens", type=int, default=96, help="tokens generated per run (default: 96)")
     g.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default: 0)")
@@ -75,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
             threads=opts.threads,
             progress=log,
             store=pipeline.cost_store,
+            cost_reps=max(args.cost_reps, 1),
         )
     finally:
         pipeline.close()
