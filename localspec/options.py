@@ -19,10 +19,11 @@ from localspec.errors import UsageError
 
 BACKENDS = ("auto", "llama", "mlx")
 DEFAULT_BACKEND = "auto"  # llama.cpp for GGUF files; MLX on Apple silicon when installed
-DRAFT_METHODS = ("auto", "model", "ngram", "none")
+DRAFT_METHODS = ("auto", "model", "ngram", "suffix", "none")
 DEFAULT_DRAFT_METHOD = "auto"  # met the bar of issue 6 (bench on the 2-core CPU reference machine)
 FIXED_K = 4  # k for fixed draft methods, unless a catalog pair says otherwise
-AUTO_MAX_K = 8  # k for auto: the longest draft it may choose
+AUTO_MAX_K = 32  # k for auto: the longest draft it may choose (long exact copies pay on a CPU, see DESIGN.md)
+SUFFIX_K = 32  # k for suffix drafts: the longest; each draft is also limited by its match length
 MAX_K = 64  # the longest draft any method may verify in one pass (and the recurrent snapshots kept)
 DEFAULT_N_CTX = 4096
 MIN_N_CTX = 256  # llama.cpp rounds smaller contexts up to 256; say so instead of doing it silently
@@ -103,6 +104,8 @@ def default_k(method: str, pair_k: int | None = None) -> int:
         return 0
     if method == "auto":
         return max(AUTO_MAX_K, pair_k or 0)
+    if method == "suffix":
+        return SUFFIX_K
     return pair_k or FIXED_K
 
 
@@ -159,8 +162,9 @@ def add_model_options(p: argparse.ArgumentParser, *, method: bool = True, first_
             "--draft-method",
             choices=DRAFT_METHODS,
             default=DEFAULT_DRAFT_METHOD,
-            help="auto: measure costs and acceptance, pick the draft (n-gram, model or none) and its length each "
-            "round; model: a draft model; ngram: prompt lookup, no model; none: plain decoding "
+            help="auto: measure costs and acceptance, pick the draft (suffix lookup, model or none) and its length "
+            "each round; model: a draft model; ngram: prompt lookup, no model; suffix: copy what followed the longest "
+            "earlier match in this session's text, no model; none: plain decoding "
             f"(default: {DEFAULT_DRAFT_METHOD})",
         )
     g.add_argument("--n-ctx", type=int, default=DEFAULT_N_CTX, help=f"context window in tokens (default: {DEFAULT_N_CTX})")
@@ -182,7 +186,7 @@ def add_generation_options(p: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help=f"draft tokens per round, 1..{MAX_K}; with auto the most it may choose "
-        f"(default: {FIXED_K}, or the catalog pair's; auto {AUTO_MAX_K})",
+        f"(default: {FIXED_K}, or the catalog pair's; auto {AUTO_MAX_K}; suffix {SUFFIX_K})",
     )
     g.add_argument("--rule", choices=tuple(RULES), default=DEFAULT_RULE, help=f"verification rule (default: {DEFAULT_RULE})")
     g.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default: 0)")

@@ -9,6 +9,7 @@ through here.
     load_pipeline(opts) -> Pipeline                         both models loaded, the drafter built
     Pipeline.generate(prompt, config, stop=...) -> events   the engine's Step/Done stream
     Pipeline.new_drafter(method) -> Drafter                 another drafter on the loaded models (bench)
+    cost_store(opts, target) -> CostStore                   where auto's measured costs are remembered
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from dataclasses import dataclass, field
 
 from localspec.backends.base import Backend, BackendModule, ChatMessage, chat_prompt_tokens
 from localspec.backends.chat_template import ChatFormat, choose_chat_format
+from localspec.decoding.cost_cache import CostStore
 from localspec.decoding.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
+from localspec.decoding.suffix import SuffixDrafter
 from localspec.decoding.engine import Event, GenerationConfig, generate
 from localspec.errors import BackendUnavailableError, UsageError
 from localspec.options import DRAFT_METHODS, ModelOptions, check_choice
@@ -156,15 +159,20 @@ class Pipeline:
     backend_note: str = ""  # e.g. why `auto` picked this backend
     clock: Callable[[], float] = field(default=time.perf_counter)
     chat_format: ChatFormat | None = None  # how conversations become prompts (None: chosen per call)
+    draft_note: str = ""  # why a draft model that was given is not loaded (auto, measured costs)
 
     @property
     def notes(self) -> list[str]:
-        """What the user should hear once after loading: the backend choice, a chat-format fallback."""
-        return [n for n in (self.backend_note, self.chat_format.note if self.chat_format else "") if n]
+        """What the user should hear once after loading: the backend choice, a skipped draft, a chat-format fallback."""
+        return [n for n in (self.backend_note, self.draft_note, self.chat_format.note if self.chat_format else "") if n]
+
+    @property
+    def cost_store(self) -> CostStore:
+        return cost_store(self.options, self.target)
 
     def new_drafter(self, method: str) -> Drafter:
         """A fresh drafter of `method` over the loaded models (bench runs each method this way)."""
-        return make_drafter(method, self.target, self.draft, clock=self.clock)
+        return make_drafter(method, self.target, self.draft, clock=self.clock, store=self.cost_store)
 
     def prompt_tokens(self, prompt: Prompt, *, raw: bool = False) -> list[int]:
         """Token ids for a prompt: a conversation goes through the chat template; raw text does not."""
@@ -219,33 +227,70 @@ def load_pipeline(
     target = module.load(opts.target, **load)
     draft: Backend | None = None
     try:
-        if opts.uses_draft_model:
+        store = cost_store(opts, target)
+        skip_note = _draft_cannot_pay(opts, store) if opts.uses_draft_model else ""
+        if opts.uses_draft_model and not skip_note:
             assert opts.draft is not None
             draft = module.load(opts.draft, **load)
-        drafter = make_drafter(opts.draft_method, target, draft, clock=clock)
+        drafter = make_drafter(opts.draft_method, target, draft, clock=clock, store=store)
         chat_format = choose_chat_format(target, opts.chat_template)
     except BaseException:
         if draft is not None:
             draft.close()
         target.close()
         raise
-    return Pipeline(opts, check.backend, target, draft, drafter, check.backend_note, clock, chat_format)
+    return Pipeline(opts, check.backend, target, draft, drafter, check.backend_note, clock, chat_format, skip_note)
+
+
+def cost_store(opts: ModelOptions, target: Backend) -> CostStore:
+    """Where auto's measured costs for this pair on this machine are remembered."""
+    return CostStore.for_models(
+        target=opts.target, draft=opts.draft, backend=target.info.backend, device=target.info.device, threads=opts.threads
+    )
+
+
+def _draft_cannot_pay(opts: ModelOptions, store: CostStore) -> str:
+    """For auto: a note when the remembered costs say a model draft cannot pay here (the draft is then
+    not loaded at all); empty when it might, or when it has not been measured yet."""
+    if opts.draft_method != "auto":
+        return ""
+    from localspec.decoding.policy import Controller
+
+    costs = store.load()
+    if costs is None or costs.draft_token is None:
+        return ""
+    top = max(costs.target)
+    if Controller(costs).model_can_pay(max(top - 1, 1)):
+        return ""
+    ratio = costs.draft_token / costs.target[1]
+    return (
+        f"auto: draft model not loaded: a draft token costs {ratio:.2f} of a target token here, so model drafts "
+        "cannot pay on this machine (measured earlier; lookup drafts stay on)"
+    )
 
 
 def make_drafter(
-    method: str, target: Backend, draft: Backend | None, *, clock: Callable[[], float] = time.perf_counter
+    method: str,
+    target: Backend,
+    draft: Backend | None,
+    *,
+    clock: Callable[[], float] = time.perf_counter,
+    store: CostStore | None = None,
 ) -> Drafter:
-    """The drafter for a method over loaded models: the only place drafters are built."""
+    """The drafter for a method over loaded models: the only place drafters are built.
+    `store`: where auto finds and keeps its measured costs (None: measure afresh, keep nothing)."""
     check_choice("draft method", method, DRAFT_METHODS)
     if method == "none":
         return NoDrafter()
     if method == "ngram":
         return NgramDrafter()
+    if method == "suffix":
+        return SuffixDrafter()
     if method == "model":
         if draft is None:
             raise UsageError("--draft-method model needs a draft model", "pass --draft PATH, or use --draft-method ngram")
         return ModelDrafter(draft)
-    from localspec.decoding.auto import AutoDrafter, auto_ngram
+    from localspec.decoding.auto import AutoDrafter, auto_lookup
 
     model = ModelDrafter(draft) if draft is not None else None
-    return AutoDrafter(ngram=auto_ngram(), model=model, target=target, clock=clock)
+    return AutoDrafter(ngram=auto_lookup(), model=model, target=target, clock=clock, store=store)

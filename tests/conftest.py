@@ -56,3 +56,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("slow") is None and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(FAST_TEST_TIMEOUT, func_only=True))
+
+
+@pytest.fixture(autouse=True)
+def _private_cost_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Auto's remembered costs go to a fresh directory per test, never to the user's cache."""
+    d = tmp_path_factory.mktemp("cost-cache")
+    monkeypatch.setenv("LOCALSPEC_CACHE_DIR", str(d))
+    return d

@@ -7,7 +7,7 @@ from localspec.decoding.policy import CostModel
 
 
 def cost_lines(result: BenchResult) -> list[str]:
-    lines = ["cost of one forward pass (median of 5 timings in each repetition, then over repetitions):"]
+    lines = ["cost of one forward pass (median of --cost-reps timings in each repetition, then over repetitions; sizes not listed are interpolated):"]
     for name, sc in result.costs.items():
         c: CostModel = sc.costs
         t1 = c.target.get(1)

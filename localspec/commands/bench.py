@@ -9,7 +9,7 @@ import sys
 from localspec.errors import UsageError
 from localspec.options import add_model_options
 
-DEFAULT_METHODS = "none,ngram:4,ngram:8,model:2,model:4,model:6,auto:8"
+DEFAULT_METHODS = "none,ngram:4,ngram:8,suffix:32,model:2,model:4,model:6,auto:32"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -22,13 +22,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     add_model_options(p, method=False)  # bench runs every method itself (--methods)
     g = p.add_argument_group("benchmark")
-    g.add_argument("--suites", default="all", help="comma-separated: code-gen, code-edit, chat, long-summary (default: all)")
+    g.add_argument("--suites", default="all", help="comma-separated: code-gen, code-edit, agentic, chat, long-summary (default: all)")
     g.add_argument(
         "--methods",
         default=None,
         help=f"comma-separated METHOD[:K] (default: {DEFAULT_METHODS}; model ones are skipped without a draft)",
     )
     g.add_argument("--reps", type=int, default=2, help="repetitions of every run, interleaved (default: 2)")
+    g.add_argument("--cost-reps", type=int, default=5, help="timings per batch size for the cost curve (default: 5)")
     g.add_argument("--prompts", type=int, default=None, help="prompts per suite (default: all, 2 each)")
     g.add_argument("--max-tokens", type=int, default=96, help="tokens generated per run (default: 96)")
     g.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default: 0)")
@@ -75,6 +76,8 @@ def run(args: argparse.Namespace) -> int:
             n_prompts=args.prompts,
             threads=opts.threads,
             progress=log,
+            store=pipeline.cost_store,
+            cost_reps=max(args.cost_reps, 1),
         )
     finally:
         pipeline.close()

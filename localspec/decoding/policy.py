@@ -43,7 +43,20 @@ MAX_BACKOFF = 5  # ... and that allowance halves after each probe that does not 
 CATCH_UP_ROUNDS = 8  # a draft model that fell behind is caught up once: its cost is spread over this many rounds
 # Priors (weight of about two rounds): optimistic enough to try, quickly overruled.
 MODEL_PRIOR = 0.6
-NGRAM_PRIOR = {1: 0.15, 2: 0.3, 3: 0.45, 4: 0.55, 5: 0.65}  # by the length of the matched n-gram
+# Lookup drafts (n-gram, suffix) by the length of the match behind them, in buckets (see match_bucket).
+NGRAM_PRIOR = {1: 0.15, 2: 0.3, 3: 0.45, 4: 0.55, 5: 0.65, 8: 0.8, 16: 0.9, 32: 0.95}
+
+
+def match_bucket(length: int) -> int:
+    """Lookup acceptance is tracked per match length, in buckets that double: 1, 2, 3, 4, 5-7, 8-15, 16-31, 32+."""
+    for b in (32, 16, 8, 5, 4, 3, 2):
+        if length >= b:
+            return b
+    return 1
+
+
+def ngram_prior(length: int) -> float:
+    return NGRAM_PRIOR[match_bucket(length)]
 
 
 def expected_tokens(alpha: float, j: int) -> float:
@@ -200,8 +213,7 @@ class Controller:
         self.probe_fails = 0  # model probes in a row that left plain decoding ahead
 
     def ngram_acceptance(self, order: int) -> Acceptance:
-        order = max(1, min(order, max(NGRAM_PRIOR)))
-        return self.ngram_accept[order]
+        return self.ngram_accept[match_bucket(order)]
 
     def best(self, method: Method, k_max: int, order: int = 0, extra: float = 0.0) -> Plan:
         """The best draft length for one source (ignoring plain decoding); `extra`: seconds added per round."""
@@ -225,6 +237,13 @@ class Controller:
             return self.costs.ngram_round
         d = self.costs.draft_s()
         return j * (d if d is not None else 0.5 * self.costs.target_s(1))
+
+    def model_can_pay(self, k_max: int) -> bool:
+        """Whether a model draft could beat plain decoding even with every draft token accepted
+        (True while the costs are unknown: only a measurement can say no)."""
+        if 1 not in self.costs.target or self.costs.draft_token is None:
+            return True
+        return self.ceiling("model", k_max) > self.plain_rate() * (1.0 + MARGIN)
 
     def plan(
         self, k_max: int, *, model: bool, ngram_avail: int = 0, ngram_order: int = 0, model_gap: int = 0
