@@ -42,3 +42,20 @@ def tiny_ggufs(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> 
     write_tiny_llama(draft, smollm2_path, seed=1, base=base, noise=0.02)
     write_tiny_llama(other, smollm2_path, seed=2)
     return target, draft, other
+
+
+@pytest.fixture(scope="session")
+def hybrid_ggufs(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> dict[str, tuple[Path, Path]]:
+    """family -> (target, similar draft): tiny random recurrent/hybrid GGUFs with SmolLM2's tokenizer.
+    mamba: recurrent in every layer, no llama.cpp snapshots; lfm2: short convolutions beside attention,
+    with snapshots (n_rs_seq)."""
+    from gguf_factory import write_tiny_lfm2, write_tiny_mamba
+
+    d = tmp_path_factory.mktemp("hybrid-gguf")
+    out: dict[str, tuple[Path, Path]] = {}
+    for family, write in (("mamba", write_tiny_mamba), ("lfm2", write_tiny_lfm2)):
+        target, draft = d / f"{family}-target.gguf", d / f"{family}-draft.gguf"
+        base = write(target, smollm2_path, seed=0)
+        write(draft, smollm2_path, seed=1, base=base, noise=0.02)
+        out[family] = (target, draft)
+    return out

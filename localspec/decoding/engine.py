@@ -179,6 +179,7 @@ class _Run:
         logits = self.target.forward(self._verify_batch(draft.tokens))  # [k+1, V], fewer: see _verify_batch
         verdict = self._verify(draft, logits)
         self._note_ties(logits[: verdict.n_accepted + 1])
+        t_rollback = self.clock()
         self.target.rollback(n_before + 1 + verdict.n_accepted)
         t2 = self.clock()
         tokens = [*draft.tokens[: verdict.n_accepted], verdict.token]
@@ -194,6 +195,7 @@ class _Run:
             k=k,
             note=draft.note,
             source=draft.source if draft.tokens else "none",
+            rollback_s=t2 - t_rollback,
         )
         return tokens, origins, stats
 
