@@ -46,18 +46,20 @@ def test_rollback_route(n_cached: int, n_keep: int, kw: dict, route: str) -> Non
 @pytest.mark.parametrize("k", range(1, 9))
 @pytest.mark.parametrize("kind", ["model", "ngram"])
 def test_greedy_speculation_over_recurrent_models_equals_plain(kind: str, k: int, snapshots: int) -> None:
+    plain = _run(RecurrentFakeBackend(TARGET), NoDrafter(), max_tokens=60)
     target = RecurrentFakeBackend(TARGET, snapshots=snapshots)
-    plain = _run(target, NoDrafter(), max_tokens=60)
     draft = RecurrentFakeBackend(noisy(TARGET, 5, 2.0), name="draft")  # a recurrent draft: no snapshots
     drafter = ModelDrafter(draft) if kind == "model" else NgramDrafter()
     spec = _run(target, drafter, max_tokens=60, num_draft=k)
     assert spec.tokens == plain.tokens
     assert "refused" not in target.routes + draft.routes
-    assert 0 < spec.stats.n_accepted < spec.stats.n_drafted
+    assert 0 < spec.stats.n_drafted and spec.stats.n_accepted < spec.stats.n_drafted and target.routes
     if snapshots >= k:
         assert set(target.routes) <= {"snapshot"}  # verify rollbacks stay inside the snapshot window
     if kind == "model":
-        assert set(draft.routes) <= {"restore"} and draft.replayed > 0
+        assert spec.stats.n_accepted > 0
+    if kind == "model":  # drafting token by token leaves no snapshot: the draft restores its checkpoint
+        assert set(draft.routes) <= {"restore"} and (len(draft.routes) > 0) == (k > 1)
 
 
 def test_plain_decoding_of_a_recurrent_model_never_rolls_back_or_saves() -> None:
@@ -114,8 +116,8 @@ def test_auto_over_a_recurrent_pair() -> None:
 
 
 @pytest.mark.parametrize("snapshots", [0, K])
-@pytest.mark.parametrize("rule", ["exact", "match"])
-def test_exact_rule_through_recurrent_target_and_draft(rule: str, snapshots: int) -> None:
+def test_exact_rule_through_recurrent_target_and_draft(snapshots: int) -> None:
+    rule = "exact"
     target = RecurrentFakeBackend(_target_fn(P_TABLE), n_vocab=V, eog=frozenset(), snapshots=snapshots)
     draft = RecurrentFakeBackend(_draft_fn(Q_TABLE), n_vocab=V, eog=frozenset())
     drafter = ModelDrafter(draft)

@@ -359,6 +359,7 @@ def _bound_speedup(runs: Sequence[RunResult], costs: CostModel, m: Method) -> fl
     for r in runs:
         for n_drafted, count in r.drafted_per_round.items():
             round_s += count * (n_drafted * d + costs.target_s(n_drafted + 1))
+        round_s += r.stats.rollback_s  # cutting the target back (a hybrid model restores its state)
         n_rounds += r.stats.n_rounds
         n_accepted += r.stats.n_accepted
     if not round_s or not t1:

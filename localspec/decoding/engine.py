@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import suppress
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
@@ -150,7 +151,10 @@ class _Run:
             try:
                 step = self._round(k)
             except Interrupted:
-                self.target.rollback(len(self.context) - 1)  # the round in flight is dropped whole
+                # The round in flight is dropped whole. A recurrent model may need a forward pass for that,
+                # which the abort stops too: its cache then holds a shorter prefix, which is as good.
+                with suppress(Interrupted):
+                    self.target.rollback(len(self.context) - 1)
                 reason = "stopped"
                 break
             reason = yield from self._emit(*step)
