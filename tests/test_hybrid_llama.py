@@ -26,6 +26,7 @@ from test_verify import joint_check
 FAMILIES = ("mamba", "lfm2")
 PROMPT = "Write a Python function that returns the n-th Fibonacci number."
 TOL = 2e-3  # logits: batched vs one-token float32 arithmetic differs by ~1e-4
+N_GREEDY = 28  # tokens per greedy comparison
 
 
 def _run(target, drafter, prompt, **cfg) -> Done:  # type: ignore[no-untyped-def]
@@ -87,7 +88,7 @@ def loaded(hybrid_ggufs, family: str):  # type: ignore[no-untyped-def]
     t_path, d_path = hybrid_ggufs[family]
     target, draft = lb.load(t_path, n_ctx=512, max_draft=8), lb.load(d_path, n_ctx=512)
     prompt = chat_prompt_tokens(target, [ChatMessage("user", PROMPT)])
-    plain = _run(target, NoDrafter(), prompt, max_tokens=40)
+    plain = _run(target, NoDrafter(), prompt, max_tokens=N_GREEDY)
     yield target, draft, prompt, plain
     target.close()
     draft.close()
@@ -97,15 +98,17 @@ def loaded(hybrid_ggufs, family: str):  # type: ignore[no-untyped-def]
 def test_speculative_greedy_equals_plain_greedy(loaded, k: int) -> None:  # type: ignore[no-untyped-def]
     target, draft, prompt, plain = loaded
     target.rollback_routes.clear()
-    spec = _run(target, ModelDrafter(draft), prompt, max_tokens=40, num_draft=k)
-    ngram = _run(target, NgramDrafter(), prompt, max_tokens=40, num_draft=k)
+    spec = _run(target, ModelDrafter(draft), prompt, max_tokens=N_GREEDY, num_draft=k)
+    ngram = _run(target, NgramDrafter(), prompt, max_tokens=N_GREEDY, num_draft=k)
     assert spec.tokens == plain.tokens
     assert ngram.tokens == plain.tokens
     assert 0 < spec.stats.n_accepted < spec.stats.n_drafted  # a similar draft: partial acceptance
     routes = target.rollback_routes
     assert routes["refused"] == 0 and (routes["snapshot"] + routes["restore"]) > 0
     if target.info.architecture == "lfm2":
-        assert routes["restore"] == 0  # every verify rollback fits the snapshots (k <= max_draft)
+        # Every verify rollback fits the snapshots (k <= max_draft); the two restores are the prompts of
+        # the two runs, which reuse the cache the run before left (its checkpoint at 0).
+        assert routes["snapshot"] > 0 and routes["restore"] <= 2
     else:
         assert routes["snapshot"] == 0  # mamba: llama.cpp keeps no snapshots, checkpoints serve
 
