@@ -45,12 +45,17 @@ class ModelOptions:
     n_gpu_layers: int = -1  # -1: offload everything the build can
     pair: str | None = None
     chat_template: str | None = None  # a format name, "raw" or a Jinja file; None: the model's own (or its family's)
+    # The longest draft the engine will verify: a recurrent/hybrid target keeps rollback snapshots for this
+    # many tokens (longer drafts still run, restoring a saved state instead; see localspec.backends.base).
+    max_draft: int = AUTO_MAX_K
 
     def __post_init__(self) -> None:
         check_choice("backend", self.backend, BACKENDS)
         check_choice("draft method", self.draft_method, DRAFT_METHODS)
         check_n_ctx(self.n_ctx)
         check_threads(self.threads)
+        if not 0 <= self.max_draft <= MAX_K:
+            raise UsageError(f"the longest draft must be 0..{MAX_K}, got {self.max_draft}", f"use -k {FIXED_K}")
 
     @property
     def uses_draft_model(self) -> bool:
@@ -234,6 +239,9 @@ def model_options_from_args(args: argparse.Namespace) -> ModelOptions:
             backend = local.backend  # e.g. a pair with MLX models only, off Apple silicon
     if not target:
         raise UsageError("no target model given", "pass --pair NAME (see `localspec models`) or --target PATH")
+    k = getattr(args, "num_draft", None)
+    if k is None or not 0 <= k <= MAX_K:  # a bad -k is refused with the generation options
+        k = default_k(method, pair_num_draft(args.pair) if args.pair else None)
     return ModelOptions(
         target=target,
         draft=draft,
@@ -244,6 +252,7 @@ def model_options_from_args(args: argparse.Namespace) -> ModelOptions:
         n_gpu_layers=args.n_gpu_layers,
         pair=pair,
         chat_template=getattr(args, "chat_template", None),
+        max_draft=k,
     )
 
 

@@ -96,12 +96,17 @@ class PairCheck:
     backend_note: str
     target_vocab: VocabInfo
     draft_vocab: VocabInfo | None  # None when no draft model is used
+    target_recurrent: str = ""  # localspec.recurrent.describe: "" for attention-only models
+    draft_recurrent: str = ""
 
     def describe(self, method: str) -> str:
         t = self.target_vocab.n_vocab
         if self.draft_vocab is None:
-            return f"target readable ({t:,} tokens); draft: {method}"
-        return f"compatible: same vocabulary ({t:,} / {self.draft_vocab.n_vocab:,} tokens)"
+            text = f"target readable ({t:,} tokens); draft: {method}"
+        else:
+            text = f"compatible: same vocabulary ({t:,} / {self.draft_vocab.n_vocab:,} tokens)"
+        notes = [f"{role} {n}" for role, n in (("target", self.target_recurrent), ("draft", self.draft_recurrent)) if n]
+        return "; ".join([text, *notes])
 
 
 def check_pair(opts: ModelOptions) -> PairCheck:
@@ -126,7 +131,10 @@ def check_pair(opts: ModelOptions) -> PairCheck:
     for path in (opts.target, opts.draft if dv is not None else None):
         if path:
             module.check_path(path)
-    return PairCheck(backend, note, tv, dv)
+    from localspec.recurrent import describe_path
+
+    draft_note = describe_path(opts.draft, backend) if dv is not None and opts.draft else ""
+    return PairCheck(backend, note, tv, dv, describe_path(opts.target, backend), draft_note)
 
 
 def check_vocabularies(
@@ -224,7 +232,8 @@ def load_pipeline(
     check = check_pair(opts)
     module = backend_module(check.backend)
     load = dict(n_ctx=opts.n_ctx, threads=opts.threads, n_gpu_layers=opts.n_gpu_layers, cancel=cancel)
-    target = module.load(opts.target, **load)
+    # Only the target verifies drafts in one batch; a draft model drafts token by token (checkpoints serve it).
+    target = module.load(opts.target, **load, max_draft=opts.max_draft)
     draft: Backend | None = None
     try:
         store = cost_store(opts, target)

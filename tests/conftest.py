@@ -64,3 +64,21 @@ def _private_cost_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: p
     d = tmp_path_factory.mktemp("cost-cache")
     monkeypatch.setenv("LOCALSPEC_CACHE_DIR", str(d))
     return d
+
+
+@pytest.fixture(scope="session")
+def hybrid_ggufs(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> dict[str, tuple[Path, Path]]:
+    """family -> (target, similar draft): tiny random recurrent/hybrid GGUFs with SmolLM2's tokenizer.
+    mamba: recurrent in every layer, no llama.cpp snapshots; lfm2: short convolutions beside attention,
+    with snapshots (n_rs_seq)."""
+    from gguf_factory import write_tiny_lfm2, write_tiny_mamba
+
+    d = tmp_path_factory.mktemp("hybrid-gguf")
+    out: dict[str, tuple[Path, Path]] = {}
+    # Draft noise chosen so that greedy drafts are partly accepted (some rounds reject) on both.
+    for family, write, noise in (("mamba", write_tiny_mamba, 0.02), ("lfm2", write_tiny_lfm2, 0.06)):
+        target, draft = d / f"{family}-target.gguf", d / f"{family}-draft.gguf"
+        base = write(target, smollm2_path, seed=0)
+        write(draft, smollm2_path, seed=1, base=base, noise=noise)
+        out[family] = (target, draft)
+    return out

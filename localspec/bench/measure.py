@@ -100,7 +100,10 @@ class SuiteCosts:
         sizes = sorted(set().union(*(c.target for c in self.per_rep)))
         target = {n: statistics.median(c.target[n] for c in self.per_rep if n in c.target) for n in sizes}
         drafts = [c.draft_token for c in self.per_rep if c.draft_token is not None]
-        self.costs = CostModel(target=target, draft_token=statistics.median(drafts) if drafts else None)
+        rollback = statistics.median(c.rollback_round for c in self.per_rep)
+        self.costs = CostModel(
+            target=target, draft_token=statistics.median(drafts) if drafts else None, rollback_round=rollback
+        )
 
 
 @dataclass
@@ -302,6 +305,8 @@ class Row:
     bound_speedup: float | None  # what the measured costs allow for the measured acceptance
     of_bound: float | None  # speedup / bound_speedup
     decisions: str = ""
+    verify_ms: float = 0.0  # target time per round (verify pass and rollback)
+    rollback_ms: float = 0.0  # ... of which cutting the target back (a recurrent model restores its state)
 
 
 def summarize(result: BenchResult) -> list[Row]:
@@ -343,6 +348,8 @@ def summarize(result: BenchResult) -> list[Row]:
                     bound_speedup=bound,
                     of_bound=speedup / bound if bound else None,
                     decisions=format_choices(dict(decisions)),
+                    verify_ms=1e3 * sum(r.stats.verify_s for r in runs) / n_rounds if n_rounds else 0.0,
+                    rollback_ms=1e3 * sum(r.stats.rollback_s for r in runs) / n_rounds if n_rounds else 0.0,
                 )
             )
     return rows
@@ -367,6 +374,7 @@ def _bound_speedup(runs: Sequence[RunResult], costs: CostModel, m: Method) -> fl
     for r in runs:
         for n_drafted, count in r.drafted_per_round.items():
             round_s += count * (n_drafted * d + costs.target_s(n_drafted + 1))
+        round_s += r.stats.rollback_s  # cutting the target back (a hybrid model restores its state)
         n_rounds += r.stats.n_rounds
         n_accepted += r.stats.n_accepted
     if not round_s or not t1:

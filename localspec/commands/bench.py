@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 
 from localspec.errors import UsageError
 from localspec.options import add_model_options
@@ -58,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
     opts = model_options_from_args(args)  # no model given: the default pair (pulled on first use)
     opts = opts.with_method("model" if opts.draft else "none")
     methods = parse_methods(args.methods or DEFAULT_METHODS, has_draft=opts.uses_draft_model, explicit=bool(args.methods))
+    opts = replace(opts, max_draft=max([m.k for m in methods] + [0]))  # a recurrent target's snapshot window
     log = (lambda s: None) if args.json else (lambda s: print(s, file=sys.stderr, flush=True))
     _sigterm_interrupts()
     pipeline = load_pipeline(opts)

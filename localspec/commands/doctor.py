@@ -258,10 +258,17 @@ def _model_paths(args: argparse.Namespace, f: Facts) -> list[tuple[str, str]]:
 
 
 def _model_facts(role: str, path: str) -> dict[str, Any]:
+    from localspec import recurrent
+
     p = Path(path).expanduser()
     out: dict[str, Any] = {"role": role, "path": str(p)}
     if p.is_dir():
         out["size"] = sum(x.stat().st_size for x in p.rglob("*") if x.is_file())
+        try:
+            model_type = json.loads((p / "config.json").read_text()).get("model_type")
+            out["recurrent"] = recurrent.describe(model_type, "mlx")
+        except (OSError, ValueError):
+            pass
         return out
     try:
         out["size"] = p.stat().st_size
@@ -269,6 +276,7 @@ def _model_facts(role: str, path: str) -> dict[str, Any]:
 
         h = read_gguf_header(p)
         m, a = h.metadata, h.architecture
+        out["recurrent"] = recurrent.describe(a, "llama")
         out["layers"] = m.get(f"{a}.block_count")
         out["ctx_train"] = m.get(f"{a}.context_length")
         n_embd, n_head = m.get(f"{a}.embedding_length"), m.get(f"{a}.attention.head_count")
@@ -368,6 +376,9 @@ def findings(f: Facts) -> list[Finding]:
                                f"use --n-ctx {ctx} or less"))
         if m.get("error"):
             out.append(Finding("fix", f"cannot read the {m['role']} model: {m['error']}", "check the path"))
+        if m.get("recurrent"):
+            out.append(Finding("info", f"the {m['role']} is {m['recurrent']}",
+                               "`localspec bench` shows the rollback cost per round next to the verify cost"))
     if f.pair and not f.models:
         out.append(Finding("info", f"no model given, and the default pair {f.pair} is not downloaded",
                            f"`localspec pull {f.pair}` (or `localspec run --yes \"...\"`) downloads it; "
@@ -444,6 +455,9 @@ def report_lines(f: Facts, found: list[Finding]) -> list[str]:
         if f.measured.get("draft_token_s") and t1:
             d = f.measured["draft_token_s"]
             lines.append(f"           draft {d * 1e3:.1f} ms/token ({d / t1:.2f}x of the target)")
+        if f.measured.get("rollback_round_s") and t1:
+            r = f.measured["rollback_round_s"]
+            lines.append(f"           rollback after a rejection {r * 1e3:.2f} ms ({r / t1:.2f}x of a target token)")
     lines.append("")
     if not found:
         lines.append("ok: nothing in the base configuration costs more than speculation could win back")

@@ -121,6 +121,7 @@ class AutoDrafter:
         costs.target.update({n: t / costs.scale for n, t in measured.target.items()})
         if measured.draft_token is not None:
             costs.draft_token = measured.draft_token / costs.scale
+        costs.rollback_round = measured.rollback_round
         if measured.target:
             self.calibrated_k = max_k
             self.save_costs()

@@ -170,6 +170,9 @@ class ModelDrafter:
             return EMPTY_DRAFT
         _, logits = sync_cache(self.backend, context, logits=True)
         assert logits is not None
+        # The next round keeps at least `context`: a recurrent draft saves its state here, since the
+        # one-token passes below leave no snapshot that reaches back this far.
+        self.backend.checkpoint()
         eog = self.backend.eog_ids
         tokens: list[int] = []
         rows: list[np.ndarray] = []

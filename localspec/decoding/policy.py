@@ -3,9 +3,13 @@
 Pure: no backends, no clocks. Speculation pays only when the tokens a round is expected to emit
 outweigh what the round costs:
 
-    rate(method, j) = E(alpha, j) / (draft_cost(j) + T(j + 1))      tokens per second
+    rate(method, j) = E(alpha, j) / (draft_cost(j) + T(j + 1) + (1 - alpha**j) R)   tokens per second
     E(alpha, j)     = 1 + alpha + ... + alpha**j                       (expected tokens per round)
     plain rate      = 1 / T(1)
+
+R is what cutting the target back after a rejection costs: nothing for a KV cache, a state restore
+and the kept tokens fed again for a recurrent or hybrid model whose snapshots do not reach (measured
+from the rounds, as RoundStats.rollback_s).
 
 T(n) is the target's time for a batch of n tokens and draft_cost(j) is j times the draft model's time
 per token (about zero for n-gram lookup). All of these are measured (localspec.decoding.calibrate seeds
@@ -83,9 +87,19 @@ class CostModel:
     ngram_round: float = 0.0
     scale: float = 1.0
     catch_up_token: float | None = None  # seconds per token when the draft model catches up in one batch
+    rollback_round: float = 0.0  # seconds to cut the target back after a rejection (recurrent state restores)
 
     def copy(self) -> CostModel:
-        return CostModel(dict(self.target), self.draft_token, self.ngram_round, self.scale, self.catch_up_token)
+        return CostModel(
+            dict(self.target), self.draft_token, self.ngram_round, self.scale, self.catch_up_token, self.rollback_round
+        )
+
+    def rollback_s(self, alpha: float, j: int) -> float:
+        """Expected rollback seconds of a round with j drafts: a rejection happens with 1 - alpha**j."""
+        return (1.0 - alpha**j) * self.rollback_round if j > 0 else 0.0
+
+    def observe_rollback(self, seconds: float) -> None:
+        self.rollback_round += COST_DECAY * (seconds - self.rollback_round)
 
     def catch_up_s(self, n_tokens: int) -> float:
         """Seconds for the draft to take in n tokens it missed (prior: a batch token costs 1/4 of a decode one)."""
@@ -146,6 +160,7 @@ class CostModel:
         return {
             "target_s": {str(k): self.target_s(k) for k in sorted(self.target)},
             "draft_token_s": self.draft_s(),
+            "rollback_round_s": self.rollback_round,
         }
 
 
@@ -222,7 +237,7 @@ class Controller:
         alpha = acc.alpha
         best = Plan("none", 0, plain, plain)
         for j in range(1, k_max + 1):
-            cost = self._draft_cost(method, j) + self.costs.target_s(j + 1) + extra
+            cost = self._draft_cost(method, j) + self.costs.target_s(j + 1) + self.costs.rollback_s(alpha, j) + extra
             rate = expected_tokens(alpha, j) / cost if cost > 0 else 0.0
             if best.method == "none" or rate > best.rate:
                 best = Plan(method, j, rate, plain, alpha)
@@ -308,7 +323,9 @@ class Controller:
 
     def observe(self, plan: Plan, stats: RoundStats, ngram_order: int = 0) -> None:
         method = plan.method if stats.n_drafted > 0 else "none"
-        self.costs.observe_target(stats.n_drafted + 1, stats.verify_s)
+        self.costs.observe_target(stats.n_drafted + 1, stats.verify_s - stats.rollback_s)
+        if stats.n_accepted < stats.n_drafted:
+            self.costs.observe_rollback(stats.rollback_s)
         if method == "model":
             self.costs.observe_draft(stats.n_drafted, stats.draft_s)
             self.model_accept.update(stats.n_accepted, stats.n_drafted)
