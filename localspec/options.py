@@ -19,7 +19,8 @@ from localspec.errors import UsageError
 
 BACKENDS = ("auto", "llama", "mlx")
 DEFAULT_BACKEND = "auto"  # llama.cpp for GGUF files; MLX on Apple silicon when installed
-DRAFT_METHODS = ("auto", "model", "ngram", "none")
+DRAFT_METHODS = ("auto", "model", "ngram", "none", "eagle3", "mtp", "dflash", "dspark")
+HEAD_METHODS = ("eagle3", "mtp", "dflash", "dspark")  # drafters that read the target's hidden states (llama.cpp)
 DEFAULT_DRAFT_METHOD = "auto"  # met the bar of issue 6 (bench on the 2-core CPU reference machine)
 FIXED_K = 4  # k for fixed draft methods, unless a catalog pair says otherwise
 AUTO_MAX_K = 8  # k for auto: the longest draft it may choose
@@ -147,7 +148,8 @@ def add_model_options(p: argparse.ArgumentParser, *, method: bool = True) -> Non
             choices=DRAFT_METHODS,
             default=DEFAULT_DRAFT_METHOD,
             help="auto: measure costs and acceptance, pick the draft (n-gram, model or none) and its length each "
-            "round; model: a draft model; ngram: prompt lookup, no model; none: plain decoding "
+            "round; model: a draft model; ngram: prompt lookup, no model; none: plain decoding; eagle3: an "
+            "EAGLE-3 head given with --draft (llama.cpp); mtp, dflash, dspark: not driven yet (say why) "
             f"(default: {DEFAULT_DRAFT_METHOD})",
         )
     g.add_argument("--n-ctx", type=int, default=DEFAULT_N_CTX, help=f"context window in tokens (default: {DEFAULT_N_CTX})")
