@@ -380,6 +380,10 @@ class LlamaCppBackend:
     # -- hidden states for drafters that read them (EAGLE-3) -------------------------------------
 
     @property
+    def threads(self) -> int:
+        return self._threads
+
+    @property
     def handle(self):  # type: ignore[no-untyped-def]
         """(llama_model, llama_context) pointers, for a drafter that runs a head on this target."""
         return self._model, self._ctx

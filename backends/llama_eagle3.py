@@ -16,7 +16,6 @@ Rollback: the head's cache is cut back to the pairs still true for the new conte
 from __future__ import annotations
 
 import ctypes
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -148,7 +147,7 @@ class Eagle3Drafter:
         params.n_ctx = self.target.n_ctx  # the head holds as many positions as the target
         params.n_batch = params.n_ubatch = 512
         params.n_seq_max = 1
-        params.n_threads = params.n_threads_batch = os.cpu_count() or 1
+        params.n_threads = params.n_threads_batch = self.target.threads
         params.no_perf = True
         params.ctx_other = target_ctx  # the head embeds tokens (and may project) with the target's weights
         with _LOG.capture() as log:

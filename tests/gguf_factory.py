@@ -100,11 +100,13 @@ def write_tiny_eagle3(
     n_head: int = 4,
     n_ff: int = 128,
     draft_vocab: int | None = None,
+    d2t_ids: list[int] | None = None,
     hidden_size: int | None = None,
 ) -> None:
     """A random EAGLE-3 head (architecture `eagle3`, as llama.cpp's converter writes one): fc over three
     target layers, one decoder layer, its own lm_head; it embeds tokens with the target's weights.
-    `draft_vocab`: a reduced head vocabulary of that many ids mapped to target ids by a `d2t` tensor.
+    `draft_vocab`: a reduced head vocabulary of that many random ids mapped to target ids by a `d2t`
+    tensor; `d2t_ids`: the same with these target ids.
     `hidden_size`: the target hidden size written in the metadata (default: target_n_embd)."""
     import gguf
 
@@ -115,8 +117,10 @@ def write_tiny_eagle3(
     d2t = None
     n_out = n_vocab
     if draft_vocab is not None:
-        d2t = np.sort(rng.choice(n_vocab, size=draft_vocab, replace=False)).astype(np.int64)
-        n_out = draft_vocab
+        d2t_ids = list(rng.choice(n_vocab, size=draft_vocab, replace=False))
+    if d2t_ids is not None:
+        d2t = np.array(sorted(d2t_ids), dtype=np.int64)
+        n_out = len(d2t)
 
     def w_(*shape: int, scale: float = 1.0) -> np.ndarray:
         return (rng.standard_normal(shape) * scale / np.sqrt(shape[-1])).astype(np.float32)
