@@ -233,25 +233,31 @@ class Eagle3Drafter:
 
     def _sync(self, context: Sequence[int], *, output: bool) -> tuple[np.ndarray, np.ndarray]:
         """Cut the head's cache back to the pairs still true, write the missing ones; with `output`,
-        return the logits [V] and pre-norm state [E] of the last pair (re-fed if it was already there)."""
+        return the logits [V] and pre-norm state [E] of the last pair (re-fed if it was already there).
+
+        The last pair goes in a batch of its own: the head's graph does not pick output rows, so in a
+        batch with one output flag llama.cpp would hand back the first row's logits, not the flagged one.
+        """
         n_pairs = self._n_pairs(context)
+        if output and n_pairs == 0:
+            raise ValueError("no pair to draft from: the target holds no features for this context")
         keep = min(self._n_valid(context), n_pairs - 1 if output else n_pairs)
         llama_cpp.llama_memory_seq_rm(self._memory, 0, keep, -1)
         self._written = list(context[: n_pairs + 1])
         if keep >= n_pairs:
             return np.empty(0, np.float32), np.empty(0, np.float32)
         g = self._encode(self.target.features(keep, n_pairs))  # [n, E]
-        result = np.empty(0, np.float32), np.empty(0, np.float32)
-        for start in range(keep, n_pairs, self._n_ubatch):
-            stop = min(start + self._n_ubatch, n_pairs)
+        silent = n_pairs - 1 if output else n_pairs  # pairs written without outputs
+        for start in range(keep, silent, self._n_ubatch):
             self._batch.clear()  # type: ignore[union-attr]
-            for p in range(start, stop):
-                self._batch.add(context[p + 1], g[p - keep], p, output and p == n_pairs - 1)  # type: ignore[union-attr]
-            if output and stop == n_pairs:
-                result = self._decode_last()
-            else:
-                self._process(llama_cpp.LLAMA_PROCESS_TYPE_DECODE)
-        return result
+            for p in range(start, min(start + self._n_ubatch, silent)):
+                self._batch.add(context[p + 1], g[p - keep], p, False)  # type: ignore[union-attr]
+            self._process(llama_cpp.LLAMA_PROCESS_TYPE_DECODE)
+        if not output:
+            return np.empty(0, np.float32), np.empty(0, np.float32)
+        self._batch.clear()  # type: ignore[union-attr]
+        self._batch.add(context[n_pairs], g[n_pairs - 1 - keep], n_pairs - 1, True)  # type: ignore[union-attr]
+        return self._decode_last()
 
     def _encode(self, features: np.ndarray) -> np.ndarray:
         """The head's fc projection of target features [n, 3 * E_target] -> g rows [n, E]."""

@@ -102,12 +102,13 @@ def write_tiny_eagle3(
     draft_vocab: int | None = None,
     d2t_ids: list[int] | None = None,
     hidden_size: int | None = None,
-) -> None:
+) -> np.ndarray | None:
     """A random EAGLE-3 head (architecture `eagle3`, as llama.cpp's converter writes one): fc over three
     target layers, one decoder layer, its own lm_head; it embeds tokens with the target's weights.
     `draft_vocab`: a reduced head vocabulary of that many random ids mapped to target ids by a `d2t`
     tensor; `d2t_ids`: the same with these target ids.
-    `hidden_size`: the target hidden size written in the metadata (default: target_n_embd)."""
+    `hidden_size`: the target hidden size written in the metadata (default: target_n_embd).
+    Returns the d2t map (target id per head id), None without one."""
     import gguf
 
     meta = dict(read_gguf_header(tokenizer_source).metadata)
@@ -166,6 +167,7 @@ def write_tiny_eagle3(
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    return d2t
 
 
 def _tensor_shapes(n_vocab: int, n_embd: int, n_layer: int, n_ff: int) -> dict[str, tuple[int, ...]]:

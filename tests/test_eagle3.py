@@ -49,7 +49,8 @@ def files(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> dict[
     write_tiny_llama(f["target"], smollm2_path, seed=0, n_layer=4)
     write_tiny_llama(f["qwen2"], smollm2_path, seed=0, n_layer=4, arch="qwen2")
     write_tiny_eagle3(f["head"], smollm2_path, target_layers=LAYERS)
-    write_tiny_eagle3(f["head_d2t"], smollm2_path, target_layers=LAYERS, draft_vocab=2048, seed=11)
+    d2t = write_tiny_eagle3(f["head_d2t"], smollm2_path, target_layers=LAYERS, draft_vocab=2048, seed=11)
+    np.save(d / "head_d2t.npy", d2t)
     write_tiny_eagle3(f["head_deep"], smollm2_path, target_layers=(2, 16, 29))
     write_tiny_eagle3(f["head_wide"], smollm2_path, target_layers=LAYERS, hidden_size=4096)
     return f
@@ -115,10 +116,7 @@ def test_greedy_speculative_equals_plain_greedy(files: dict[str, Path], target, 
 
 
 def test_a_reduced_head_vocabulary_drafts_only_mapped_target_ids(files: dict[str, Path], target) -> None:  # type: ignore[no-untyped-def]
-    import gguf
-
-    reader = gguf.GGUFReader(str(files["head_d2t"]))
-    d2t = {int(i) for i in next(t for t in reader.tensors if t.name == "d2t").data}
+    d2t = {int(i) for i in np.load(files["head_d2t"].parent / "head_d2t.npy")}
     drafter = Eagle3Drafter(target, files["head_d2t"])
     try:
         prompt = target.tokenize("Once upon a time")
@@ -243,7 +241,7 @@ def test_after_rejected_rounds_the_next_proposal_equals_a_fresh_drafters(
         assert a.tokens == b.tokens and len(a.tokens) == 4
         if temperature > 0:
             assert a.q is not None and b.q is not None
-            np.testing.assert_allclose(a.q, b.q, atol=1e-5)
+            np.testing.assert_allclose(a.q, b.q, atol=1e-4)  # batched vs single-row passes
         # A second proposal on the same context (nothing accepted in between) is the same again.
         again = used.propose(context, 4, sampling, np.random.default_rng(3))
         assert again.tokens == a.tokens
