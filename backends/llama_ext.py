@@ -86,9 +86,9 @@ _FAMILY_SYMBOLS: dict[str, tuple[str, ...]] = {
                "model_target_layer_ids_n", "model_dflash_selector_top_k"),
 }  # fmt: skip
 NOT_DRIVEN: dict[str, str] = {
-    "mtp": "localspec does not drive MTP heads yet: every architecture with an MTP graph in this llama.cpp "
-    "is a large MoE or a hybrid (recurrent) model, which needs recurrent-state rollback the llama.cpp "
-    "backend does not do yet",
+    "mtp": "localspec does not drive MTP heads yet (a second context of the MTP type on the target, fed "
+    "with its nextn states; the common MTP targets, Qwen3.5 and Qwen3-Next, are also hybrid models whose "
+    "recurrent state the llama.cpp backend cannot roll back yet)",
     "dflash": "localspec does not drive DFlash block drafts yet (a non-causal block pass with the target's "
     "features injected as embedding rows)",
     "dspark": "localspec does not drive DSpark yet (it loads like DFlash, which is not driven either)",
