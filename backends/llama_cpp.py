@@ -384,6 +384,11 @@ class LlamaCppBackend:
         return self._threads
 
     @property
+    def abort_flag_pointer(self) -> ctypes.c_void_p:
+        """The flag abort() sets, for the abort callback of a context that runs with this one (a head)."""
+        return ctypes.cast(self._abort_flag, ctypes.c_void_p)
+
+    @property
     def handle(self):  # type: ignore[no-untyped-def]
         """(llama_model, llama_context) pointers, for a drafter that runs a head on this target."""
         return self._model, self._ctx

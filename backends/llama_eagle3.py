@@ -24,11 +24,11 @@ import numpy as np
 
 from localspec.backends import llama_ext
 from localspec.backends.base import common_prefix
-from localspec.backends.llama_cpp import LlamaCppBackend, _LOG, _last_error, read_header
+from localspec.backends.llama_cpp import LlamaCppBackend, _LOG, _abort_check, _last_error, read_header
 from localspec.decoding.drafters import EMPTY_DRAFT, Draft, _top_probability
 from localspec.decoding.sampling import SamplingParams, probabilities, sample
 from localspec.decoding.stats import RoundStats
-from localspec.errors import GenerationError, ModelFileError, UnsupportedModelError
+from localspec.errors import GenerationError, Interrupted, ModelFileError, UnsupportedModelError
 
 ARCH = "eagle3"
 
@@ -155,6 +155,8 @@ class Eagle3Drafter:
         if not ctx:
             raise ModelFileError(f"llama.cpp could not create the EAGLE-3 head's context: {_last_error(log)}", "lower --n-ctx")
         llama_ext.set_nextn_output(ctx, True, masked=True)  # the pre-norm state of output rows
+        if _abort_check() is not None:  # the target's abort flag stops the head's passes too (Ctrl-C, Esc)
+            llama_cpp.llama_set_abort_callback(ctx, _abort_check(), self.target.abort_flag_pointer)
         return ctx
 
     # -- Drafter protocol -------------------------------------------------------------------------
@@ -243,7 +245,7 @@ class Eagle3Drafter:
             raise ValueError("no pair to draft from: the target holds no features for this context")
         keep = min(self._n_valid(context), n_pairs - 1 if output else n_pairs)
         llama_cpp.llama_memory_seq_rm(self._memory, 0, keep, -1)
-        self._written = list(context[: n_pairs + 1])
+        self._written = list(context[: keep + 1])  # what holds if a write below fails or is aborted
         if keep >= n_pairs:
             return np.empty(0, np.float32), np.empty(0, np.float32)
         g = self._encode(self.target.features(keep, n_pairs))  # [n, E]
@@ -253,11 +255,14 @@ class Eagle3Drafter:
             for p in range(start, min(start + self._n_ubatch, silent)):
                 self._batch.add(context[p + 1], g[p - keep], p, False)  # type: ignore[union-attr]
             self._process(llama_cpp.LLAMA_PROCESS_TYPE_DECODE)
+        self._written = list(context[: silent + 1])
         if not output:
             return np.empty(0, np.float32), np.empty(0, np.float32)
         self._batch.clear()  # type: ignore[union-attr]
         self._batch.add(context[n_pairs], g[n_pairs - 1 - keep], n_pairs - 1, True)  # type: ignore[union-attr]
-        return self._decode_last()
+        result = self._decode_last()
+        self._written = list(context[: n_pairs + 1])
+        return result
 
     def _encode(self, features: np.ndarray) -> np.ndarray:
         """The head's fc projection of target features [n, 3 * E_target] -> g rows [n, E]."""
@@ -284,6 +289,8 @@ class Eagle3Drafter:
     def _process(self, kind: int) -> None:
         with _LOG.capture() as log:
             rc = llama_cpp.llama_process(self._ctx, kind, self._batch.ptr)  # type: ignore[union-attr]
+        if rc == 2:
+            raise Interrupted("stopped during a draft pass")
         if rc != 0:
             raise GenerationError(
                 f"the EAGLE-3 head failed (llama_process code {rc}): {_last_error(log) or 'no reason given'}",

@@ -25,7 +25,7 @@ from localspec.backends.llama_eagle3 import Eagle3Drafter
 from localspec.decoding.drafters import NoDrafter
 from localspec.decoding.engine import Done, GenerationConfig, generate
 from localspec.decoding.sampling import SamplingParams, probabilities
-from localspec.errors import BackendUnavailableError, ModelFileError, UnsupportedModelError
+from localspec.errors import BackendUnavailableError, Interrupted, ModelFileError, UnsupportedModelError
 from localspec.options import ModelOptions
 from localspec.pipeline import load_pipeline
 from test_verify import joint_check
@@ -247,6 +247,26 @@ def test_after_rejected_rounds_the_next_proposal_equals_a_fresh_drafters(
         assert again.tokens == a.tokens
     finally:
         used.close()
+        fresh.close()
+
+
+def test_an_abort_stops_the_head_and_leaves_its_cache_consistent(files: dict[str, Path], target) -> None:  # type: ignore[no-untyped-def]
+    prompt = target.tokenize("def fibonacci(n):")
+    context = [*prompt, 13]
+    drafter = Eagle3Drafter(target, files["head"])
+    fresh = Eagle3Drafter(target, files["head"])
+    try:
+        sync_cache(target, context[:-1], logits=False)
+        target.abort(True)  # Ctrl-C: the head shares the target's flag
+        with pytest.raises(Interrupted):
+            drafter.propose(context, 3, SamplingParams(), np.random.default_rng(0))
+        target.abort(False)
+        a = drafter.propose(context, 3, SamplingParams(), np.random.default_rng(0))
+        b = fresh.propose(context, 3, SamplingParams(), np.random.default_rng(0))
+        assert a.tokens == b.tokens and len(a.tokens) == 3
+    finally:
+        target.abort(False)
+        drafter.close()
         fresh.close()
 
 
