@@ -184,6 +184,8 @@ class LlamaCppBackend:
             self._memory = llama_cpp.llama_get_memory(self._ctx)
             self._n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
             self._tokens: list[int] = []
+            self._captured: tuple[int, ...] = ()  # layers whose inputs are kept per position (EAGLE-3)
+            self._features: np.ndarray | None = None  # [n_ctx, len(captured) * n_embd]
             self._pieces: dict[int, bytes] = {}
             self._eog = frozenset(t for t in range(self._n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab, t))
             self._info = self._describe(p, n_gpu_layers)
@@ -405,6 +407,8 @@ class LlamaCppBackend:
                 f"llama_decode failed (code {rc}): {_last_error(log) or 'no reason given'}",
                 "this usually means the KV cache is full or out of memory; lower --n-ctx or --num-draft",
             )
+        if self._captured:
+            self._keep_features(n_past, n)
         self._tokens.extend(int(t) for t in tokens)
         self._last_batch = n
 
@@ -430,6 +434,61 @@ class LlamaCppBackend:
 
     def can_rollback(self, n_keep: int) -> bool:
         return n_keep >= 0 and self._route(n_keep) != "refused"
+
+    # -- hidden states for drafters that read them (EAGLE-3) -------------------------------------
+
+    @property
+    def threads(self) -> int:
+        return self._threads
+
+    @property
+    def abort_flag_pointer(self) -> ctypes.c_void_p:
+        """The flag abort() sets, for the abort callback of a context that runs with this one (a head)."""
+        return ctypes.cast(self._abort_flag, ctypes.c_void_p)
+
+    @property
+    def handle(self):  # type: ignore[no-untyped-def]
+        """(llama_model, llama_context) pointers, for a drafter that runs a head on this target."""
+        return self._model, self._ctx
+
+    def capture_layers(self, layers: Sequence[int]) -> None:
+        """From the next forward on, keep the inputs of `layers` for every cached position (features()).
+
+        UnsupportedModelError when the architecture lacks llama.cpp's capture hook (enabling it there
+        would abort the process) or a layer does not exist; nothing is enabled then.
+        """
+        from localspec.backends import llama_ext
+
+        n_layer = int(llama_cpp.llama_model_n_layer(self._model))
+        llama_ext.check_capture_architecture(
+            self._info.architecture, model_name=self._info.name, layer_ids=layers, n_layer=n_layer
+        )
+        if tuple(layers) == self._captured:
+            return
+        for lid in set(self._captured) - set(layers):
+            llama_ext.set_layer_capture(self._ctx, lid, False)
+        for lid in layers:
+            llama_ext.set_layer_capture(self._ctx, lid, True)
+        n_embd = int(llama_cpp.llama_model_n_embd(self._model))
+        self._captured = tuple(layers)
+        self._features = np.zeros((self.n_ctx, len(layers) * n_embd), dtype=np.float32)
+        self.rollback(0)  # positions cached before now have no features: the next forward recomputes them
+
+    def features(self, start: int, stop: int) -> np.ndarray:
+        """[stop - start, len(layers) * n_embd]: the captured layer inputs at cached positions, the
+        layers side by side in the order given to capture_layers (a view: copy what must outlive a forward)."""
+        if self._features is None or stop > len(self._tokens):
+            raise ValueError(f"no features for positions {start}..{stop} ({len(self._tokens)} cached)")
+        return self._features[start:stop]
+
+    def _keep_features(self, n_past: int, n: int) -> None:
+        from localspec.backends import llama_ext
+
+        assert self._features is not None
+        n_embd = self._features.shape[1] // len(self._captured)
+        for k, lid in enumerate(self._captured):
+            rows = np.ctypeslib.as_array(llama_ext.layer_inputs(self._ctx, lid), shape=(n, n_embd))
+            self._features[n_past : n_past + n, k * n_embd : (k + 1) * n_embd] = rows
 
     def rollback(self, n_keep: int) -> None:
         if n_keep < 0:

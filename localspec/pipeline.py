@@ -29,7 +29,7 @@ from localspec.decoding.drafters import Drafter, ModelDrafter, NgramDrafter, NoD
 from localspec.decoding.suffix import SuffixDrafter
 from localspec.decoding.engine import Event, GenerationConfig, generate
 from localspec.errors import BackendUnavailableError, UsageError
-from localspec.options import DRAFT_METHODS, ModelOptions, check_choice
+from localspec.options import DRAFT_METHODS, HEAD_METHODS, ModelOptions, check_choice
 from localspec.vocab import VocabInfo, check_compatible
 
 Prompt = str | Sequence[ChatMessage] | Sequence[int]  # raw text, a conversation, or token ids
@@ -121,6 +121,8 @@ def check_pair(opts: ModelOptions) -> PairCheck:
         )
     backend, note = resolve_backend(opts.backend, opts.target)
     module = backend_module(backend)
+    if opts.draft_method in HEAD_METHODS:
+        _check_head_method(opts, backend)
     tv = module.peek_vocab(opts.target)
     dv = None
     if opts.uses_draft_model:
@@ -135,6 +137,31 @@ def check_pair(opts: ModelOptions) -> PairCheck:
 
     draft_note = describe_path(opts.draft, backend) if dv is not None and opts.draft else ""
     return PairCheck(backend, note, tv, dv, describe_path(opts.target, backend), draft_note)
+
+
+def _check_head_method(opts: ModelOptions, backend: str) -> None:
+    """A drafter that reads the target's hidden states: llama.cpp only, a family this build and localspec
+    can run, and (EAGLE-3) a head made for this target, checked from the headers before anything loads."""
+    method = opts.draft_method
+    if backend != "llama":
+        raise UsageError(
+            f"--draft-method {method} runs on llama.cpp only", "use --backend llama with GGUF files, or another method"
+        )
+    from localspec.backends import llama_ext
+
+    llama_ext.require_family(method)
+    if not opts.draft:
+        raise UsageError(
+            f"--draft-method {method} needs the head's GGUF file", f"pass --draft HEAD.gguf (architecture {method})"
+        )
+    from localspec.backends.llama_eagle3 import check_head
+
+    module = backend_module(backend)
+    for path in (opts.target, opts.draft):
+        module.check_path(path)
+    check_head(opts.draft, opts.target)
+    # The head's logits are over its own tokenizer's ids (the target's, when converted with it).
+    check_compatible(module.peek_vocab(opts.target), module.peek_vocab(opts.draft), target_name=opts.target, draft_name=opts.draft)
 
 
 def check_vocabularies(
@@ -180,7 +207,11 @@ class Pipeline:
 
     def new_drafter(self, method: str) -> Drafter:
         """A fresh drafter of `method` over the loaded models (bench runs each method this way)."""
-        return make_drafter(method, self.target, self.draft, clock=self.clock, store=self.cost_store)
+        head = self.options.draft if method in HEAD_METHODS else None
+        return make_drafter(
+            method, self.target, self.draft, clock=self.clock, store=self.cost_store, head=head,
+            n_gpu_layers=self.options.n_gpu_layers,
+        )
 
     def prompt_tokens(self, prompt: Prompt, *, raw: bool = False) -> list[int]:
         """Token ids for a prompt: a conversation goes through the chat template; raw text does not."""
@@ -241,7 +272,10 @@ def load_pipeline(
         if opts.uses_draft_model and not skip_note:
             assert opts.draft is not None
             draft = module.load(opts.draft, **load)
-        drafter = make_drafter(opts.draft_method, target, draft, clock=clock, store=store)
+        head = opts.draft if opts.draft_method in HEAD_METHODS else None
+        drafter = make_drafter(
+            opts.draft_method, target, draft, clock=clock, store=store, head=head, n_gpu_layers=opts.n_gpu_layers
+        )
         chat_format = choose_chat_format(target, opts.chat_template)
     except BaseException:
         if draft is not None:
@@ -285,10 +319,15 @@ def make_drafter(
     *,
     clock: Callable[[], float] = time.perf_counter,
     store: CostStore | None = None,
+    head: str | None = None,
+    n_gpu_layers: int = -1,
 ) -> Drafter:
     """The drafter for a method over loaded models: the only place drafters are built.
-    `store`: where auto finds and keeps its measured costs (None: measure afresh, keep nothing)."""
+    `store`: where auto finds and keeps its measured costs (None: measure afresh, keep nothing).
+    `head`: the GGUF of a head that reads the target's hidden states (the drafter loads and owns it)."""
     check_choice("draft method", method, DRAFT_METHODS)
+    if method in HEAD_METHODS:
+        return _head_drafter(method, target, head, n_gpu_layers)
     if method == "none":
         return NoDrafter()
     if method == "ngram":
@@ -303,3 +342,17 @@ def make_drafter(
 
     model = ModelDrafter(draft) if draft is not None else None
     return AutoDrafter(ngram=auto_lookup(), model=model, target=target, clock=clock, store=store)
+
+
+def _head_drafter(method: str, target: Backend, head: str | None, n_gpu_layers: int) -> Drafter:
+    from localspec.backends import llama_ext
+
+    llama_ext.require_family(method)  # only eagle3 gets past this for now, with the reason for the others
+    from localspec.backends.llama_cpp import LlamaCppBackend
+    from localspec.backends.llama_eagle3 import Eagle3Drafter
+
+    if not isinstance(target, LlamaCppBackend):
+        raise UsageError(f"--draft-method {method} runs on llama.cpp only", "use --backend llama with GGUF files")
+    if not head:
+        raise UsageError(f"--draft-method {method} needs the head's GGUF file", "pass --draft HEAD.gguf")
+    return Eagle3Drafter(target, head, n_gpu_layers=n_gpu_layers)

@@ -1,4 +1,4 @@
-"""Write tiny random GGUF models for fast real-llama.cpp tests: llama (attention only), and the
+"""Write tiny random GGUF models for fast real-llama.cpp tests: llama (or qwen2) targets, EAGLE-3 heads, and the
 recurrent/hybrid families mamba (every layer a selective state space) and lfm2 (short convolutions
 beside attention layers).
 
@@ -37,11 +37,12 @@ def write_tiny_llama(
     base: dict[str, np.ndarray] | None = None,
     noise: float = 0.0,
     chatless: bool = False,
+    arch: str = "llama",
 ) -> dict[str, np.ndarray]:
     """Write a random model to `path`; return its tensors (pass them as `base` with `noise` for a
     similar "draft" model). Weights are float32, so batched and single-token passes agree closely.
     `chatless`: no chat template, and no special token but token 0 as BOS and EOS (a base model of
-    an unknown family)."""
+    an unknown family). `arch`: "llama" or another architecture with the same tensors (e.g. "qwen2")."""
     meta = dict(read_gguf_header(tokenizer_source).metadata)
     if chatless:
         meta.pop("tokenizer.chat_template", None)
@@ -61,8 +62,88 @@ def write_tiny_llama(
         w.add_layer_norm_rms_eps(1e-5)
         w.add_rope_freq_base(10000.0)
 
-    _write(path, "llama", f"tiny-llama-{seed}", meta, tensors, n_embd, n_layer, hparams)
+    _write(path, arch, f"tiny-{arch}-{seed}", meta, tensors, n_embd, n_layer, hparams)
     return tensors
+
+
+def write_tiny_eagle3(
+    path: Path,
+    tokenizer_source: Path,
+    *,
+    target_layers: tuple[int, int, int],
+    target_n_embd: int = 64,
+    seed: int = 10,
+    n_head: int = 4,
+    n_ff: int = 128,
+    draft_vocab: int | None = None,
+    d2t_ids: list[int] | None = None,
+    hidden_size: int | None = None,
+) -> np.ndarray | None:
+    """A random EAGLE-3 head (architecture `eagle3`, as llama.cpp's converter writes one): fc over three
+    target layers, one decoder layer, its own lm_head; it embeds tokens with the target's weights.
+    `draft_vocab`: a reduced head vocabulary of that many random ids mapped to target ids by a `d2t`
+    tensor; `d2t_ids`: the same with these target ids.
+    `hidden_size`: the target hidden size written in the metadata (default: target_n_embd).
+    Returns the d2t map (target id per head id), None without one."""
+    import gguf
+
+    meta = dict(read_gguf_header(tokenizer_source).metadata)
+    n_vocab = len(meta["tokenizer.ggml.tokens"])
+    n_embd = target_n_embd  # the head embeds with the target's token_embd, so the widths agree
+    rng = np.random.default_rng(seed)
+    d2t = None
+    n_out = n_vocab
+    if draft_vocab is not None:
+        d2t_ids = list(rng.choice(n_vocab, size=draft_vocab, replace=False))
+    if d2t_ids is not None:
+        d2t = np.array(sorted(d2t_ids), dtype=np.int64)
+        n_out = len(d2t)
+
+    def w_(*shape: int, scale: float = 1.0) -> np.ndarray:
+        return (rng.standard_normal(shape) * scale / np.sqrt(shape[-1])).astype(np.float32)
+
+    tensors = {
+        "fc.weight": w_(n_embd, 3 * target_n_embd),
+        "output_norm.weight": np.ones(n_embd, np.float32),
+        "output.weight": w_(n_out, n_embd, scale=8.0),  # peaked draft distributions
+        "blk.0.attn_norm.weight": np.ones(n_embd, np.float32),
+        "blk.0.attn_norm_2.weight": np.ones(n_embd, np.float32),
+        "blk.0.attn_q.weight": w_(n_embd, 2 * n_embd),
+        "blk.0.attn_k.weight": w_(n_embd, 2 * n_embd),
+        "blk.0.attn_v.weight": w_(n_embd, 2 * n_embd),
+        "blk.0.attn_output.weight": w_(n_embd, n_embd),
+        "blk.0.ffn_norm.weight": np.ones(n_embd, np.float32),
+        "blk.0.ffn_gate.weight": w_(n_ff, n_embd),
+        "blk.0.ffn_up.weight": w_(n_ff, n_embd),
+        "blk.0.ffn_down.weight": w_(n_embd, n_ff),
+    }
+    w = gguf.GGUFWriter(str(path), "eagle3")
+    w.add_name(f"tiny-eagle3-{seed}")
+    w.add_context_length(2048)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(1)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head)
+    w.add_rope_dimension_count(n_embd // n_head)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    w.add_vocab_size(n_vocab)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_array("eagle3.target_layers", [int(i) for i in target_layers])
+    w.add_uint32("eagle3.target_hidden_size", hidden_size or target_n_embd)
+    for key in _TOKENIZER_KEYS:
+        if key in meta:
+            add_metadata(w, key, meta[key])
+    for name, t in tensors.items():
+        w.add_tensor(name, t)
+    if d2t is not None:
+        w.add_tensor("d2t", d2t)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return d2t
 
 
 def write_tiny_mamba(

@@ -51,6 +51,7 @@ class Facts:
     llama_gpu: str | None = None  # GPU backend compiled into llama-cpp-python (None: CPU only)
     llama_system_info: str = ""
     llama_error: str | None = None
+    llama_drafters: dict[str, str] = field(default_factory=dict)  # hidden-state family -> "available" or why not
     mlx_version: str | None = None
     mlx_device: str | None = None
     threads: int | None = None  # what localspec will use (explicit --threads, else its default)
@@ -219,6 +220,12 @@ def _llama_facts(f: Facts) -> None:
         f.llama_system_info = llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip()
     except Exception:
         pass
+    try:
+        from localspec.backends import llama_ext
+
+        f.llama_drafters = {name: s.reason for name, s in llama_ext.all_family_status().items()}
+    except Exception as e:  # the staging symbols are exactly what may break between releases
+        f.llama_drafters = {"all": f"{type(e).__name__}: {e}"}
 
 
 def _mlx_facts(f: Facts) -> None:
@@ -433,6 +440,8 @@ def report_lines(f: Facts, found: list[Finding]) -> list[str]:
     if f.llama_system_info:
         feats = [p.split("=")[0].strip() for p in f.llama_system_info.replace("CPU :", "").split("|") if "= 1" in p]
         lines.append(f"           features: {' '.join(feats)}")
+    for family, reason in f.llama_drafters.items():
+        lines.append(f"           --draft-method {family}: {reason}")
     lines.append(f"mlx        {('mlx ' + f.mlx_version + ', device ' + str(f.mlx_device)) if f.mlx_version else 'not installed'}")
     lines.append(
         f"settings   backend {f.backend}, threads {f.threads}{' (default)' if not f.threads_explicit else ''}, "

@@ -1,0 +1,364 @@
+"""EAGLE-3 heads on real llama.cpp (tiny random GGUFs), the staging-symbol checks, and the refusals.
+
+The head is random, so its q is a real, imperfect distribution: greedy output must equal plain greedy
+output, the exact rule's joint distribution must match the target's at temperature 1, and the head's
+own cache must come back right after rejected rounds.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from localspec.backends import llama_cpp as lb
+from localspec.backends import llama_ext
+from localspec.backends.base import sync_cache
+from localspec.backends.llama_eagle3 import Eagle3Drafter
+from localspec.decoding.drafters import NoDrafter
+from localspec.decoding.engine import Done, GenerationConfig, generate
+from localspec.decoding.sampling import SamplingParams, probabilities
+from localspec.errors import BackendUnavailableError, Interrupted, ModelFileError, UnsupportedModelError
+from localspec.options import ModelOptions
+from localspec.pipeline import load_pipeline
+from test_verify import joint_check
+
+LAYERS = (0, 2, 3)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> dict[str, Path]:
+    from gguf_factory import write_tiny_eagle3, write_tiny_llama
+
+    d = tmp_path_factory.mktemp("eagle3")
+    f = {
+        "target": d / "target.gguf",
+        "head": d / "eagle3-head.gguf",
+        "head_d2t": d / "eagle3-head-d2t.gguf",
+        "head_deep": d / "eagle3-head-deep.gguf",
+        "head_wide": d / "eagle3-head-wide.gguf",
+        "qwen2": d / "qwen2-target.gguf",
+    }
+    write_tiny_llama(f["target"], smollm2_path, seed=0, n_layer=4)
+    write_tiny_llama(f["qwen2"], smollm2_path, seed=0, n_layer=4, arch="qwen2")
+    write_tiny_eagle3(f["head"], smollm2_path, target_layers=LAYERS)
+    d2t = write_tiny_eagle3(f["head_d2t"], smollm2_path, target_layers=LAYERS, draft_vocab=2048, seed=11)
+    np.save(d / "head_d2t.npy", d2t)
+    write_tiny_eagle3(f["head_deep"], smollm2_path, target_layers=(2, 16, 29))
+    write_tiny_eagle3(f["head_wide"], smollm2_path, target_layers=LAYERS, hidden_size=4096)
+    return f
+
+
+@pytest.fixture(scope="module")
+def target(files: dict[str, Path]):  # type: ignore[no-untyped-def]
+    t = lb.load(files["target"], n_ctx=512, threads=1)
+    yield t
+    t.close()
+
+
+def _run(target, drafter, prompt, **cfg) -> Done:  # type: ignore[no-untyped-def]
+    events = list(generate(target, drafter, prompt, GenerationConfig(**cfg)))
+    assert isinstance(events[-1], Done)
+    return events[-1]
+
+
+# -- the library's symbols --------------------------------------------------------------------------
+
+
+def test_each_family_is_reported_available_or_with_a_reason() -> None:
+    status = llama_ext.all_family_status()
+    assert set(status) == {"eagle3", "mtp", "dflash", "dspark"}
+    assert status["eagle3"].available and status["eagle3"].reason == "available"
+    assert llama_ext.missing_symbols("eagle3") == []  # every symbol found under one of its names
+    for family in ("mtp", "dflash", "dspark"):
+        assert not status[family].available
+        assert "does not drive" in status[family].reason
+
+
+def test_a_symbol_missing_from_the_library_disables_its_family(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = llama_ext._SYMBOLS["get_embeddings_layer_inp"]
+    renamed = llama_ext._Symbol(("llama_get_embeddings_layer_inp_v2", "_Z99renamed"), real.argtypes, real.restype)
+    monkeypatch.setitem(llama_ext._SYMBOLS, "get_embeddings_layer_inp", renamed)
+    llama_ext._lookup.cache_clear()
+    try:
+        status = llama_ext.family_status("eagle3")
+        assert not status.available and "llama_get_embeddings_layer_inp_v2" in status.reason
+        with pytest.raises(BackendUnavailableError, match="eagle3 cannot run here"):
+            llama_ext.require_family("eagle3")
+    finally:
+        monkeypatch.undo()
+        llama_ext._lookup.cache_clear()
+    assert llama_ext.family_status("eagle3").available
+
+
+# -- exactness ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("k", [1, 3, 6])
+def test_greedy_speculative_equals_plain_greedy(files: dict[str, Path], target, k: int) -> None:  # type: ignore[no-untyped-def]
+    prompt = target.tokenize("Write a Python function that returns the n-th Fibonacci number.")
+    plain = _run(target, NoDrafter(), prompt, max_tokens=48)
+    for head in ("head", "head_d2t"):
+        drafter = Eagle3Drafter(target, files[head])
+        try:
+            spec = _run(target, drafter, prompt, max_tokens=48, num_draft=k)
+        finally:
+            drafter.close()
+        assert spec.tokens == plain.tokens, head
+        assert spec.stats.n_drafted > 0 and spec.stats.draft_method == "eagle3"
+
+
+def test_a_reduced_head_vocabulary_drafts_only_mapped_target_ids(files: dict[str, Path], target) -> None:  # type: ignore[no-untyped-def]
+    d2t = {int(i) for i in np.load(files["head_d2t"].parent / "head_d2t.npy")}
+    drafter = Eagle3Drafter(target, files["head_d2t"])
+    try:
+        prompt = target.tokenize("Once upon a time")
+        sync_cache(target, prompt, logits=False)
+        drafter.prepare(prompt, 4)
+        ctx = [*prompt, 42]
+        sync_cache(target, ctx[:-1], logits=False)
+        rng = np.random.default_rng(0)
+        draft = drafter.propose(ctx, 4, SamplingParams(temperature=1.0), rng)
+        assert len(draft.tokens) == 4 and set(draft.tokens) <= d2t
+        assert draft.q is not None and draft.q.shape == (4, target.n_vocab)
+        outside = np.setdiff1d(np.arange(target.n_vocab), sorted(d2t))
+        assert np.all(draft.q[:, outside] == 0.0)  # q lives on the head's vocabulary only
+    finally:
+        drafter.close()
+
+
+TOP_K = 2
+K = 2
+WINDOW = K + 2  # the prefill's token, then one full round: k drafts and the bonus
+N_SAMPLES = 1200
+CHI_PROMPT = "The capital of France"
+
+
+def _expected_joint(target, prompt: list[int], sampling: SamplingParams) -> dict[tuple[int, ...], float]:  # type: ignore[no-untyped-def]
+    """Exact P(x1..xn | prompt) from the target's own processed conditionals, over the top-k tree."""
+    out: dict[tuple[int, ...], float] = {}
+
+    def walk(seq: tuple[int, ...], prob: float) -> None:
+        if len(seq) == WINDOW:
+            out[seq] = prob
+            return
+        _, row = sync_cache(target, [*prompt, *seq], logits=True)
+        p = probabilities(row, sampling)
+        for x in np.flatnonzero(p > 0):
+            walk((*seq, int(x)), prob * float(p[x]))
+
+    walk((), 1.0)
+    return out
+
+
+@pytest.fixture(scope="module")
+def chi(files: dict[str, Path], target, smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """(prompt, sampling, expected joint, head): a head whose reduced vocabulary is the tokens the target
+    can emit here, so its top-k often meets the target's and drafts get accepted as well as rejected."""
+    from gguf_factory import write_tiny_eagle3
+
+    sampling = SamplingParams(temperature=1.0, top_k=TOP_K)
+    prompt = target.tokenize(CHI_PROMPT)
+    expected = _expected_joint(target, prompt, sampling)
+    ids = sorted({t for seq in expected for t in seq[:2]})  # what the target may emit at the first two steps
+    head = tmp_path_factory.mktemp("chi") / "eagle3-head-near.gguf"
+    write_tiny_eagle3(head, smollm2_path, target_layers=LAYERS, d2t_ids=ids, seed=12)
+    return prompt, sampling, expected, head
+
+
+def _draw(target, drafter, prompt: list[int], sampling: SamplingParams) -> Callable[[int], tuple[int, ...]]:  # type: ignore[no-untyped-def]
+    def draw(i: int) -> tuple[int, ...]:
+        seeded = SamplingParams(temperature=sampling.temperature, top_k=sampling.top_k, seed=1000 + i)
+        return _run(target, drafter, prompt, max_tokens=WINDOW, num_draft=K, sampling=seeded).tokens
+
+    return draw
+
+
+@pytest.mark.slow  # about 2 minutes on a busy 2-core CPU
+def test_exact_rule_matches_the_target_distribution_through_the_head(target, chi) -> None:  # type: ignore[no-untyped-def]
+    prompt, sampling, expected, head = chi
+    assert len(expected) == TOP_K**WINDOW
+    drafter = Eagle3Drafter(target, head)
+    try:
+        failure = joint_check(_draw(target, drafter, prompt, sampling), expected, N_SAMPLES)
+        assert failure is None, failure
+        # Both branches of the rule ran: drafts accepted and drafts rejected.
+        runs = [_run(target, drafter, prompt, max_tokens=WINDOW, num_draft=K, sampling=SamplingParams(
+            temperature=1.0, top_k=TOP_K, seed=s)).stats for s in range(60)]  # fmt: skip
+        accepted, drafted = sum(s.n_accepted for s in runs), sum(s.n_drafted for s in runs)
+        assert 0 < accepted < drafted, (accepted, drafted)
+    finally:
+        drafter.close()
+
+
+@pytest.mark.slow
+def test_a_head_whose_q_is_misreported_fails_the_same_check(target, chi) -> None:  # type: ignore[no-untyped-def]
+    """The test's own test: the same drafts, but q reported as uniform over its support, must fail."""
+    from dataclasses import replace
+
+    class Misreported(Eagle3Drafter):
+        def propose(self, context, k, sampling, rng, *, min_confidence=0.0):  # type: ignore[no-untyped-def]
+            d = super().propose(context, k, sampling, rng, min_confidence=min_confidence)
+            if d.q is None:
+                return d
+            flat = (d.q > 0).astype(np.float64)
+            return replace(d, q=flat / flat.sum(axis=1, keepdims=True))
+
+    prompt, sampling, expected, head = chi
+    drafter = Misreported(target, head)
+    try:
+        assert joint_check(_draw(target, drafter, prompt, sampling), expected, N_SAMPLES) is not None
+    finally:
+        drafter.close()
+
+
+# -- the head's own state ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_after_rejected_rounds_the_next_proposal_equals_a_fresh_drafters(
+    files: dict[str, Path], target, temperature: float
+) -> None:  # type: ignore[no-untyped-def]
+    prompt = target.tokenize("def fibonacci(n):")
+    sampling = SamplingParams(temperature=temperature, seed=7)
+    used = Eagle3Drafter(target, files["head"])
+    fresh = Eagle3Drafter(target, files["head"])
+    try:
+        done = _run(target, used, prompt, max_tokens=30, num_draft=4, sampling=sampling)
+        assert done.stats.n_accepted < done.stats.n_drafted  # some rounds were rejected (random head)
+        context = [*prompt, *done.tokens]
+        sync_cache(target, context[:-1], logits=False)
+        fresh.prepare(context[:-1], 4)
+        a = used.propose(context, 4, sampling, np.random.default_rng(3))
+        b = fresh.propose(context, 4, sampling, np.random.default_rng(3))
+        assert a.tokens == b.tokens and len(a.tokens) == 4
+        if temperature > 0:
+            assert a.q is not None and b.q is not None
+            np.testing.assert_allclose(a.q, b.q, atol=1e-4)  # batched vs single-row passes
+        # A second proposal on the same context (nothing accepted in between) is the same again.
+        again = used.propose(context, 4, sampling, np.random.default_rng(3))
+        assert again.tokens == a.tokens
+    finally:
+        used.close()
+        fresh.close()
+
+
+def test_an_abort_stops_the_head_and_leaves_its_cache_consistent(files: dict[str, Path], target) -> None:  # type: ignore[no-untyped-def]
+    prompt = target.tokenize("def fibonacci(n):")
+    context = [*prompt, 13]
+    drafter = Eagle3Drafter(target, files["head"])
+    fresh = Eagle3Drafter(target, files["head"])
+    try:
+        sync_cache(target, context[:-1], logits=False)
+        target.abort(True)  # Ctrl-C: the head shares the target's flag
+        with pytest.raises(Interrupted):
+            drafter.propose(context, 3, SamplingParams(), np.random.default_rng(0))
+        target.abort(False)
+        a = drafter.propose(context, 3, SamplingParams(), np.random.default_rng(0))
+        b = fresh.propose(context, 3, SamplingParams(), np.random.default_rng(0))
+        assert a.tokens == b.tokens and len(a.tokens) == 3
+    finally:
+        target.abort(False)
+        drafter.close()
+        fresh.close()
+
+
+# -- through the pipeline, and the refusals -----------------------------------------------------------------
+
+
+def test_pipeline_builds_the_eagle3_drafter(files: dict[str, Path]) -> None:
+    opts = ModelOptions(target=str(files["target"]), draft=str(files["head"]), draft_method="eagle3", n_ctx=512, threads=1)
+    pipe = load_pipeline(opts)
+    try:
+        assert pipe.drafter.method == "eagle3" and pipe.draft is None  # the head is the drafter's, not a Backend
+        done = list(pipe.generate("Hello there", GenerationConfig(max_tokens=12, num_draft=3)))[-1]
+        assert isinstance(done, Done) and done.stats.draft_method == "eagle3" and done.stats.n_drafted > 0
+        other = pipe.new_drafter("eagle3")
+        assert other.method == "eagle3"
+        other.close()
+    finally:
+        pipe.close()
+
+
+@pytest.mark.parametrize(
+    ("head", "error", "words"),
+    [
+        ("target", ModelFileError, "not an EAGLE-3 head"),
+        ("head_deep", UnsupportedModelError, "has 4 layers"),
+        ("head_wide", UnsupportedModelError, "hidden size 4096"),
+    ],
+)
+def test_a_head_that_does_not_fit_the_target_is_refused_before_loading(
+    files: dict[str, Path], head: str, error: type, words: str
+) -> None:
+    opts = ModelOptions(target=str(files["target"]), draft=str(files[head]), draft_method="eagle3", n_ctx=512, threads=1)
+    with pytest.raises(error, match=words) as info:
+        load_pipeline(opts)
+    assert info.value.hint
+
+
+@pytest.mark.parametrize("method", ["mtp", "dflash", "dspark"])
+def test_families_not_driven_yet_say_so(files: dict[str, Path], method: str) -> None:
+    opts = ModelOptions(target=str(files["target"]), draft=str(files["head"]), draft_method=method, n_ctx=512, threads=1)
+    with pytest.raises(BackendUnavailableError, match=f"{method} cannot run here: localspec does not drive"):
+        load_pipeline(opts)
+
+
+def test_capture_on_an_architecture_without_the_hook_is_refused_in_process(files: dict[str, Path]) -> None:
+    qwen2 = lb.load(files["qwen2"], n_ctx=256, threads=1)
+    try:
+        with pytest.raises(UnsupportedModelError, match="'qwen2' model") as info:
+            qwen2.capture_layers(list(LAYERS))
+        assert "llama, qwen3" in info.value.hint
+        assert qwen2.forward(qwen2.tokenize("still alive")).shape[1] == qwen2.n_vocab  # nothing was enabled
+    finally:
+        qwen2.close()
+
+
+def _python(code: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_qwen2_target_with_an_eagle3_head_is_a_clear_error_and_the_process_lives(files: dict[str, Path]) -> None:
+    cli = _python(f"""
+        import sys
+        from localspec.cli import main
+        sys.exit(main(["run", "--target", {str(files["qwen2"])!r}, "--draft", {str(files["head"])!r},
+                       "--draft-method", "eagle3", "--n-ctx", "256", "--threads", "1", "--max-tokens", "4", "--raw", "hello"]))
+    """)
+    assert cli.returncode == 1, cli.stderr  # a LocalspecError, not SIGABRT (-6)
+    assert "'qwen2' model" in cli.stderr and "hint:" in cli.stderr
+    # The drafter itself refuses too (a front end that skipped the pipeline's check), and the process goes on.
+    direct = _python(f"""
+        from localspec.backends import llama_cpp as lb
+        from localspec.backends.llama_eagle3 import Eagle3Drafter
+        from localspec.errors import UnsupportedModelError
+        t = lb.load({str(files["qwen2"])!r}, n_ctx=256, threads=1)
+        try:
+            Eagle3Drafter(t, {str(files["head"])!r})
+        except UnsupportedModelError as e:
+            print("refused:", e.message)
+        print("alive", t.forward(t.tokenize("hi")).shape)
+    """)
+    assert direct.returncode == 0, direct.stderr
+    assert "refused:" in direct.stdout and "alive" in direct.stdout
+
+
+def test_without_the_check_llama_cpp_would_abort_the_process(files: dict[str, Path]) -> None:
+    """Why the architecture check exists: enabling capture on qwen2 kills the process (SIGABRT)."""
+    crash = _python(f"""
+        from localspec.backends import llama_cpp as lb, llama_ext
+        t = lb.load({str(files["qwen2"])!r}, n_ctx=256, threads=1)
+        llama_ext.set_layer_capture(t.handle[1], 0, True)
+        t.forward(t.tokenize("hi"))
+        print("survived")
+    """)
+    assert crash.returncode == -signal.SIGABRT and "survived" not in crash.stdout
