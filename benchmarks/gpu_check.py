@@ -90,6 +90,7 @@ class Settings:
     sizes: tuple[int, ...]
     budget_s: float
     build_jobs: int
+    reuse_models: bool
 
 
 @dataclass
@@ -134,7 +135,9 @@ def parse_args() -> Settings:
     ap.add_argument("--tokens", type=int, default=128, help="tokens per generation run")
     ap.add_argument("--reps", type=int, default=3, help="timed passes per batch size; repetitions of each comparison")
     ap.add_argument("--sizes", default=None, help="batch sizes to time (default 1..64; --cpu: a sparse 1..64)")
-    ap.add_argument("--budget-s", type=float, default=450.0, help="skip later targets once this much time has passed")
+    ap.add_argument("--budget-s", type=float, default=None, help="skip later targets once this much time has passed "
+                    "(default: 450 s on a GPU, none with --cpu)")
+    ap.add_argument("--reuse-models", action="store_true", help="keep Q4_K_M models already in --work (a second run)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel build jobs")
     a = ap.parse_args()
     targets = SHAPE_SETS.get(a.shapes) or tuple(x.strip() for x in a.shapes.split(",") if x.strip())
@@ -153,7 +156,8 @@ def parse_args() -> Settings:
     return Settings(
         cpu=a.cpu, targets=targets, draft=draft, payload=a.payload.resolve(), out=a.out.resolve(),
         work=a.work.resolve(), lib_dir=a.lib_dir, tools_dir=a.tools_dir, tools=not a.no_tools,
-        threads=a.threads, tokens=a.tokens, reps=a.reps, sizes=sizes, budget_s=a.budget_s, build_jobs=a.jobs,
+        threads=a.threads, tokens=a.tokens, reps=a.reps, sizes=sizes, build_jobs=a.jobs, reuse_models=a.reuse_models,
+        budget_s=a.budget_s if a.budget_s is not None else (float("inf") if a.cpu else 450.0),
     )  # fmt: skip
 
 
@@ -354,10 +358,14 @@ def write_f16_models(s: Settings, names: list[str], report: Report) -> dict[str,
     return out
 
 
+def q4_path(s: Settings, name: str) -> Path:
+    return s.work / f"{name}-q4_k_m.gguf"
+
+
 def quantize_models(s: Settings, f16: dict[str, Path], report: Report) -> dict[str, Path]:
     out = {}
     for name, src in f16.items():
-        dst = s.work / f"{name}-q4_k_m.gguf"
+        dst = q4_path(s, name)
         t0 = time.perf_counter()
         quantize(src, dst, s.threads)
         src.unlink()
@@ -375,7 +383,11 @@ def run_all(s: Settings, report: Report, site: Path, t0: float) -> None:
     sys.path.insert(0, str(site))  # the carried packages first: gguf now, llama_cpp once the library is in
     sys.path.insert(1, str(HERE))  # engine_overhead's loops
     phase = time.perf_counter()
-    f16 = write_f16_models(s, [s.draft, *s.targets], report)
+    names = [s.draft, *s.targets]
+    ready = {n: q4_path(s, n) for n in names if s.reuse_models and q4_path(s, n).is_file()}
+    for n, p in ready.items():
+        report.models[n] = {"q4_k_m_bytes": p.stat().st_size, "reused": True}
+    f16 = write_f16_models(s, [n for n in names if n not in ready], report)
     report.phases["write_models"] = time.perf_counter() - phase
     phase = time.perf_counter()
     finish_build(s, proc, report)
@@ -384,7 +396,7 @@ def run_all(s: Settings, report: Report, site: Path, t0: float) -> None:
 
     backend._init_llama()  # quiet llama.cpp's log before quantizing
     phase = time.perf_counter()
-    models = quantize_models(s, f16, report)
+    models = ready | quantize_models(s, f16, report)
     report.phases["quantize"] = time.perf_counter() - phase
     for name in s.targets:
         if time.perf_counter() - t0 > s.budget_s:
@@ -606,8 +618,8 @@ def table_lines(r: Report) -> list[str]:
     lines = [f"localspec GPU check ({r.mode}); library: {r.build.get('device', '?')}"]
     lines.append("phases: " + ", ".join(f"{k} {v:.0f} s" for k, v in r.phases.items()))
     for name, m in r.models.items():
-        lines.append(f"model {name}: F16 {m.get('f16_bytes', 0) / 2**30:.2f} GiB -> Q4_K_M "
-                     f"{m.get('q4_k_m_bytes', 0) / 2**30:.2f} GiB")  # fmt: skip
+        made = "reused" if m.get("reused") else f"from F16 {m.get('f16_bytes', 0) / 2**30:.2f} GiB"
+        lines.append(f"model {name}: Q4_K_M {m.get('q4_k_m_bytes', 0) / 2**30:.2f} GiB ({made})")
     for name, t in r.targets.items():
         lines += ["", f"== target {name} ({t['target']}), draft {t['draft']}; {t.get('device', '')}"]
         if "target_s" not in t:
