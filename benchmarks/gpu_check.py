@@ -104,6 +104,7 @@ class Report:
     models: dict[str, dict[str, Any]] = field(default_factory=dict)
     targets: dict[str, dict[str, Any]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    machine: dict[str, Any] = field(default_factory=dict)  # CPUs and load: what a CPU figure is worth
 
 
 def main() -> None:
@@ -113,10 +114,12 @@ def main() -> None:
     s.out.mkdir(parents=True, exist_ok=True)
     s.work.mkdir(parents=True, exist_ok=True)
     site = stage_site(s)
+    report.machine = {"cpus": os.cpu_count(), "load_start": os.getloadavg()[0]}
     try:
         run_all(s, report, site, t0)
     finally:
         report.phases["total"] = time.perf_counter() - t0
+        report.machine["load_end"] = os.getloadavg()[0]
         write_outputs(s, report)
 
 
@@ -392,8 +395,12 @@ def run_all(s: Settings, report: Report, site: Path, t0: float) -> None:
     phase = time.perf_counter()
     finish_build(s, proc, report)
     report.phases["build_wait"] = time.perf_counter() - phase
+    import llama_cpp
+
+    import localspec
     from localspec.backends import llama_cpp as backend
 
+    report.build["code"] = {m.__name__: m.__file__ for m in (llama_cpp, localspec, backend)}  # the payload's copies
     backend._init_llama()  # quiet llama.cpp's log before quantizing
     phase = time.perf_counter()
     models = ready | quantize_models(s, f16, report)
@@ -617,6 +624,9 @@ def table_lines(r: Report) -> list[str]:
     ms = lambda x: f"{x * 1e3:8.2f}"  # noqa: E731
     lines = [f"localspec GPU check ({r.mode}); library: {r.build.get('device', '?')}"]
     lines.append("phases: " + ", ".join(f"{k} {v:.0f} s" for k, v in r.phases.items()))
+    if r.machine:
+        lines.append(f"machine: {r.machine['cpus']} CPUs, load average {r.machine['load_start']:.1f} at the start, "
+                     f"{r.machine.get('load_end', 0.0):.1f} at the end")  # fmt: skip
     for name, m in r.models.items():
         made = "reused" if m.get("reused") else f"from F16 {m.get('f16_bytes', 0) / 2**30:.2f} GiB"
         lines.append(f"model {name}: Q4_K_M {m.get('q4_k_m_bytes', 0) / 2**30:.2f} GiB ({made})")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -66,6 +67,11 @@ def run_check(payload: Path, tmp: Path, *extra: str) -> tuple[subprocess.Complet
 def test_cpu_mode_runs_every_measurement_on_tiny_shapes(payload: Path, tmp_path: Path) -> None:
     proc, report = run_check(payload, tmp_path, "--no-tools")
     assert report["mode"] == "cpu"
+    # Everything ran on the payload's copies of the code, with the library copied in beside the bindings.
+    site = (tmp_path / "work" / "site").resolve()
+    for module, path in report["build"]["code"].items():
+        assert Path(path).resolve().is_relative_to(site), (module, path)
+    assert (site / "llama_cpp" / "lib" / "libllama.so").is_file()
     # (one thread: on a busy shared machine, two threads of a tiny model wait on each other at every op)
     # The models were written, quantized to Q4_K_M (smaller than F16) and loaded from the payload's code.
     for name in ("tiny", "tiny-draft"):
@@ -93,18 +99,6 @@ def test_cpu_mode_runs_every_measurement_on_tiny_shapes(payload: Path, tmp_path:
     assert "llama-speculative-simple" not in json.dumps(t)
 
 
-def test_the_check_uses_the_payloads_own_code(payload: Path, tmp_path: Path) -> None:
-    """A marker planted in the payload's localspec shows up in the run: nothing comes from the install."""
-    marked = tmp_path / "payload"
-    import shutil
-
-    shutil.copytree(payload, marked)
-    engine = marked / "site" / "localspec" / "decoding" / "engine.py"
-    engine.write_text(engine.read_text() + "\nprint('[payload localspec loaded]', flush=True)\n")
-    proc, _ = run_check(marked, tmp_path, "--no-tools", "--sizes", "1,2")
-    assert "[payload localspec loaded]" in proc.stdout
-
-
 def test_bad_arguments_say_what_to_do(tmp_path: Path) -> None:
     script = str(ROOT / "benchmarks" / "gpu_check.py")
     proc = subprocess.run([sys.executable, script, "--payload", str(tmp_path)], capture_output=True, text=True)
@@ -119,6 +113,8 @@ def test_bad_arguments_say_what_to_do(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_trimmed_sources_configure_for_the_library_and_speculative_simple(tmp_path: Path) -> None:
     """The sdist's llama.cpp, trimmed, still configures with CMake and has the two targets the check builds."""
+    if not (shutil.which("cmake") and shutil.which("ninja")):
+        pytest.skip("needs cmake and ninja")
     sdist = Path(os.environ.get("LOCALSPEC_LLAMA_SDIST", "")) if os.environ.get("LOCALSPEC_LLAMA_SDIST") else None
     out = tmp_path / "payload"
     size = gpu_prepare.prepare(out, sdist=sdist, sources=True, tokenizer_from=None)
