@@ -122,11 +122,16 @@ def test_trimmed_sources_configure_for_the_library_and_speculative_simple(tmp_pa
     src = out / "llama.cpp"
     assert (src / "ggml/src/ggml-cuda").is_dir() and not (src / "ggml/src/ggml-vulkan").exists()
     assert not (src / "docs").exists() and not (src / "models").exists()
-    build = tmp_path / "build"
-    subprocess.run(
-        ["cmake", "-S", str(src), "-B", str(build), "-G", "Ninja", "-DGGML_CUDA=OFF", "-DLLAMA_BUILD_TESTS=OFF",
-         "-DLLAMA_BUILD_TOOLS=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_OPENSSL=OFF"],
-        check=True, capture_output=True,
+    import gpu_check
+
+    settings = gpu_check.Settings(
+        cpu=True, targets=("tiny",), draft="tiny-draft", payload=out, out=tmp_path / "out", work=tmp_path / "work",
+        lib_dir=None, tools_dir=None, tools=True, threads=1, tokens=8, reps=1, sizes=(1,), budget_s=60.0,
+        build_jobs=1, reuse_models=False,
     )  # fmt: skip
+    (configure, build_cmd), env = gpu_check.build_command(settings)  # the check's own commands
+    assert build_cmd[-2:] == ["llama", "llama-speculative-simple"]
+    subprocess.run(configure, check=True, capture_output=True, env=env)
+    build = tmp_path / "work" / "build"
     targets = subprocess.run(["ninja", "-C", str(build), "-t", "targets", "all"], capture_output=True, text=True).stdout
     assert "llama-speculative-simple" in targets and "libllama.so" in targets
