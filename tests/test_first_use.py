@@ -228,3 +228,19 @@ async def test_chat_picker_marks_and_offers_the_default_pair(tmp_path: Path) -> 
         status = app.screen.query_one("#pair-status", Static)
         await until(pilot, lambda: "Ctrl+D downloads about 1.6 GB" in text_of(status))
         assert f"target {bp.target}, draft {bp.draft}" in text_of(status)
+
+
+def test_the_progress_bar_keeps_its_end_on_a_100_column_terminal() -> None:
+    """The first run's bar (the pull's display) lost its end ("45.6 MB/s  do") on 80- and 100-column terminals."""
+    import io
+
+    from localspec.commands.pull import ProgressPrinter
+    from localspec.hub import ProgressEvent
+
+    bp = default_llama()
+    for width in (80, 100, 120):
+        buf = io.StringIO()
+        bar = ProgressPrinter(buf, tty=True, width=width)
+        bar(ProgressEvent(bp.target.file, bp.target.repo, "target", 1_117_320_768, 1_117_320_768, 45.6e6, 0.0, True))
+        line = buf.getvalue().strip("\r\n")
+        assert line.rstrip().endswith("45.6 MB/s  done") and len(line) <= width - 1, (width, line)

@@ -145,6 +145,15 @@ class EngineReply:
         return self.done.text if self.done is not None else "".join(st.text for st in self.steps)
 
 
+def hold_redraws(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From the next redraw on, keep what the engine streams in the buffer (30 s between redraws): the end
+    of a reply then finds text not drawn yet, which must still reach the screen."""
+    from localspec.tui import stream
+
+    monkeypatch.setattr(stream, "RENDER_MIN_INTERVAL", 30.0)
+    monkeypatch.setattr(stream, "RENDER_MAX_INTERVAL", 30.0)
+
+
 def on_screen(view: ReplyMessage) -> str:
     """The reply as displayed: the Markdown document's source (plain mode) or the coloured tokens' text."""
     if view.colour:
@@ -216,7 +225,9 @@ async def test_pick_backend_and_pair_then_chat_with_real_model(smollm2_path: Pat
 
 
 @pytest.mark.asyncio
-async def test_stop_mid_generation_with_real_model(smollm2_path: Path, tmp_path: Path) -> None:
+async def test_stop_mid_generation_with_real_model(
+    smollm2_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     opts = ModelOptions(target=str(smollm2_path), draft_method="ngram", threads=1)
     app = ChatApp(options=opts, settings=ChatSettings(max_tokens=400), save_dir=tmp_path)
     async with app.run_test(size=SIZE) as pilot:
@@ -224,6 +235,8 @@ async def test_stop_mid_generation_with_real_model(smollm2_path: Path, tmp_path:
         engine = EngineReplies(app)
         await send(pilot, "Count from 1 to 300, one number per line.")
         await until(pilot, lambda: bool(app.chat.turn and app.chat.turn.reply), what="first tokens")
+        hold_redraws(monkeypatch)
+        await pilot.pause(0.5)  # text streams on, most of it not drawn yet
         assert app.chat.generating
         await pilot.press("escape")
         await settle(app, pilot)
@@ -388,14 +401,24 @@ async def test_fast_model_updates_merge(tmp_path: Path) -> None:
 
 
 @pytest.mark.asyncio
-async def test_backend_error_mid_reply_keeps_the_transcript(tmp_path: Path) -> None:
-    target = FailingBackend(scripted(REPLY), fail_at=5)
+async def test_backend_error_mid_reply_keeps_the_transcript(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    class GatedFailing(GatedBackend, FailingBackend):
+        """Waits for a permit before each pass, and fails on its n-th."""
+
+    target = GatedFailing(scripted(REPLY), fail_at=5)
     app = fake_app(target, FakeBackend(scripted(REPLY)), tmp_path=tmp_path, num_draft=2)
     async with app.run_test(size=SIZE) as pilot:
-        await until(pilot, lambda: app.pipeline is not None)
-        engine = EngineReplies(app)
-        await send(pilot, "go")
-        await settle(app, pilot)
+        try:
+            await until(pilot, lambda: app.pipeline is not None)
+            engine = EngineReplies(app)
+            hold_redraws(monkeypatch)  # after the first redraw, the text waits in the buffer
+            await send(pilot, "go")
+            target.release(1)  # the prompt pass: its token is drawn at once
+            await until(pilot, lambda: bool(app.chat.query_one(ReplyMessage).text), what="the first token")
+            target.open_gate()  # three rounds, not drawn yet, then the failure
+            await settle(app, pilot)
+        finally:
+            target.open_gate()
         turn = app.chat.transcript.turns[0]
         assert turn.error is not None and "device lost" in turn.error
         failed = engine.replies[0]

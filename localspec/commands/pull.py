@@ -197,7 +197,8 @@ class ProgressPrinter:
         name = ev.file.rsplit("/", 1)[-1]
         bar_w = max(10, min(30, width - len(stats) - len(label) - 30))
         fill = int(frac * bar_w)
-        room = max(8, width - len(label) - bar_w - len(stats) - 8)
+        # the line is label (6+), name, " [" bar "] ", "100%", stats: fit it in width - 1 columns
+        room = max(8, width - 1 - max(6, len(label)) - 1 - 2 - bar_w - 2 - 4 - len(stats))
         if len(name) > room:
             name = "…" + name[-(room - 1) :]
         line = f"{label:<6} {name} [{'#' * fill}{'-' * (bar_w - fill)}] {frac * 100:3.0f}%{stats}"
