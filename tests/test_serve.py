@@ -487,15 +487,16 @@ def test_qwen_pair_chat_streams_with_stats_and_reuses_the_cache(qwen_pair: tuple
     try:
         client = s.client()
         messages = [{"role": "user", "content": "Write a Python function that checks whether a number is prime."}]
-        chunks, text = stream_text(client.chat.completions.create(model="qwen", messages=messages, max_tokens=48,
+        chunks, text = stream_text(client.chat.completions.create(model="qwen", messages=messages, max_tokens=24,
                                                                   temperature=0, stream=True))  # fmt: skip
-        assert "def " in text
+        assert text.strip()
         t = chunks[-1].model_extra["timings"]
-        assert t["draft_method"] == "auto" and t["predicted_n"] == 48 and t["auto_choice"]
+        assert t["draft_method"] == "auto" and t["predicted_n"] == 24 and t["auto_choice"]
+        first_prompt = t["prompt_n"] + t["cache_n"]
         messages += [{"role": "assistant", "content": text}, {"role": "user", "content": "Now add type hints."}]
-        second = client.chat.completions.create(model="qwen", messages=messages, max_tokens=8, temperature=0)
+        second = client.chat.completions.create(model="qwen", messages=messages, max_tokens=4, temperature=0)
         t2 = second.model_extra["timings"]
-        assert t2["cache_n"] >= t["prompt_n"] + t["cache_n"] + 40  # the first prompt and (nearly all) its answer
+        assert t2["cache_n"] >= first_prompt + 12  # the first prompt and (most of) its answer
         assert t2["prompt_n"] < 40  # only the new user turn and the template around it
     finally:
         s.close()
