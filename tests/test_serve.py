@@ -455,7 +455,10 @@ def test_print_vllm_uses_the_catalogs_base_models() -> None:
     assert '"method": "ngram"' in ngram.stdout and '"num_speculative_tokens": 4' in ngram.stdout
     bare = subprocess.run([sys.executable, "-m", "localspec.cli", "serve", "--print-vllm", "--target", "x.gguf"],
                           capture_output=True, text=True, timeout=60)  # fmt: skip
-    assert bare.returncode == 2 and "needs --pair" in bare.stderr and "Traceback" not in bare.stderr
+    assert bare.returncode == 2 and "needs a catalog pair" in bare.stderr and "Traceback" not in bare.stderr
+    default = subprocess.run([sys.executable, "-m", "localspec.cli", "serve", "--print-vllm"],
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert default.returncode == 0 and default.stdout.startswith("vllm serve Qwen/Qwen2.5-Coder-1.5B-Instruct ")
 
 
 def test_bad_server_flags_are_refused_before_loading(tiny_ggufs) -> None:  # type: ignore[no-untyped-def]

@@ -63,9 +63,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 def serve(args: argparse.Namespace) -> int:
     check_server_args(args)
     if args.print_vllm:
+        from localspec.catalog import load_catalog
         from localspec.server.vllm import vllm_command
 
-        print(vllm_command(args.pair, method=args.draft_method, k=args.num_draft, port=args.port,
+        pair = args.pair or (None if args.target else load_catalog().default)  # no model given: the default pair
+        print(vllm_command(pair, method=args.draft_method, k=args.num_draft, port=args.port,
                            model_name=args.model_name))  # fmt: skip
         return 0
     if args.max_tokens is not None and args.max_tokens < 1:

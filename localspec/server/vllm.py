@@ -24,7 +24,7 @@ def vllm_command(
     """The shell command. `auto` (which vLLM has no equivalent of) maps to the pair's draft model."""
     if not pair_name:
         raise UsageError(
-            "--print-vllm needs --pair NAME: vLLM loads the original Hub models, which the catalog names",
+            "--print-vllm needs a catalog pair (--pair NAME, or none for the default), not model files: vLLM loads the original Hub models, which the catalog names",
             "use a catalog pair (see `localspec models`), or add `base = { target = ..., draft = ... }` to "
             "your own pair in models.toml",
         )
