@@ -18,7 +18,17 @@ The error contract, the same for every backend (tests/test_backend_contract.py c
   raises Interrupted at once; `abort(False)` clears it. A load can be cancelled the same way through the
   `cancel` event given to `load` (Interrupted).
 - rollback: ValueError for a negative n_keep; n_keep >= len(cached_tokens) does nothing;
-  UnsupportedModelError when the model's state cannot be cut back that far.
+  UnsupportedModelError when the model's state cannot be cut back that far (`can_rollback` says so
+  beforehand; rolling back to 0 always works).
+
+Recurrent and hybrid models (Mamba, LFM2, Qwen3.5, ...) keep a state that is not a list of positions, so
+it cannot simply be cut. Their backends roll back in one of two exact ways, chosen per call
+(`rollback_route`): a snapshot the library kept for each of the last few positions of the latest batch
+(llama.cpp's n_rs_seq), or the latest *checkpoint* (the state saved at some length P) restored, with the
+tokens from P to n_keep fed again. A backend saves a checkpoint when asked (`checkpoint()`: later rollbacks
+keep at least the tokens cached now; a drafter calls it before drafting token by token) and by itself
+before a batch the snapshots could not undo. A rollback below the checkpoint, beyond the snapshots, is
+refused (UnsupportedModelError), and `sync_cache` then starts over from an empty cache.
 """
 
 from __future__ import annotations
@@ -27,7 +37,7 @@ import codecs
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -53,6 +63,11 @@ class ModelInfo:
     n_ctx: int
     n_params: int | None = None
     size_bytes: int | None = None
+    recurrent: str = ""  # how a hybrid/recurrent model is rolled back, e.g. "hybrid (lfm2): ..."; "" for a KV cache
+
+    @property
+    def is_recurrent(self) -> bool:
+        return bool(self.recurrent)
 
 
 class Detokenizer(Protocol):
@@ -131,6 +146,15 @@ class Backend(Protocol):
         """Drop every cached position from n_keep on."""
         ...
 
+    def can_rollback(self, n_keep: int) -> bool:
+        """Whether rollback(n_keep) would succeed now (always, for a KV cache)."""
+        ...
+
+    def checkpoint(self) -> None:
+        """Later rollbacks keep at least the tokens cached now: a recurrent backend saves its state here
+        (a KV cache needs nothing)."""
+        ...
+
     def abort(self, on: bool = True) -> None:
         """Stop a forward in flight on another thread (it raises Interrupted); see the contract above."""
         ...
@@ -155,11 +179,37 @@ class BackendModule(Protocol):
         threads: int | None = None,
         n_gpu_layers: int = -1,
         cancel: threading.Event | None = None,
-    ) -> Backend: ...
+        max_draft: int = 0,
+    ) -> Backend:
+        """`max_draft`: the longest draft the engine will verify on this model, so a recurrent model can
+        keep snapshots for that many positions (0: it drafts or decodes plainly; checkpoints serve)."""
+        ...
 
     def check_path(self, path: str) -> None:
         """Raise ModelFileError when `path` cannot be a model for this backend (cheap: no weights)."""
         ...
+
+
+RollbackRoute = Literal["none", "trim", "snapshot", "restore", "refused"]
+
+
+def rollback_route(
+    n_cached: int, n_keep: int, *, recurrent: bool, snapshot_reach: int = 0, checkpoint_at: int | None = None
+) -> RollbackRoute:
+    """How a backend can cut `n_cached` positions back to `n_keep` (see the module notes).
+
+    snapshot_reach: positions the library's per-token snapshots can undo right now (0: none);
+    checkpoint_at: the length at which the latest recurrent checkpoint was saved (None: none).
+    """
+    if n_keep >= n_cached:
+        return "none"
+    if not recurrent or n_keep == 0:
+        return "trim"  # a KV cache; or a recurrent state cleared whole
+    if n_cached - n_keep <= snapshot_reach:
+        return "snapshot"
+    if checkpoint_at is not None and checkpoint_at <= n_keep:
+        return "restore"
+    return "refused"
 
 
 def common_prefix(cached: Sequence[int], tokens: Sequence[int], *, limit: int) -> int:
@@ -179,6 +229,8 @@ def sync_cache(backend: Backend, tokens: Sequence[int], *, logits: bool) -> tupl
     """
     limit = len(tokens) - 1 if logits else len(tokens)
     keep = common_prefix(backend.cached_tokens, tokens, limit=limit)
+    if not backend.can_rollback(keep):
+        keep = 0  # a recurrent state that cannot go back this far: start over (always possible)
     backend.rollback(keep)
     if keep >= len(tokens):
         return keep, None

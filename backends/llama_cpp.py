@@ -3,6 +3,15 @@
 One batched `llama_decode` per `forward`, with a logits flag on every position the engine grades;
 rollback is `llama_memory_seq_rm` on the single sequence. Logits are returned as a numpy view of
 llama.cpp's own buffer (no copy): valid until the next forward on the same model.
+
+Recurrent and hybrid models (Mamba, LFM2, Qwen3.5, Qwen3-Next, Granite-H, ...) roll back as
+backends.base describes. Where llama.cpp supports it (llm_arch_supports_rs_rollback: Qwen3.5, LFM2,
+Nemotron-H, ...) the context keeps `n_rs_seq` = max_draft per-token snapshots of the recurrent state, and
+`llama_memory_seq_rm` restores one: the last batch of n tokens can be cut by up to min(n - 1, n_rs_seq)
+positions, once (llama.cpp writes snapshot slots only for the positions of the latest batch, and a
+pending rollback is single-use). Everything else goes through a checkpoint: the recurrent part of the
+state (llama_state_seq_get_data_ext with PARTIAL_ONLY; the attention KV is cut with seq_rm as usual),
+restored with the tokens since fed again, as llama.cpp's server does for such targets.
 """
 
 from __future__ import annotations
@@ -12,15 +21,16 @@ import functools
 import os
 import sys
 import threading
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import llama_cpp
 import numpy as np
 
-from localspec.backends.base import ByteDetokenizer, ChatMessage, ModelInfo
+from localspec.backends.base import ByteDetokenizer, ChatMessage, ModelInfo, RollbackRoute, rollback_route
 from localspec.backends.chat_template import render_chat
 from localspec.errors import (
     ContextOverflowError,
@@ -118,8 +128,11 @@ def load(
     threads: int | None = None,
     n_gpu_layers: int = -1,
     cancel: threading.Event | None = None,
+    max_draft: int = 0,
 ) -> LlamaCppBackend:
-    return LlamaCppBackend(path, n_ctx=n_ctx, threads=threads, n_gpu_layers=n_gpu_layers, cancel=cancel)
+    return LlamaCppBackend(
+        path, n_ctx=n_ctx, threads=threads, n_gpu_layers=n_gpu_layers, cancel=cancel, max_draft=max_draft
+    )
 
 
 @functools.cache
@@ -147,6 +160,7 @@ class LlamaCppBackend:
         n_gpu_layers: int,
         n_batch: int = 512,
         cancel: threading.Event | None = None,
+        max_draft: int = 0,
     ) -> None:
         _init_llama()
         p = Path(path).expanduser()
@@ -158,9 +172,13 @@ class LlamaCppBackend:
         self._batch = None
         try:
             self._vocab = llama_cpp.llama_model_get_vocab(self._model)
-            self._refuse_unrollable(p)
+            self._recurrent = self._recurrent_kind()
             self._threads = threads or os.cpu_count() or 1
-            self._ctx = self._new_context(n_ctx, n_batch)
+            self._ctx = self._new_context(n_ctx, n_batch, max_draft if self._recurrent else 0)
+            self._n_rs_seq = int(llama_cpp.llama_n_rs_seq(self._ctx))  # 0 where llama.cpp cannot snapshot this arch
+            self._last_batch = 0  # tokens in the latest decode whose snapshots are still unused (0: none)
+            self._ckpt: _Checkpoint | None = None
+            self.rollback_routes: Counter[str] = Counter()  # how rollbacks went ("snapshot", "restore", ...)
             self._n_batch = int(llama_cpp.llama_n_batch(self._ctx))  # llama.cpp may lower it
             self._batch = llama_cpp.llama_batch_init(self._n_batch, 0, 1)
             self._memory = llama_cpp.llama_get_memory(self._ctx)
@@ -197,19 +215,19 @@ class LlamaCppBackend:
             )
         return model
 
-    def _refuse_unrollable(self, p: Path) -> None:
-        if llama_cpp.llama_model_is_recurrent(self._model) or llama_cpp.llama_model_is_hybrid(self._model):
-            raise UnsupportedModelError(
-                f"{p.name} has recurrent layers, whose state cannot be rolled back to an earlier token",
-                "speculative decoding needs a transformer with a KV cache; pick another model",
-            )
+    def _recurrent_kind(self) -> str:
+        """"recurrent" (Mamba, RWKV), "hybrid" (recurrent beside attention layers) or "" (KV cache only)."""
+        if llama_cpp.llama_model_is_recurrent(self._model):
+            return "recurrent"
+        return "hybrid" if llama_cpp.llama_model_is_hybrid(self._model) else ""
 
-    def _new_context(self, n_ctx: int, n_batch: int):  # type: ignore[no-untyped-def]
+    def _new_context(self, n_ctx: int, n_batch: int, n_rs_seq: int):  # type: ignore[no-untyped-def]
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = n_ctx
         params.n_batch = n_batch
-        params.n_ubatch = n_batch
+        params.n_ubatch = n_batch  # >= n_rs_seq + 1: a verify batch stays in one ubatch, as snapshots need
         params.n_seq_max = 1
+        params.n_rs_seq = n_rs_seq
         params.n_threads = self._threads
         params.n_threads_batch = self._threads
         params.no_perf = True
@@ -244,7 +262,18 @@ class LlamaCppBackend:
             n_ctx=llama_cpp.llama_n_ctx(self._ctx),
             n_params=int(llama_cpp.llama_model_n_params(self._model)),
             size_bytes=int(llama_cpp.llama_model_size(self._model)),
+            recurrent=self._describe_rollback(),
         )
+
+    def _describe_rollback(self) -> str:
+        if not self._recurrent:
+            return ""
+        how = (
+            f"llama.cpp snapshots undo up to {self._n_rs_seq} drafted tokens"
+            if self._n_rs_seq
+            else "no snapshots for this architecture in llama.cpp"
+        )
+        return f"{self._recurrent} ({self._header.architecture}): {how}; longer rollbacks restore a saved state and re-feed the kept tokens"
 
     # -- Backend protocol -------------------------------------------------------------------------
 
@@ -333,6 +362,8 @@ class LlamaCppBackend:
                 f"{len(tokens):,} more do not fit",
                 "raise --n-ctx (memory permitting), or lower --max-tokens",
             )
+        if self._recurrent and len(tokens) - 1 > self._n_rs_seq:
+            self.checkpoint()  # the engine may cut this batch back further than the snapshots reach
         if len(tokens) > self._n_batch:
             return self._forward_chunked(tokens, all_logits)
         self._decode(tokens, all_logits)
@@ -345,9 +376,13 @@ class LlamaCppBackend:
         for start in range(0, len(tokens), self._n_batch):
             chunk = tokens[start : start + self._n_batch]
             last = start + self._n_batch >= len(tokens)
-            out = self.forward(chunk, all_logits=all_logits)
+            if self._abort_flag.value:
+                raise Interrupted("stopped between parts of a long forward pass")
+            self._decode(chunk, all_logits)
             if all_logits or last:
-                parts.append(out.copy())
+                n_out = len(chunk) if all_logits else 1
+                ptr = llama_cpp.llama_get_logits(self._ctx)
+                parts.append(np.ctypeslib.as_array(ptr, shape=(n_out, self._n_vocab)).copy())
         return np.concatenate(parts) if all_logits else parts[-1]
 
     def _decode(self, tokens: Sequence[int], all_logits: bool) -> None:
@@ -365,8 +400,7 @@ class LlamaCppBackend:
         with _LOG.capture() as log:
             rc = llama_cpp.llama_decode(self._ctx, b)
         if rc != 0:
-            # A failed decode may leave part of the batch in the cache: cut back to what we track.
-            llama_cpp.llama_memory_seq_rm(self._memory, 0, n_past, -1)
+            self._after_failed_decode(n_past)
             if rc == 2:  # the abort callback said stop
                 raise Interrupted("stopped during a forward pass")
             raise GenerationError(
@@ -376,6 +410,30 @@ class LlamaCppBackend:
         if self._captured:
             self._keep_features(n_past, n)
         self._tokens.extend(int(t) for t in tokens)
+        self._last_batch = n
+
+    def _after_failed_decode(self, n_past: int) -> None:
+        """A failed decode may leave part of the batch in the cache: cut back to what we track. A recurrent
+        state may be half-updated, so it starts over empty (the next sync_cache feeds the tokens again)."""
+        if self._recurrent:
+            llama_cpp.llama_memory_seq_rm(self._memory, 0, 0, -1)
+            self._tokens.clear()
+            self._ckpt = None
+            self._last_batch = 0
+        else:
+            llama_cpp.llama_memory_seq_rm(self._memory, 0, n_past, -1)
+
+    # -- rollback ---------------------------------------------------------------------------------
+
+    def _route(self, n_keep: int) -> RollbackRoute:
+        reach = min(self._last_batch - 1, self._n_rs_seq) if self._last_batch else 0
+        ckpt = self._ckpt.pos if self._ckpt is not None else None
+        return rollback_route(
+            len(self._tokens), n_keep, recurrent=bool(self._recurrent), snapshot_reach=reach, checkpoint_at=ckpt
+        )
+
+    def can_rollback(self, n_keep: int) -> bool:
+        return n_keep >= 0 and self._route(n_keep) != "refused"
 
     # -- hidden states for drafters that read them (EAGLE-3) -------------------------------------
 
@@ -435,7 +493,14 @@ class LlamaCppBackend:
     def rollback(self, n_keep: int) -> None:
         if n_keep < 0:
             raise ValueError(f"rollback needs n_keep >= 0, got {n_keep}")
-        if n_keep >= len(self._tokens):
+        route = self._route(n_keep)
+        if route == "none":
+            return
+        self.rollback_routes[route] += 1
+        if route == "refused":
+            raise self._refusal(n_keep)
+        if route == "restore":
+            self._restore_checkpoint(n_keep)
             return
         if not llama_cpp.llama_memory_seq_rm(self._memory, 0, n_keep, -1):
             raise UnsupportedModelError(
@@ -443,6 +508,48 @@ class LlamaCppBackend:
                 "speculative decoding needs a model whose cache can be cut back; use --draft-method none",
             )
         del self._tokens[n_keep:]
+        self._last_batch = 0  # a snapshot is single-use: the next rollback needs a new batch or a checkpoint
+        if n_keep == 0:
+            self._ckpt = None
+
+    def _refusal(self, n_keep: int) -> UnsupportedModelError:
+        drop = len(self._tokens) - n_keep
+        saved = f"its state was saved at {self._ckpt.pos} tokens" if self._ckpt else "no state was saved"
+        return UnsupportedModelError(
+            f"{self._info.name} has recurrent layers: it can undo {self._n_rs_seq} tokens of its latest batch "
+            f"from snapshots and {saved}, so it cannot drop {drop} tokens to keep {n_keep}",
+            "this is a bug in the caller (it must checkpoint before drafting); plain decoding "
+            "(--draft-method none) never rolls back",
+        )
+
+    def checkpoint(self) -> None:
+        """Save the recurrent part of the state at the current length (see the module notes)."""
+        if not self._recurrent:
+            return
+        n = len(self._tokens)
+        if self._ckpt is not None and self._ckpt.pos == n:
+            return  # same tokens, same state (a rollback below the checkpoint drops it)
+        flags = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        size = llama_cpp.llama_state_seq_get_size_ext(self._ctx, 0, flags)
+        buf = self._ckpt.data if self._ckpt is not None and len(self._ckpt.data) >= size else (ctypes.c_uint8 * size)()
+        written = llama_cpp.llama_state_seq_get_data_ext(self._ctx, buf, size, 0, flags)
+        if written == 0:
+            raise GenerationError(f"llama.cpp could not save the recurrent state of {self._info.name}", "see the message above")
+        self._ckpt = _Checkpoint(n, buf, int(written))
+
+    def _restore_checkpoint(self, n_keep: int) -> None:
+        """Back to the checkpoint's state, the attention cache cut to match, then the kept tokens fed again."""
+        ckpt = self._ckpt
+        assert ckpt is not None
+        flags = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        if llama_cpp.llama_state_seq_set_data_ext(self._ctx, ckpt.data, ckpt.size, 0, flags) == 0:
+            raise GenerationError(f"llama.cpp could not restore the recurrent state of {self._info.name}", "see the message above")
+        llama_cpp.llama_memory_seq_rm(self._memory, 0, ckpt.pos, -1)  # the attention layers' KV beyond it
+        replay = self._tokens[ckpt.pos : n_keep]
+        del self._tokens[ckpt.pos :]
+        self._last_batch = 0
+        if replay:
+            self._forward_chunked(replay, False)
 
     def close(self) -> None:
         if getattr(self, "_batch", None) is not None:
@@ -457,6 +564,13 @@ class LlamaCppBackend:
 
     def __del__(self) -> None:
         self.close()
+
+
+@dataclass
+class _Checkpoint:
+    pos: int  # cached tokens when it was saved
+    data: ctypes.Array  # type: ignore[type-arg]  # llama_state_seq_get_data_ext output (recurrent state only)
+    size: int
 
 
 def _last_error(log: Sequence[str]) -> str:

@@ -1,9 +1,12 @@
 """MLX backend: an mlx-lm model with its prompt cache, rolled back by trimming.
 
 Loads an mlx-lm model directory (config.json, *.safetensors, tokenizer files) or a Hugging Face repo
-id. The cache must be trimmable, because a speculative round appends k+1 positions and then drops
-the rejected ones; a recurrent or hybrid model (state that cannot be rewound) is refused at load,
-before its weights are materialized.
+id. A speculative round appends k+1 positions and then drops the rejected ones: attention caches are
+trimmed; the recurrent layers of hybrid and recurrent models (mlx-lm's ArraysCache: Mamba, LFM2,
+Qwen3.5, Qwen3-Next, ...) cannot be cut, so their state is kept before a batch that may be rolled back
+(MLX arrays are immutable and these caches replace them whole, so keeping the old references costs
+nothing) and restored, with the kept tokens fed again (backends.base describes the contract). Other
+caches that cannot be trimmed are refused at load, before the weights are materialized.
 
 mlx and mlx-lm are imported lazily, so this module imports on any machine; `load` and `peek_vocab`
 say how to install them when they are missing.
@@ -13,13 +16,14 @@ from __future__ import annotations
 
 import json
 import threading
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from localspec.backends.base import ByteDetokenizer, ChatMessage, Detokenizer, ModelInfo
+from localspec.backends.base import ByteDetokenizer, ChatMessage, Detokenizer, ModelInfo, RollbackRoute, rollback_route
 from localspec.errors import (
     BackendUnavailableError,
     ContextOverflowError,
@@ -68,8 +72,10 @@ def load(
     threads: int | None = None,
     n_gpu_layers: int = -1,
     cancel: threading.Event | None = None,
+    max_draft: int = 0,
 ) -> MLXBackend:
-    """Load a model for speculative decoding. `threads` and `n_gpu_layers` do not apply to MLX.
+    """Load a model for speculative decoding. `threads`, `n_gpu_layers` and `max_draft` do not apply to MLX
+    (a recurrent state is kept by reference, whatever the draft length).
     `cancel` is checked before the weights are materialized (the one long step)."""
     _require_mlx()
     import mlx.core as mx
@@ -145,18 +151,38 @@ def make_cache(model: Any, config: dict) -> list[Any]:
     return cache
 
 
+def _is_recurrent(cache: Any) -> bool:
+    from mlx_lm.models.cache import ArraysCache
+
+    return isinstance(cache, ArraysCache)
+
+
+def _leaves(cache: Sequence[Any]) -> list[Any]:
+    """Every layer's caches, a CacheList (Falcon-H1: a recurrent and an attention cache per layer) opened."""
+    from mlx_lm.models.cache import CacheList
+
+    return [leaf for c in cache for leaf in (c.caches if isinstance(c, CacheList) else (c,))]
+
+
+def recurrent_kind(cache: Sequence[Any]) -> str:
+    """"recurrent" (every layer keeps a state), "hybrid" (some do) or "" (attention only)."""
+    leaves = _leaves(cache)
+    n = sum(_is_recurrent(c) for c in leaves)
+    return "" if n == 0 else "recurrent" if n == len(leaves) else "hybrid"
+
+
 def _check_cache(model: Any, config: dict, path: str, n_ctx: int) -> tuple[int, str]:
     """Refuse caches that cannot be rolled back; cap the context where a sliding window limits rollback."""
     from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
 
     cache = make_cache(model, config)
-    stuck = sorted({type(c).__name__ for c in cache if not c.is_trimmable()})
+    stuck = sorted({type(c).__name__ for c in _leaves(cache) if not c.is_trimmable() and not _is_recurrent(c)})
     if stuck:
         arch = config.get("model_type", "unknown")
         raise UnsupportedModelError(
-            f"{path} ({arch}) keeps recurrent state ({', '.join(stuck)}) that mlx-lm cannot roll back, and "
+            f"{path} ({arch}) keeps a cache ({', '.join(stuck)}) that localspec cannot roll back, and "
             "speculative decoding must drop the draft tokens the target rejects",
-            "pick a model whose layers are all attention (a plain KV cache), e.g. Qwen2.5, Llama or Gemma 3",
+            "pick a model with attention or Mamba-style recurrent layers, e.g. Qwen2.5, Llama, Gemma 3, Qwen3.5 or LFM2",
         )
     windows = [c.max_size for c in cache if isinstance(c, RotatingKVCache)]
     if windows:
@@ -228,6 +254,9 @@ class MLXBackend:
         self.config = config
         self.cache = make_cache(model, config)
         self._tokens: list[int] = []
+        self._recurrent = recurrent_kind(self.cache)
+        self._ckpt: tuple[int, list[Any]] | None = None  # (cached tokens, recurrent layers' saved states)
+        self.rollback_routes: Counter[str] = Counter()  # how rollbacks went ("trim", "restore", ...)
         self._n_forward = 0
         self._aborted = False
         self._n_ctx = n_ctx
@@ -248,6 +277,12 @@ class MLXBackend:
             n_ctx=n_ctx,
             n_params=_count_params(model),
             size_bytes=sum(f.stat().st_size for f in model_path.glob("model*.safetensors")) or None,
+            recurrent=(
+                f"{self._recurrent} ({config.get('model_type', 'unknown')}): a rollback restores the saved "
+                "recurrent state and re-feeds the kept tokens"
+                if self._recurrent
+                else ""
+            ),
         )
 
     # -- facts ------------------------------------------------------------------------------------
@@ -319,6 +354,8 @@ class MLXBackend:
 
     def forward(self, tokens: Sequence[int], *, all_logits: bool = True) -> np.ndarray:
         self._check_room(len(tokens))
+        if self._recurrent and len(tokens) > 1:
+            self.checkpoint()  # a batch may be cut back (the engine's verify): keep the state before it
         if len(tokens) > self.CHUNK and not all_logits:
             for start in range(0, len(tokens) - self.CHUNK, self.CHUNK):
                 self.forward_device(tokens[start : start + self.CHUNK], all_logits=False)
@@ -360,6 +397,11 @@ class MLXBackend:
 
     def _resync(self) -> None:
         """After a failed pass, cut every layer's cache back to the tokens we know it holds."""
+        if self._recurrent:  # a recurrent state may be half-updated: start over (the next sync refills it)
+            self.cache = make_cache(self.model, self.config)
+            self._tokens.clear()
+            self._ckpt = None
+            return
         n = len(self._tokens)
         for c in self.cache:
             extra = c.size() - n if hasattr(c, "size") else 0
@@ -369,14 +411,39 @@ class MLXBackend:
             self.cache = make_cache(self.model, self.config)
             self._tokens.clear()
 
+    def can_rollback(self, n_keep: int) -> bool:
+        return n_keep >= 0 and self._route(n_keep) != "refused"
+
+    def _route(self, n_keep: int) -> RollbackRoute:
+        ckpt = self._ckpt[0] if self._ckpt is not None else None
+        return rollback_route(len(self._tokens), n_keep, recurrent=bool(self._recurrent), checkpoint_at=ckpt)
+
+    def checkpoint(self) -> None:
+        """Keep the recurrent layers' state at the current length (references: MLX arrays are immutable)."""
+        if self._recurrent and (self._ckpt is None or self._ckpt[0] != len(self._tokens)):
+            self._ckpt = (len(self._tokens), [_save_state(c) for c in _leaves(self.cache) if _is_recurrent(c)])
+
     def rollback(self, n_keep: int) -> None:
         from mlx_lm.models.cache import trim_prompt_cache
 
         if n_keep < 0:
             raise ValueError(f"rollback needs n_keep >= 0, got {n_keep}")
-        n_drop = len(self._tokens) - n_keep
-        if n_drop <= 0:
+        route = self._route(n_keep)
+        if route == "none":
             return
+        self.rollback_routes[route] += 1
+        if route == "refused":
+            at = f"its state was saved at {self._ckpt[0]} tokens" if self._ckpt else "no state was saved"
+            raise UnsupportedModelError(
+                f"{self.info.name} has recurrent layers and {at}, so it cannot drop "
+                f"{len(self._tokens) - n_keep} tokens to keep {n_keep}",
+                "this is a bug in the caller (it must checkpoint before drafting); plain decoding "
+                "(--draft-method none) never rolls back",
+            )
+        if self._recurrent:
+            self._restore(n_keep)
+            return
+        n_drop = len(self._tokens) - n_keep
         trimmed = trim_prompt_cache(self.cache, n_drop)
         if trimmed != n_drop:
             self._resync()
@@ -385,6 +452,26 @@ class MLXBackend:
                 "the model's cache cannot be rolled back this far; lower --n-ctx",
             )
         del self._tokens[n_keep:]
+
+    def _restore(self, n_keep: int) -> None:
+        """Back to the checkpoint (or empty, for n_keep = 0): trim the attention caches to it, put the
+        recurrent states back, then feed the kept tokens after it again."""
+        if n_keep == 0 or self._ckpt is None:
+            self.cache = make_cache(self.model, self.config)
+            self._tokens.clear()
+            self._ckpt = None
+            return
+        pos, saved = self._ckpt
+        states = iter(saved)
+        for c in _leaves(self.cache):
+            if _is_recurrent(c):
+                _load_state(c, next(states))
+            else:  # every attention cache holds the tracked tokens
+                c.trim(len(self._tokens) - pos)
+        replay = self._tokens[pos:n_keep]
+        del self._tokens[pos:]
+        for start in range(0, len(replay), self.CHUNK):
+            self.forward_device(replay[start : start + self.CHUNK], all_logits=False)
 
     def close(self) -> None:
         self.cache = []
@@ -458,6 +545,16 @@ def _byte_pieces(tok: Any) -> list[bytes] | None:
         else:
             pieces.append(text.encode("utf-8"))
     return pieces
+
+
+def _save_state(cache: Any) -> list[Any]:
+    """An ArraysCache's arrays (the list copied: layers replace its items, never change an array in place)."""
+    return [list(cache.cache), cache.left_padding, cache.lengths]
+
+
+def _load_state(cache: Any, saved: list[Any]) -> None:
+    arrays, cache.left_padding, cache.lengths = saved
+    cache.cache = list(arrays)
 
 
 def _count_params(model: Any) -> int | None:

@@ -4,6 +4,7 @@ API (used by `localspec run --pair`, `localspec models`, `localspec pull` and th
 
     load_catalog(*, user_path=None, include_user=True) -> Catalog
         Catalog.pairs: dict[str, Pair]; Catalog.get(name) -> Pair (CatalogError listing the known names)
+        Catalog.default: the name of the pair used when no model is given (`default = true` in a file)
         Pair.name, .description, .num_draft, .hardware, .backends: dict[str, BackendPair]
         BackendPair.target / .draft: ModelRef(repo, file, revision); .size_gb (approximate download)
     resolve_pair(name: str, backend: str, *, cache_dir=None) -> tuple[str, str]
@@ -14,7 +15,8 @@ API (used by `localspec run --pair`, `localspec models`, `localspec pull` and th
     hub_cache_dir() -> str   the HF cache the pulls write to (HF_HUB_CACHE, HF_HOME/hub, default)
 
 The user's file is $LOCALSPEC_CATALOG, else $XDG_CONFIG_HOME/localspec/models.toml (~/.config/...).
-It uses the same format; a pair with a known name replaces the built-in one.
+It uses the same format; a pair with a known name replaces the built-in one, and a pair marked
+`default = true` there becomes the default (each file marks at most one).
 """
 
 from __future__ import annotations
@@ -26,10 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from localspec.errors import CatalogError
+from localspec.errors import CatalogError, NotDownloadedError
 
 BACKENDS = ("llama", "mlx")
-_PAIR_KEYS = {"name", "description", "num_draft", "hardware", "notes", "llama", "mlx"}
+_PAIR_KEYS = {"name", "default", "description", "num_draft", "hardware", "notes", "base", "llama", "mlx"}
 _BACKEND_KEYS = {"target", "draft", "size_gb"}
 _REF_KEYS = {"repo", "file", "revision"}
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -60,6 +62,14 @@ class BackendPair:
 
 
 @dataclass(frozen=True)
+class BaseModels:
+    """The original (safetensors) Hub repos a pair's files were converted from: what vLLM loads."""
+
+    target: str
+    draft: str
+
+
+@dataclass(frozen=True)
 class Pair:
     name: str
     description: str
@@ -68,6 +78,8 @@ class Pair:
     backends: dict[str, BackendPair]
     notes: str = ""
     source: str = "built-in"  # "built-in" or the user file's path
+    default: bool = False  # marked `default = true` in its file (Catalog.default says which one wins)
+    base: BaseModels | None = None  # the original Hub models (for vLLM, which serves those)
 
     def backend(self, backend: str) -> BackendPair:
         if backend not in self.backends:
@@ -83,9 +95,19 @@ class Pair:
 class Catalog:
     pairs: dict[str, Pair]
     sources: tuple[str, ...] = field(default=())
+    default: str | None = None  # the pair used when no model is given
 
     def names(self) -> list[str]:
         return list(self.pairs)
+
+    def default_pair(self) -> Pair:
+        if self.default is None or self.default not in self.pairs:
+            raise CatalogError(
+                "the catalog marks no default pair",
+                "pass --pair NAME (see `localspec models`), or mark one pair `default = true` in "
+                + str(user_catalog_path()),
+            )
+        return self.pairs[self.default]
 
     def get(self, name: str) -> Pair:
         if name in self.pairs:
@@ -118,6 +140,7 @@ def load_catalog(*, user_path: str | Path | None = None, include_user: bool = Tr
     """The built-in pairs, then the user's file (if it exists) adding or replacing pairs by name."""
     pairs = parse_catalog(builtin_catalog_text(), source="built-in")
     sources = ["built-in"]
+    default = _marked_default(pairs)
     if include_user:
         path = Path(user_path).expanduser() if user_path else user_catalog_path()
         explicit = user_path is not None or bool(os.environ.get("LOCALSPEC_CATALOG"))
@@ -126,11 +149,18 @@ def load_catalog(*, user_path: str | Path | None = None, include_user: bool = Tr
                 text = path.read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError) as e:
                 raise CatalogError(f"cannot read catalog file {path}: {e}", "check the file's permissions and encoding")
-            pairs.update(parse_catalog(text, source=str(path)))
+            user_pairs = parse_catalog(text, source=str(path))
+            pairs.update(user_pairs)
             sources.append(str(path))
+            default = _marked_default(user_pairs) or default  # a pair replaced by name stays the default
         elif explicit:
             raise CatalogError(f"catalog file not found: {path}", "fix LOCALSPEC_CATALOG or create the file")
-    return Catalog(pairs, tuple(sources))
+    return Catalog(pairs, tuple(sources), default)
+
+
+def _marked_default(pairs: dict[str, Pair]) -> str | None:
+    """The one pair of a file marked `default = true` (parse_catalog refuses two)."""
+    return next((p.name for p in pairs.values() if p.default), None)
 
 
 def parse_catalog(text: str, *, source: str) -> dict[str, Pair]:
@@ -154,6 +184,12 @@ def parse_catalog(text: str, *, source: str) -> dict[str, Pair]:
         pair = _parse_pair(raw, where=where, source=source)
         if pair.name in pairs:
             raise CatalogError(f"{where}: pair {pair.name!r} is defined twice in this file", "rename or remove one")
+        other = _marked_default(pairs)
+        if pair.default and other:
+            raise CatalogError(
+                f"{where}: pair {pair.name!r} is marked default = true, and so is {other!r}",
+                "mark one pair of a file as the default",
+            )
         pairs[pair.name] = pair
     return pairs
 
@@ -166,6 +202,9 @@ def _parse_pair(raw: Any, *, where: str, source: str) -> Pair:
     if not isinstance(name, str) or not _NAME_RE.match(name):
         raise CatalogError(f"{where}: pair needs a `name` (letters, digits, . _ -), got {name!r}", _FORMAT_HINT)
     where = f"{where} (pair {name!r})"
+    default = raw.get("default", False)
+    if not isinstance(default, bool):
+        raise CatalogError(f"{where}: default must be true or false, got {default!r}", _FORMAT_HINT)
     num_draft = raw.get("num_draft", 4)
     if not isinstance(num_draft, int) or isinstance(num_draft, bool) or not 1 <= num_draft <= 64:
         raise CatalogError(f"{where}: num_draft must be an integer from 1 to 64, got {num_draft!r}", _FORMAT_HINT)
@@ -183,7 +222,22 @@ def _parse_pair(raw: Any, *, where: str, source: str) -> Pair:
         backends=backends,
         notes=_str(raw, "notes", where),
         source=source,
+        default=default,
+        base=_parse_base(raw.get("base"), where=f"{where} base"),
     )
+
+
+def _parse_base(raw: Any, *, where: str) -> BaseModels | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise CatalogError(f"{where}: must be a table {{ target = REPO, draft = REPO }}", _FORMAT_HINT)
+    _no_unknown(raw, {"target", "draft"}, where, "base table")
+    repos = [raw.get(role) for role in ("target", "draft")]
+    for role, repo in zip(("target", "draft"), repos):
+        if not isinstance(repo, str) or not _REPO_RE.match(repo):
+            raise CatalogError(f"{where}: {role} must be a Hub repo id like owner/name, got {repo!r}", _FORMAT_HINT)
+    return BaseModels(*repos)
 
 
 def _parse_backend(raw: Any, *, backend: str, where: str) -> BackendPair:
@@ -273,7 +327,7 @@ def _pair_line(text: str, name: object, index: int) -> int:
 
 
 _FORMAT_HINT = (
-    "each pair is a [[pair]] table with name, description, num_draft, hardware and a [pair.llama] "
+    "each pair is a [[pair]] table with name, description, num_draft, hardware, optionally default = true, and a [pair.llama] "
     "and/or [pair.mlx] table holding target = { repo = ..., file = ... } and draft = { ... }; "
     "see the built-in models.toml for examples"
 )
@@ -384,7 +438,7 @@ def resolve_pair(name: str, backend: str, *, cache_dir: str | None = None) -> tu
             missing.append(f"{role} {ref}")
         paths.append(path)
     if missing:
-        raise CatalogError(
+        raise NotDownloadedError(
             f"pair {name!r} ({backend}) is not downloaded: missing " + " and ".join(missing),
             f"run `{pull_command(name, backend)}`"
             + (f" (about {bp.size_gb:g} GB)" if bp.size_gb else ""),

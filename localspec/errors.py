@@ -47,6 +47,11 @@ class CatalogError(LocalspecError):
     """A malformed catalog file or an unknown pair name."""
 
 
+class NotDownloadedError(CatalogError):
+    """A catalog pair not in the local cache, and not to be downloaded now (--no-pull, HF_HUB_OFFLINE,
+    no terminal to ask, or the user said no)."""
+
+
 class PullError(LocalspecError):
     """A download from the Hugging Face Hub that failed."""
 

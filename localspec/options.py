@@ -19,11 +19,12 @@ from localspec.errors import UsageError
 
 BACKENDS = ("auto", "llama", "mlx")
 DEFAULT_BACKEND = "auto"  # llama.cpp for GGUF files; MLX on Apple silicon when installed
-DRAFT_METHODS = ("auto", "model", "ngram", "none", "eagle3", "mtp", "dflash", "dspark")
+DRAFT_METHODS = ("auto", "model", "ngram", "suffix", "none", "eagle3", "mtp", "dflash", "dspark")
 HEAD_METHODS = ("eagle3", "mtp", "dflash", "dspark")  # drafters that read the target's hidden states (llama.cpp)
 DEFAULT_DRAFT_METHOD = "auto"  # met the bar of issue 6 (bench on the 2-core CPU reference machine)
 FIXED_K = 4  # k for fixed draft methods, unless a catalog pair says otherwise
-AUTO_MAX_K = 8  # k for auto: the longest draft it may choose
+AUTO_MAX_K = 32  # k for auto: the longest draft it may choose (long exact copies pay on a CPU, see DESIGN.md)
+SUFFIX_K = 32  # k for suffix drafts: the longest; each draft is also limited by its match length
 MAX_K = 64  # the longest draft any method may verify in one pass (and the recurrent snapshots kept)
 DEFAULT_N_CTX = 4096
 MIN_N_CTX = 256  # llama.cpp rounds smaller contexts up to 256; say so instead of doing it silently
@@ -45,12 +46,17 @@ class ModelOptions:
     n_gpu_layers: int = -1  # -1: offload everything the build can
     pair: str | None = None
     chat_template: str | None = None  # a format name, "raw" or a Jinja file; None: the model's own (or its family's)
+    # The longest draft the engine will verify: a recurrent/hybrid target keeps rollback snapshots for this
+    # many tokens (longer drafts still run, restoring a saved state instead; see localspec.backends.base).
+    max_draft: int = AUTO_MAX_K
 
     def __post_init__(self) -> None:
         check_choice("backend", self.backend, BACKENDS)
         check_choice("draft method", self.draft_method, DRAFT_METHODS)
         check_n_ctx(self.n_ctx)
         check_threads(self.threads)
+        if not 0 <= self.max_draft <= MAX_K:
+            raise UsageError(f"the longest draft must be 0..{MAX_K}, got {self.max_draft}", f"use -k {FIXED_K}")
 
     @property
     def uses_draft_model(self) -> bool:
@@ -104,6 +110,8 @@ def default_k(method: str, pair_k: int | None = None) -> int:
         return 0
     if method == "auto":
         return max(AUTO_MAX_K, pair_k or 0)
+    if method == "suffix":
+        return SUFFIX_K
     return pair_k or FIXED_K
 
 
@@ -133,7 +141,8 @@ def generation_config(
 # -- command-line flags ------------------------------------------------------------------------------
 
 
-def add_model_options(p: argparse.ArgumentParser, *, method: bool = True) -> None:
+def add_model_options(p: argparse.ArgumentParser, *, method: bool = True, first_use: bool = True) -> None:
+    """The model flags; `first_use`: also -y/--yes and --no-pull (for commands that may pull a pair)."""
     g = p.add_argument_group("models")
     g.add_argument(
         "--backend", default=DEFAULT_BACKEND, choices=BACKENDS,
@@ -141,14 +150,27 @@ def add_model_options(p: argparse.ArgumentParser, *, method: bool = True) -> Non
     )  # fmt: skip
     g.add_argument("--target", help="target model: GGUF file (llama) or mlx-lm directory / repo id (mlx)")
     g.add_argument("--draft", help="draft model, same tokenizer as the target")
-    g.add_argument("--pair", help="a catalog pair name (see `localspec models`) instead of --target/--draft")
+    g.add_argument(
+        "--pair",
+        help="a catalog pair name (see `localspec models`) instead of --target/--draft; "
+        "with neither, the catalog's default pair",
+    )
+    if first_use:
+        g.add_argument(
+            "-y", "--yes", action="store_true",
+            help="download a catalog pair that is not downloaded yet without asking (needed without a terminal)",
+        )  # fmt: skip
+        g.add_argument(
+            "--no-pull", action="store_true", help="never download: fail if the catalog pair is not downloaded"
+        )
     if method:
         g.add_argument(
             "--draft-method",
             choices=DRAFT_METHODS,
             default=DEFAULT_DRAFT_METHOD,
-            help="auto: measure costs and acceptance, pick the draft (n-gram, model or none) and its length each "
-            "round; model: a draft model; ngram: prompt lookup, no model; none: plain decoding; eagle3: an "
+            help="auto: measure costs and acceptance, pick the draft (suffix lookup, model or none) and its length "
+            "each round; model: a draft model; ngram: prompt lookup, no model; suffix: copy what followed the longest "
+            "earlier match in this session's text, no model; none: plain decoding; eagle3: an "
             "EAGLE-3 head given with --draft (llama.cpp); mtp, dflash, dspark: not driven yet (say why) "
             f"(default: {DEFAULT_DRAFT_METHOD})",
         )
@@ -171,7 +193,7 @@ def add_generation_options(p: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help=f"draft tokens per round, 1..{MAX_K}; with auto the most it may choose "
-        f"(default: {FIXED_K}, or the catalog pair's; auto {AUTO_MAX_K})",
+        f"(default: {FIXED_K}, or the catalog pair's; auto {AUTO_MAX_K}; suffix {SUFFIX_K})",
     )
     g.add_argument("--rule", choices=tuple(RULES), default=DEFAULT_RULE, help=f"verification rule (default: {DEFAULT_RULE})")
     g.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default: 0)")
@@ -189,28 +211,50 @@ def models_given(args: argparse.Namespace) -> bool:
     return bool(args.target or args.draft or args.pair)
 
 
-def model_options_from_args(args: argparse.Namespace) -> ModelOptions:
-    """ModelOptions from the flags; a --pair is resolved to local paths (localspec.pipeline.resolve_pair)."""
-    method = getattr(args, "draft_method", None) or DEFAULT_DRAFT_METHOD
-    target, draft = args.target, args.draft
+def chosen_pair(args: argparse.Namespace) -> str | None:
+    """The catalog pair the flags name: --pair, or the catalog's default when no model is given at all."""
     if args.pair:
-        if target or draft:
-            raise UsageError("--pair cannot be combined with --target/--draft", "use one or the other")
-        from localspec.pipeline import resolve_pair
+        return str(args.pair)
+    if args.target or args.draft:
+        return None
+    from localspec.catalog import load_catalog
 
-        target, draft = resolve_pair(args.pair, args.backend)
+    return load_catalog().default_pair().name
+
+
+def model_options_from_args(args: argparse.Namespace) -> ModelOptions:
+    """ModelOptions from the flags. A catalog pair (--pair, or the default one when no model is given)
+    becomes local paths, pulled first if it is not downloaded yet and the flags allow it
+    (localspec.first_use)."""
+    method = getattr(args, "draft_method", None) or DEFAULT_DRAFT_METHOD
+    target, draft, backend = args.target, args.draft, args.backend
+    if args.pair and (target or draft):
+        raise UsageError("--pair cannot be combined with --target/--draft", "use one or the other")
+    pair = chosen_pair(args)
+    if pair:
+        from localspec.first_use import FirstUse, ensure_pair
+        from localspec.pipeline import resolve_backend
+
+        local = ensure_pair(pair, args.backend, FirstUse.from_args(args), default=not args.pair)
+        target, draft = local.target, local.draft
+        if backend == "auto" and resolve_backend("auto", target)[0] != local.backend:
+            backend = local.backend  # e.g. a pair with MLX models only, off Apple silicon
     if not target:
         raise UsageError("no target model given", "pass --pair NAME (see `localspec models`) or --target PATH")
+    k = getattr(args, "num_draft", None)
+    if k is None or not 0 <= k <= MAX_K:  # a bad -k is refused with the generation options
+        k = default_k(method, pair_num_draft(args.pair) if args.pair else None)
     return ModelOptions(
         target=target,
         draft=draft,
-        backend=args.backend,
+        backend=backend,
         draft_method=method,
         n_ctx=args.n_ctx,
         threads=args.threads,
         n_gpu_layers=args.n_gpu_layers,
-        pair=args.pair,
+        pair=pair,
         chat_template=getattr(args, "chat_template", None),
+        max_draft=k,
     )
 
 
@@ -219,7 +263,7 @@ def generation_config_from_args(args: argparse.Namespace) -> GenerationConfig:
     return generation_config(
         method=method,
         k=args.num_draft,
-        pair_k=pair_num_draft(args.pair) if getattr(args, "pair", None) else None,
+        pair_k=pair_num_draft(pair) if (pair := chosen_pair(args)) else None,
         rule=args.rule,
         temperature=args.temperature,
         top_k=args.top_k,

@@ -9,6 +9,7 @@ through here.
     load_pipeline(opts) -> Pipeline                         both models loaded, the drafter built
     Pipeline.generate(prompt, config, stop=...) -> events   the engine's Step/Done stream
     Pipeline.new_drafter(method) -> Drafter                 another drafter on the loaded models (bench)
+    cost_store(opts, target) -> CostStore                   where auto's measured costs are remembered
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from dataclasses import dataclass, field
 
 from localspec.backends.base import Backend, BackendModule, ChatMessage, chat_prompt_tokens
 from localspec.backends.chat_template import ChatFormat, choose_chat_format
+from localspec.decoding.cost_cache import CostStore
 from localspec.decoding.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
+from localspec.decoding.suffix import SuffixDrafter
 from localspec.decoding.engine import Event, GenerationConfig, generate
 from localspec.errors import BackendUnavailableError, UsageError
 from localspec.options import DRAFT_METHODS, HEAD_METHODS, ModelOptions, check_choice
@@ -93,12 +96,17 @@ class PairCheck:
     backend_note: str
     target_vocab: VocabInfo
     draft_vocab: VocabInfo | None  # None when no draft model is used
+    target_recurrent: str = ""  # localspec.recurrent.describe: "" for attention-only models
+    draft_recurrent: str = ""
 
     def describe(self, method: str) -> str:
         t = self.target_vocab.n_vocab
         if self.draft_vocab is None:
-            return f"target readable ({t:,} tokens); draft: {method}"
-        return f"compatible: same vocabulary ({t:,} / {self.draft_vocab.n_vocab:,} tokens)"
+            text = f"target readable ({t:,} tokens); draft: {method}"
+        else:
+            text = f"compatible: same vocabulary ({t:,} / {self.draft_vocab.n_vocab:,} tokens)"
+        notes = [f"{role} {n}" for role, n in (("target", self.target_recurrent), ("draft", self.draft_recurrent)) if n]
+        return "; ".join([text, *notes])
 
 
 def check_pair(opts: ModelOptions) -> PairCheck:
@@ -125,7 +133,10 @@ def check_pair(opts: ModelOptions) -> PairCheck:
     for path in (opts.target, opts.draft if dv is not None else None):
         if path:
             module.check_path(path)
-    return PairCheck(backend, note, tv, dv)
+    from localspec.recurrent import describe_path
+
+    draft_note = describe_path(opts.draft, backend) if dv is not None and opts.draft else ""
+    return PairCheck(backend, note, tv, dv, describe_path(opts.target, backend), draft_note)
 
 
 def _check_head_method(opts: ModelOptions, backend: str) -> None:
@@ -183,17 +194,23 @@ class Pipeline:
     backend_note: str = ""  # e.g. why `auto` picked this backend
     clock: Callable[[], float] = field(default=time.perf_counter)
     chat_format: ChatFormat | None = None  # how conversations become prompts (None: chosen per call)
+    draft_note: str = ""  # why a draft model that was given is not loaded (auto, measured costs)
 
     @property
     def notes(self) -> list[str]:
-        """What the user should hear once after loading: the backend choice, a chat-format fallback."""
-        return [n for n in (self.backend_note, self.chat_format.note if self.chat_format else "") if n]
+        """What the user should hear once after loading: the backend choice, a skipped draft, a chat-format fallback."""
+        return [n for n in (self.backend_note, self.draft_note, self.chat_format.note if self.chat_format else "") if n]
+
+    @property
+    def cost_store(self) -> CostStore:
+        return cost_store(self.options, self.target)
 
     def new_drafter(self, method: str) -> Drafter:
         """A fresh drafter of `method` over the loaded models (bench runs each method this way)."""
         head = self.options.draft if method in HEAD_METHODS else None
         return make_drafter(
-            method, self.target, self.draft, clock=self.clock, head=head, n_gpu_layers=self.options.n_gpu_layers
+            method, self.target, self.draft, clock=self.clock, store=self.cost_store, head=head,
+            n_gpu_layers=self.options.n_gpu_layers,
         )
 
     def prompt_tokens(self, prompt: Prompt, *, raw: bool = False) -> list[int]:
@@ -215,11 +232,15 @@ class Pipeline:
         raw: bool = False,
         stop: threading.Event | None = None,
         on_phase: Callable[[str], None] | None = None,
+        drafter: Drafter | None = None,
     ) -> Iterator[Event]:
-        """Stream a generation: the engine's events for this prompt through the pipeline's drafter.
-        `stop` ends it after the current round; abort() (from another thread) at once."""
+        """Stream a generation: the engine's events for this prompt through the pipeline's drafter (or
+        `drafter`, one from new_drafter: the server's per-request method). `stop` ends it after the
+        current round; abort() (from another thread) at once."""
         tokens = self.prompt_tokens(prompt, raw=raw)
-        return generate(self.target, self.drafter, tokens, config, stop=stop, clock=self.clock, on_phase=on_phase)
+        return generate(
+            self.target, drafter or self.drafter, tokens, config, stop=stop, clock=self.clock, on_phase=on_phase
+        )
 
     def abort(self, on: bool = True) -> None:
         """Make the forward pass in flight (on the generating thread) stop now; abort(False) re-arms."""
@@ -242,21 +263,53 @@ def load_pipeline(
     check = check_pair(opts)
     module = backend_module(check.backend)
     load = dict(n_ctx=opts.n_ctx, threads=opts.threads, n_gpu_layers=opts.n_gpu_layers, cancel=cancel)
-    target = module.load(opts.target, **load)
+    # Only the target verifies drafts in one batch; a draft model drafts token by token (checkpoints serve it).
+    target = module.load(opts.target, **load, max_draft=opts.max_draft)
     draft: Backend | None = None
     try:
-        if opts.uses_draft_model:
+        store = cost_store(opts, target)
+        skip_note = _draft_cannot_pay(opts, store) if opts.uses_draft_model else ""
+        if opts.uses_draft_model and not skip_note:
             assert opts.draft is not None
             draft = module.load(opts.draft, **load)
         head = opts.draft if opts.draft_method in HEAD_METHODS else None
-        drafter = make_drafter(opts.draft_method, target, draft, clock=clock, head=head, n_gpu_layers=opts.n_gpu_layers)
+        drafter = make_drafter(
+            opts.draft_method, target, draft, clock=clock, store=store, head=head, n_gpu_layers=opts.n_gpu_layers
+        )
         chat_format = choose_chat_format(target, opts.chat_template)
     except BaseException:
         if draft is not None:
             draft.close()
         target.close()
         raise
-    return Pipeline(opts, check.backend, target, draft, drafter, check.backend_note, clock, chat_format)
+    return Pipeline(opts, check.backend, target, draft, drafter, check.backend_note, clock, chat_format, skip_note)
+
+
+def cost_store(opts: ModelOptions, target: Backend) -> CostStore:
+    """Where auto's measured costs for this pair on this machine are remembered."""
+    return CostStore.for_models(
+        target=opts.target, draft=opts.draft, backend=target.info.backend, device=target.info.device, threads=opts.threads
+    )
+
+
+def _draft_cannot_pay(opts: ModelOptions, store: CostStore) -> str:
+    """For auto: a note when the remembered costs say a model draft cannot pay here (the draft is then
+    not loaded at all); empty when it might, or when it has not been measured yet."""
+    if opts.draft_method != "auto":
+        return ""
+    from localspec.decoding.policy import Controller
+
+    costs = store.load()
+    if costs is None or costs.draft_token is None:
+        return ""
+    top = max(costs.target)
+    if Controller(costs).model_can_pay(max(top - 1, 1)):
+        return ""
+    ratio = costs.draft_token / costs.target[1]
+    return (
+        f"auto: draft model not loaded: a draft token costs {ratio:.2f} of a target token here, so model drafts "
+        "cannot pay on this machine (measured earlier; lookup drafts stay on)"
+    )
 
 
 def make_drafter(
@@ -265,11 +318,13 @@ def make_drafter(
     draft: Backend | None,
     *,
     clock: Callable[[], float] = time.perf_counter,
+    store: CostStore | None = None,
     head: str | None = None,
     n_gpu_layers: int = -1,
 ) -> Drafter:
-    """The drafter for a method over loaded models: the only place drafters are built. `head`: the GGUF
-    of a head that reads the target's hidden states (the drafter loads and owns it)."""
+    """The drafter for a method over loaded models: the only place drafters are built.
+    `store`: where auto finds and keeps its measured costs (None: measure afresh, keep nothing).
+    `head`: the GGUF of a head that reads the target's hidden states (the drafter loads and owns it)."""
     check_choice("draft method", method, DRAFT_METHODS)
     if method in HEAD_METHODS:
         return _head_drafter(method, target, head, n_gpu_layers)
@@ -277,14 +332,16 @@ def make_drafter(
         return NoDrafter()
     if method == "ngram":
         return NgramDrafter()
+    if method == "suffix":
+        return SuffixDrafter()
     if method == "model":
         if draft is None:
             raise UsageError("--draft-method model needs a draft model", "pass --draft PATH, or use --draft-method ngram")
         return ModelDrafter(draft)
-    from localspec.decoding.auto import AutoDrafter, auto_ngram
+    from localspec.decoding.auto import AutoDrafter, auto_lookup
 
     model = ModelDrafter(draft) if draft is not None else None
-    return AutoDrafter(ngram=auto_ngram(), model=model, target=target, clock=clock)
+    return AutoDrafter(ngram=auto_lookup(), model=model, target=target, clock=clock, store=store)
 
 
 def _head_drafter(method: str, target: Backend, head: str | None, n_gpu_layers: int) -> Drafter:

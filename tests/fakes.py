@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import numpy as np
 
-from localspec.backends.base import ByteDetokenizer, ChatMessage, ModelInfo
-from localspec.errors import Interrupted
+from localspec.backends.base import ByteDetokenizer, ChatMessage, ModelInfo, rollback_route
+from localspec.errors import Interrupted, UnsupportedModelError
 from localspec.vocab import VocabInfo
 
 EOG = 256
@@ -97,6 +98,12 @@ class FakeBackend:
 
     def rollback(self, n_keep: int) -> None:
         del self._tokens[n_keep:]
+
+    def can_rollback(self, n_keep: int) -> bool:
+        return True
+
+    def checkpoint(self) -> None:
+        pass
 
     def close(self) -> None:
         self.closed = True
@@ -269,3 +276,56 @@ class FailingBackend(FakeBackend):
         if len(self.forward_calls) + 1 >= self.fail_at:
             raise RuntimeError("fake backend: device lost")
         return super().forward(tokens, all_logits=all_logits)
+
+
+class RecurrentFakeBackend(FakeBackend):
+    """A stand-in for a recurrent/hybrid model that holds callers to its rollback rules (backends.base):
+    the latest batch of n tokens can be cut by up to min(n - 1, snapshots) positions, once; further only
+    back to the latest checkpoint, whose tokens since are fed again (counted in `replayed`); anything else
+    raises UnsupportedModelError, as the real backends do."""
+
+    def __init__(self, logits_fn: LogitsFn, *, snapshots: int = 0, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(logits_fn, **kwargs)
+        self._info = replace(self._info, recurrent="recurrent (fake): restores a saved state")
+        self.snapshots = snapshots
+        self._last_batch = 0
+        self._ckpt: int | None = None
+        self.replayed = 0
+        self.checkpoints = 0
+        self.routes: list[str] = []
+
+    def forward(self, tokens: Sequence[int], *, all_logits: bool = True) -> np.ndarray:
+        if len(tokens) - 1 > self.snapshots:
+            self.checkpoint()
+        out = super().forward(tokens, all_logits=all_logits)
+        self._last_batch = len(tokens)
+        return out
+
+    def _route(self, n_keep: int) -> str:
+        reach = min(self._last_batch - 1, self.snapshots) if self._last_batch else 0
+        return rollback_route(len(self._tokens), n_keep, recurrent=True, snapshot_reach=reach, checkpoint_at=self._ckpt)
+
+    def can_rollback(self, n_keep: int) -> bool:
+        return self._route(n_keep) != "refused"
+
+    def rollback(self, n_keep: int) -> None:
+        route = self._route(n_keep)
+        if route == "none":
+            return
+        self.routes.append(route)
+        if route == "refused":
+            raise UnsupportedModelError(f"fake recurrent model: cannot roll back to {n_keep}", "")
+        if route == "restore":
+            assert self._ckpt is not None
+            self.replayed += n_keep - self._ckpt
+            self._last_batch = n_keep - self._ckpt
+        else:
+            self._last_batch = 0
+        if n_keep == 0:
+            self._ckpt = None
+        del self._tokens[n_keep:]
+
+    def checkpoint(self) -> None:
+        if self._ckpt != len(self._tokens):
+            self._ckpt = len(self._tokens)
+            self.checkpoints += 1

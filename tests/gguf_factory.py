@@ -1,7 +1,11 @@
-"""Write tiny random GGUF models for fast real-llama.cpp tests: llama (or qwen2) targets and EAGLE-3 heads.
+"""Write tiny random GGUF models for fast real-llama.cpp tests: llama (or qwen2) targets, EAGLE-3 heads, and the
+recurrent/hybrid families mamba (every layer a selective state space) and lfm2 (short convolutions
+beside attention layers).
 
 The tokenizer metadata (gpt2 BPE, 49,152 tokens, chat template) is copied from the SmolLM2 fixture,
-so prompts tokenize like a real model; the weights are random, untied and small (a few MB).
+so prompts tokenize like a real model; the weights are random, untied and small (a few MB). Tensor
+names and shapes follow the vendored llama.cpp (src/models/mamba.cpp, src/models/lfm2.cpp; ggml shapes
+are the numpy ones reversed).
 """
 
 from __future__ import annotations
@@ -39,8 +43,6 @@ def write_tiny_llama(
     similar "draft" model). Weights are float32, so batched and single-token passes agree closely.
     `chatless`: no chat template, and no special token but token 0 as BOS and EOS (a base model of
     an unknown family). `arch`: "llama" or another architecture with the same tensors (e.g. "qwen2")."""
-    import gguf
-
     meta = dict(read_gguf_header(tokenizer_source).metadata)
     if chatless:
         meta.pop("tokenizer.chat_template", None)
@@ -50,43 +52,17 @@ def write_tiny_llama(
             t if i in keep else 1 for i, t in enumerate(meta["tokenizer.ggml.token_type"])
         ]
     n_vocab = len(meta["tokenizer.ggml.tokens"])
-    rng = np.random.default_rng(seed)
-    shapes = _tensor_shapes(n_vocab, n_embd, n_layer, n_ff)
-    tensors: dict[str, np.ndarray] = {}
-    for name, shape in shapes.items():
-        if name.endswith("norm.weight"):
-            t = np.ones(shape, dtype=np.float32)
-        elif base is not None:
-            t = base[name] + rng.standard_normal(shape).astype(np.float32) * noise
-        else:
-            t = (rng.standard_normal(shape) * scale / np.sqrt(shape[-1])).astype(np.float32)
-        tensors[name] = t.astype(np.float32)
-    if base is None:
-        tensors["token_embd.weight"] *= np.float32(np.sqrt(n_embd) * 2)  # visible embeddings
-        tensors["output.weight"] *= np.float32(8.0)  # peaked next-token distributions
+    tensors = _random_tensors(_tensor_shapes(n_vocab, n_embd, n_layer, n_ff), seed, scale, base, noise, n_embd)
 
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_name(f"tiny-{arch}-{seed}")
-    w.add_context_length(2048)
-    w.add_embedding_length(n_embd)
-    w.add_block_count(n_layer)
-    w.add_feed_forward_length(n_ff)
-    w.add_head_count(n_head)
-    w.add_head_count_kv(n_head)
-    w.add_rope_dimension_count(n_embd // n_head)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_freq_base(10000.0)
-    w.add_vocab_size(n_vocab)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    for key in _TOKENIZER_KEYS:
-        if key in meta:
-            add_metadata(w, key, meta[key])
-    for name, t in tensors.items():
-        w.add_tensor(name, t)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    def hparams(w) -> None:  # type: ignore[no-untyped-def]
+        w.add_feed_forward_length(n_ff)
+        w.add_head_count(n_head)
+        w.add_head_count_kv(n_head)
+        w.add_rope_dimension_count(n_embd // n_head)
+        w.add_layer_norm_rms_eps(1e-5)
+        w.add_rope_freq_base(10000.0)
+
+    _write(path, arch, f"tiny-{arch}-{seed}", meta, tensors, n_embd, n_layer, hparams)
     return tensors
 
 
@@ -168,6 +144,174 @@ def write_tiny_eagle3(
     w.write_tensors_to_file()
     w.close()
     return d2t
+
+
+def write_tiny_mamba(
+    path: Path,
+    tokenizer_source: Path,
+    *,
+    seed: int = 0,
+    n_embd: int = 64,
+    n_layer: int = 2,
+    d_state: int = 8,
+    d_conv: int = 4,
+    dt_rank: int = 4,
+    scale: float = 0.5,
+    base: dict[str, np.ndarray] | None = None,
+    noise: float = 0.0,
+) -> dict[str, np.ndarray]:
+    """A random Mamba (v1) model: recurrent in every layer, and one llama.cpp keeps no snapshots for
+    (llm_arch_supports_rs_rollback), so every rollback restores a checkpoint."""
+    meta = dict(read_gguf_header(tokenizer_source).metadata)
+    n_vocab = len(meta["tokenizer.ggml.tokens"])
+    d_inner = 2 * n_embd  # llama.cpp supports only an expansion factor of 2
+    shapes: dict[str, tuple[int, ...]] = {
+        "token_embd.weight": (n_vocab, n_embd),
+        "output_norm.weight": (n_embd,),
+        "output.weight": (n_vocab, n_embd),
+    }
+    for i in range(n_layer):
+        b = f"blk.{i}."
+        shapes |= {
+            b + "attn_norm.weight": (n_embd,),
+            b + "ssm_in.weight": (2 * d_inner, n_embd),
+            b + "ssm_conv1d.weight": (d_inner, d_conv),
+            b + "ssm_conv1d.bias": (d_inner,),
+            b + "ssm_x.weight": (dt_rank + 2 * d_state, d_inner),
+            b + "ssm_dt.weight": (d_inner, dt_rank),
+            b + "ssm_dt.bias": (d_inner,),
+            b + "ssm_a": (d_inner, d_state),
+            b + "ssm_d": (d_inner,),
+            b + "ssm_out.weight": (n_embd, d_inner),
+        }
+    tensors = _random_tensors(shapes, seed, scale, base, noise, n_embd)
+    if base is None:
+        for i in range(n_layer):
+            # A = -exp(A_log) < 0 keeps the state decaying (stable), as the converter writes it.
+            tensors[f"blk.{i}.ssm_a"] = -np.exp(np.abs(tensors[f"blk.{i}.ssm_a"])).astype(np.float32)
+
+    def hparams(w) -> None:  # type: ignore[no-untyped-def]
+        w.add_feed_forward_length(0)
+        w.add_head_count(0)
+        w.add_uint32("mamba.ssm.conv_kernel", d_conv)
+        w.add_uint32("mamba.ssm.inner_size", d_inner)
+        w.add_uint32("mamba.ssm.state_size", d_state)
+        w.add_uint32("mamba.ssm.time_step_rank", dt_rank)
+        w.add_layer_norm_rms_eps(1e-5)
+
+    _write(path, "mamba", f"tiny-mamba-{seed}", meta, tensors, n_embd, n_layer, hparams)
+    return tensors
+
+
+def write_tiny_lfm2(
+    path: Path,
+    tokenizer_source: Path,
+    *,
+    seed: int = 0,
+    n_embd: int = 64,
+    n_head: int = 4,
+    n_head_kv: int = 2,
+    n_ff: int = 128,
+    layers: str = "cacac",
+    l_cache: int = 3,
+    scale: float = 0.5,
+    base: dict[str, np.ndarray] | None = None,
+    noise: float = 0.0,
+) -> dict[str, np.ndarray]:
+    """A random LFM2 model: `layers` spells each layer, c a short-convolution (recurrent) layer, a an
+    attention layer. A hybrid llama.cpp keeps per-token snapshots for (n_rs_seq)."""
+    meta = dict(read_gguf_header(tokenizer_source).metadata)
+    n_vocab = len(meta["tokenizer.ggml.tokens"])
+    head_dim = n_embd // n_head
+    shapes: dict[str, tuple[int, ...]] = {
+        "token_embd.weight": (n_vocab, n_embd),
+        "token_embd_norm.weight": (n_embd,),  # LFM2's output norm (llama.cpp keeps the converter's name)
+        "output.weight": (n_vocab, n_embd),
+    }
+    for i, kind in enumerate(layers):
+        b = f"blk.{i}."
+        shapes |= {
+            b + "attn_norm.weight": (n_embd,),
+            b + "ffn_norm.weight": (n_embd,),
+            b + "ffn_gate.weight": (n_ff, n_embd),
+            b + "ffn_up.weight": (n_ff, n_embd),
+            b + "ffn_down.weight": (n_embd, n_ff),
+        }
+        if kind == "a":
+            shapes |= {
+                b + "attn_q_norm.weight": (head_dim,),
+                b + "attn_k_norm.weight": (head_dim,),
+                b + "attn_q.weight": (n_embd, n_embd),
+                b + "attn_k.weight": (n_head_kv * head_dim, n_embd),
+                b + "attn_v.weight": (n_head_kv * head_dim, n_embd),
+                b + "attn_output.weight": (n_embd, n_embd),
+            }
+        else:
+            shapes |= {
+                b + "shortconv.conv.weight": (n_embd, l_cache),
+                b + "shortconv.in_proj.weight": (3 * n_embd, n_embd),
+                b + "shortconv.out_proj.weight": (n_embd, n_embd),
+            }
+    tensors = _random_tensors(shapes, seed, scale, base, noise, n_embd)
+
+    def hparams(w) -> None:  # type: ignore[no-untyped-def]
+        w.add_feed_forward_length(n_ff)
+        w.add_head_count(n_head)
+        w.add_head_count_kv([n_head_kv if kind == "a" else 0 for kind in layers])
+        w.add_rope_freq_base(10000.0)
+        w.add_layer_norm_rms_eps(1e-5)
+        w.add_uint32("lfm2.shortconv.l_cache", l_cache)
+
+    _write(path, "lfm2", f"tiny-lfm2-{seed}", meta, tensors, n_embd, len(layers), hparams)
+    return tensors
+
+
+def _random_tensors(
+    shapes: dict[str, tuple[int, ...]],
+    seed: int,
+    scale: float,
+    base: dict[str, np.ndarray] | None,
+    noise: float,
+    n_embd: int,
+) -> dict[str, np.ndarray]:
+    """Norms at one, the rest Gaussian (or `base` plus noise: a similar draft); float32 throughout."""
+    rng = np.random.default_rng(seed)
+    tensors: dict[str, np.ndarray] = {}
+    for name, shape in shapes.items():
+        if name.endswith("norm.weight"):
+            t = np.ones(shape, dtype=np.float32)
+        elif base is not None:
+            t = base[name] + rng.standard_normal(shape).astype(np.float32) * noise
+        else:
+            t = (rng.standard_normal(shape) * scale / np.sqrt(shape[-1])).astype(np.float32)
+        tensors[name] = t.astype(np.float32)
+    if base is None:
+        tensors["token_embd.weight"] *= np.float32(np.sqrt(n_embd) * 2)  # visible embeddings
+        tensors["output.weight"] *= np.float32(8.0)  # peaked next-token distributions
+    return tensors
+
+
+def _write(path: Path, arch: str, name: str, meta: dict, tensors: dict[str, np.ndarray], n_embd: int, n_layer: int,
+           hparams) -> None:  # type: ignore[no-untyped-def]
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name(name)
+    w.add_context_length(2048)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(n_layer)
+    hparams(w)
+    w.add_vocab_size(len(meta["tokenizer.ggml.tokens"]))
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    for key in _TOKENIZER_KEYS:
+        if key in meta:
+            add_metadata(w, key, meta[key])
+    for tname, t in tensors.items():
+        w.add_tensor(tname, t)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
 
 
 def _tensor_shapes(n_vocab: int, n_embd: int, n_layer: int, n_ff: int) -> dict[str, tuple[int, ...]]:

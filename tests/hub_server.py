@@ -391,3 +391,54 @@ class _Handler(BaseHTTPRequestHandler):
                 self.connection.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve local files as Hub repos until stopped, e.g. to try `localspec` as a new user would:
+
+        python tests/hub_server.py Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF:FILE=PATH ... --log requests.json
+
+    prints the endpoint (use it as HF_ENDPOINT) and keeps --log up to date with every request (JSON).
+    """
+    import argparse
+    import signal
+    import sys
+
+    p = argparse.ArgumentParser(description=main.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("files", nargs="+", metavar="REPO:FILE=PATH")
+    p.add_argument("--log", help="write the requests as JSON here on exit")
+    args = p.parse_args(argv)
+    repos: dict[str, dict[str, bytes | Path]] = {}
+    for spec in args.files:
+        ref, _, path = spec.partition("=")
+        repo, _, file = ref.partition(":")
+        repos.setdefault(repo, {})[file] = Path(path)
+    hub = FakeHub()
+    for repo, files in repos.items():
+        hub.add_repo(repo, files)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    from dataclasses import asdict
+
+    def write_log() -> None:
+        if args.log:
+            with hub.lock:
+                rows = [asdict(r) for r in hub.requests]
+            Path(args.log).write_text(json.dumps(rows, indent=1))
+
+    with hub:
+        print(hub.url, flush=True)
+        written = -1
+        try:
+            while not stop.wait(0.5):
+                if len(hub.requests) != written:
+                    written = len(hub.requests)
+                    write_log()
+        except KeyboardInterrupt:
+            pass
+    write_log()
+    print(f"{len(hub.requests)} requests, {hub.content_bytes():,} bytes of file content", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

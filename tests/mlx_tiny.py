@@ -32,6 +32,21 @@ CONFIG = {
     "tie_word_embeddings": False,
 }
 
+# Hybrid and recurrent families (mlx-lm's ArraysCache layers): Qwen3.5 (Gated DeltaNet beside attention
+# every second layer) and Mamba (recurrent in every layer). Untied, like CONFIG.
+QWEN35_CONFIG = {
+    "model_type": "qwen3_5", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": N_VOCAB,
+    "linear_num_value_heads": 4, "linear_num_key_heads": 2, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+    "linear_conv_kernel_dim": 4, "full_attention_interval": 2, "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 4096, "tie_word_embeddings": False,
+}  # fmt: skip
+MAMBA_CONFIG = {
+    "model_type": "mamba", "vocab_size": N_VOCAB, "hidden_size": 32, "intermediate_size": 64, "state_size": 4,
+    "num_hidden_layers": 2, "conv_kernel": 4, "use_bias": False, "use_conv_bias": True, "time_step_rank": 4,
+    "tie_word_embeddings": False,
+}  # fmt: skip
+
 
 def write_tokenizer(out: Path, *, swap: tuple[int, int] | None = None) -> None:
     """A byte-level tokenizer; `swap` exchanges two byte tokens' ids (a different vocabulary)."""
@@ -73,7 +88,8 @@ def build(out: Path, *, seed: int, base: Path | None = None, noise: float = 0.0,
         model = model_class(args_class.from_dict(cfg))
         # Wider than the default init so the logits are peaked, like a trained model's.
         weights = {k: _init(k, v.shape) for k, v in tree_flatten(model.parameters())}
-        weights["lm_head.weight"] = weights["lm_head.weight"] * 4.0
+        for k in [k for k in weights if k.endswith("lm_head.weight")]:  # qwen3_5 nests it in language_model
+            weights[k] = weights[k] * 4.0
     mx.save_safetensors(str(out / "model.safetensors"), weights)
     (out / "config.json").write_text(json.dumps(cfg, indent=1))
     write_tokenizer(out, swap=swap)

@@ -44,11 +44,14 @@ def test_parse_methods() -> None:
         parse_methods("magic:3", has_draft=True)
     with pytest.raises(UsageError, match="outside 1..64"):
         parse_methods("ngram:1000", has_draft=True)
+    assert parse_methods("suffix,auto", has_draft=False) == [Method("none", 0), Method("suffix", 32), Method("auto", 32)]
 
 
 def test_builtin_suites() -> None:
     s = suites()
-    assert list(s) == ["code-gen", "code-edit", "chat", "long-summary"]
+    assert list(s) == ["code-gen", "code-edit", "chat", "agentic", "long-summary"]
+    assert s["agentic"].session and all(len(conv) == 3 for conv in s["agentic"].prompts)
+    assert all("whole file" in m.content for conv in s["agentic"].prompts for m in conv)
     assert all(len(x.prompts) >= 1 for x in s.values())
     assert len(s["long-summary"].prompts[0][0].content.split()) > 800  # a long context, really
     assert "def load_orders" in s["code-edit"].prompts[0][0].content and "complete updated" in s["code-edit"].prompts[1][0].content
@@ -78,6 +81,33 @@ def test_run_bench_on_fakes_interleaves_and_aggregates() -> None:
     payload = json.loads(json.dumps(result.to_json()))
     assert payload["summary"] and payload["runs"][0]["stats"]["decode_tps"] >= 0
     assert payload["costs"]["tiny"]["target_s"]["1"] >= 0
+
+
+def test_session_suite_runs_turns_with_one_drafter_per_conversation(monkeypatch: pytest.MonkeyPatch) -> None:
+    import localspec.pipeline as pipeline
+
+    built: list[object] = []
+    make = pipeline.make_drafter
+
+    def spy(*a, **kw):  # type: ignore[no-untyped-def]
+        built.append(make(*a, **kw))
+        return built[-1]
+
+    monkeypatch.setattr(pipeline, "make_drafter", spy)
+    target = FakeBackend(TARGET, n_ctx=8192)
+    conv = (ChatMessage("user", "hello there"), ChatMessage("user", "again please"), ChatMessage("user", "once more"))
+    suite = Suite("chat-session", "", (conv,), session=True)
+    result = run_bench(target, None, [suite], parse_methods("none,suffix", has_draft=False), reps=1, max_tokens=12,
+                       sampling=SamplingParams())
+    assert [(r.method, r.turn) for r in result.runs] == [(m, t) for m in ("none", "suffix k=32") for t in range(3)]
+    assert len(built) == 2  # one drafter per (conversation, method), not per turn
+    # Each turn's prompt holds the earlier turns and answers: it grows.
+    prompts = [r.stats.n_prompt for r in result.runs[:3]]
+    assert prompts == sorted(prompts) and prompts[0] < prompts[-1]
+    suffix = built[1]
+    assert len(suffix.index.docs) == 1 and suffix.index.n_tokens >= prompts[-1]  # type: ignore[attr-defined]
+    rows = {r.method: r for r in summarize(result)}
+    assert rows["suffix k=32"].tps_median > 0
 
 
 def _run(method: str, rep: int, tokens: int, seconds: float, **kw) -> RunResult:  # type: ignore[no-untyped-def]
@@ -301,7 +331,7 @@ def test_bench_command_json_on_tiny_models(tiny_ggufs, tmp_path) -> None:  # typ
     out_file = tmp_path / "bench.json"
     r = _cli("bench", "--target", str(tiny_ggufs[0]), "--draft", str(tiny_ggufs[1]), "--suites", "chat,code-edit",
              "--prompts", "1", "--reps", "1", "--max-tokens", "8", "--methods", "none,ngram:2,model:2,auto:3",
-             "--threads", "1", "--json-out", str(out_file))
+             "--threads", "1", "--cost-reps", "2", "--json-out", str(out_file))
     assert r.returncode == 0, r.stderr
     assert "suite chat" in r.stdout and "suite code-edit" in r.stdout and "auto k<=3" in r.stdout
     assert "cost of one forward pass" in r.stdout

@@ -51,6 +51,12 @@ def test_builtin_catalog_parses_and_every_pair_names_both_roles() -> None:
             assert bp.target != bp.draft
 
 
+def test_every_builtin_pair_names_its_original_models_for_vllm() -> None:
+    for pair in load_catalog(include_user=False).pairs.values():
+        assert pair.base is not None and "/" in pair.base.target and "/" in pair.base.draft, pair.name
+        assert "GGUF" not in pair.base.target + pair.base.draft  # vLLM loads the originals, not conversions
+
+
 def test_models_toml_ships_in_the_package_and_matches_the_top_level_file() -> None:
     packaged = (importlib.resources.files("localspec") / "models.toml").read_text(encoding="utf-8")
     assert packaged == (ROOT / "models.toml").read_text(encoding="utf-8")
@@ -124,6 +130,8 @@ def test_malformed_user_catalog_names_file_and_line(tmp_path: Path, monkeypatch:
         ('[pair.mlx]\ntarget = "a/b:t.gguf"\ndraft = "a/c"\n', "whole repo"),
         ('num_drafts = 3\n[pair.mlx]\ntarget = "a/b"\ndraft = "a/c"\n', "unknown key 'num_drafts'"),
         ("", "needs a [pair.llama]"),
+        ('base = { target = "a/b" }\n[pair.mlx]\ntarget = "a/b"\ndraft = "a/c"\n', "draft must be a Hub repo id"),
+        ('base = { target = "a/b", draft = "c", x = 1 }\n[pair.mlx]\ntarget = "a/b"\ndraft = "a/c"\n', "unknown key 'x'"),
     ],
 )
 def test_semantic_errors_name_file_and_pair_line(body: str, needle: str) -> None:
@@ -206,3 +214,39 @@ def test_mlx_snapshot_completeness(tmp_path: Path) -> None:
     assert not mlx_snapshot_complete(tmp_path)
     (tmp_path / "model-00002-of-00002.safetensors").write_text("w")
     assert mlx_snapshot_complete(tmp_path)
+
+
+# -- the default pair -------------------------------------------------------------------------------
+
+
+def test_builtin_catalog_marks_one_default_the_small_qwen_pair() -> None:
+    cat = load_catalog(include_user=False)
+    assert [p.name for p in cat.pairs.values() if p.default] == ["qwen2.5-coder-1.5b"] == [cat.default]
+    bp = cat.default_pair().backends["llama"]  # the fixture files of tests/fixture_models.py
+    assert (bp.target.file, bp.draft.file) == (
+        "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+    )  # fmt: skip
+
+
+def test_two_defaults_in_one_file_are_refused_with_the_line() -> None:
+    pair = '[[pair]]\nname = "{}"\ndefault = true\n[pair.mlx]\ntarget = "a/b"\ndraft = "a/c"\n'
+    with pytest.raises(CatalogError) as ei:
+        parse_catalog(pair.format("p1") + "\n" + pair.format("p2"), source="/x/models.toml")
+    assert ei.value.message.startswith("/x/models.toml:9") and "'p1'" in ei.value.message
+    with pytest.raises(CatalogError) as ei:
+        parse_catalog('[[pair]]\nname = "p"\ndefault = "yes"\n[pair.mlx]\ntarget = "a/b"\ndraft = "a/c"\n', source="f")
+    assert "default must be true or false" in ei.value.message
+
+
+def test_user_catalog_default_wins_and_a_replaced_default_stays_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    user = tmp_path / "mine.toml"
+    monkeypatch.setenv("LOCALSPEC_CATALOG", str(user))
+    mine = '[[pair]]\nname = "{}"\n{}[pair.mlx]\ntarget = "me/t"\ndraft = "me/d"\n'
+    user.write_text(mine.format("mine", "default = true\n"))
+    cat = load_catalog()
+    assert cat.default == "mine" and cat.default_pair().name == "mine"
+    user.write_text(mine.format("qwen2.5-coder-1.5b", ""))  # the default's models replaced, not its role
+    cat = load_catalog()
+    assert cat.default == "qwen2.5-coder-1.5b" and cat.default_pair().source == str(user)

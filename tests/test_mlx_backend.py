@@ -221,24 +221,6 @@ def test_pair_with_different_vocabularies_is_refused(models: dict[str, Path], mo
     assert backend.peek_vocab(str(models["target"])) == backend.peek_vocab(str(models["noisy"]))
 
 
-@pytest.mark.mlx
-def test_recurrent_model_is_refused_before_generation(tmp_path: Path) -> None:
-    pytest.importorskip("mlx_lm")
-    import mlx_tiny
-
-    from localspec.errors import UnsupportedModelError
-
-    config = {
-        "model_type": "mamba", "vocab_size": 272, "hidden_size": 32, "intermediate_size": 64, "state_size": 4,
-        "num_hidden_layers": 2, "conv_kernel": 4, "use_bias": False, "use_conv_bias": True, "time_step_rank": 4,
-        "tie_word_embeddings": False,
-    }  # fmt: skip
-    path = mlx_tiny.build(tmp_path / "mamba", seed=4, config=config)
-    with pytest.raises(UnsupportedModelError) as e:
-        _load(path)
-    assert "recurrent state" in str(e.value) and "roll back" in str(e.value)
-
-
 GEMMA_TINY = {
     "model_type": "gemma3_text", "hidden_size": 32, "num_hidden_layers": 2, "intermediate_size": 64,
     "num_attention_heads": 2, "head_dim": 16, "num_key_value_heads": 1, "vocab_size": 272,

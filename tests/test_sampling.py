@@ -258,3 +258,60 @@ def test_sample_large_vocab_never_picks_zero_weight_tokens_at_the_edges() -> Non
         assert p[t] > 0, (u, t)
     assert sample(p, FixedRng(np.nextafter(1.0, 0.0))) == 7000  # type: ignore[arg-type]
     assert sample(p, FixedRng(0.0)) == 1500  # type: ignore[arg-type]
+
+
+# -- temperature with top-p / top-k, against the independent reference (tests/sampling_reference.py) ------
+# Temperature reshapes the distribution before any filter: a nucleus chosen at T = 1 and then sharpened or
+# flattened keeps other tokens. Top-k is the same set at any T, but its probabilities are not.
+
+
+@pytest.mark.parametrize("t", [0.4, 0.7, 1.8])
+@pytest.mark.parametrize("top_p", [0.5, 0.8, 0.95])
+@pytest.mark.parametrize("vocab", [100, 3000])
+def test_top_p_after_temperature_matches_the_reference(t: float, top_p: float, vocab: int) -> None:
+    from sampling_reference import reference_probs
+
+    z = _distinct_logits(vocab, vocab + int(t * 100) + int(top_p * 1000), scale=2.0)
+    ref = reference_probs(z, t=t, top_p=top_p)
+    # The case must tell the orders apart: the nucleus at T = 1 is another set of tokens.
+    assert not np.array_equal(ref > 0, reference_probs(z, top_p=top_p) > 0)
+    p = probabilities(z, SamplingParams(temperature=t, top_p=top_p))
+    np.testing.assert_array_equal(p > 0, ref > 0)
+    np.testing.assert_allclose(p, ref, rtol=1e-12, atol=1e-300)
+
+
+@pytest.mark.parametrize("t", [0.3, 0.7, 2.5])
+@pytest.mark.parametrize("top_k", [2, 10, 200])
+def test_top_k_after_temperature_matches_the_reference(t: float, top_k: int) -> None:
+    from sampling_reference import reference_probs
+
+    z = _distinct_logits(1000, top_k + int(t * 10), scale=2.0)
+    ref = reference_probs(z, t=t, top_k=top_k)
+    assert np.count_nonzero(ref) == top_k
+    assert not np.allclose(ref, reference_probs(z, top_k=top_k), rtol=1e-3)  # T changed the kept mass
+    p = probabilities(z, SamplingParams(temperature=t, top_k=top_k))
+    np.testing.assert_array_equal(p > 0, ref > 0)
+    np.testing.assert_allclose(p, ref, rtol=1e-12, atol=1e-300)
+
+
+@pytest.mark.parametrize(("t", "top_k", "top_p"), [(0.5, 50, 0.9), (1.6, 400, 0.7)])
+def test_top_k_then_top_p_after_temperature_matches_the_reference(t: float, top_k: int, top_p: float) -> None:
+    """No min-p here: min-p can hide a wrong order of the other filters."""
+    from sampling_reference import reference_probs
+
+    z = _distinct_logits(3000, 19, scale=1.5)
+    ref = reference_probs(z, t=t, top_k=top_k, top_p=top_p)
+    assert not np.array_equal(ref > 0, reference_probs(z, top_k=top_k, top_p=top_p) > 0)
+    p = probabilities(z, SamplingParams(temperature=t, top_k=top_k, top_p=top_p))
+    np.testing.assert_array_equal(p > 0, ref > 0)
+    np.testing.assert_allclose(p, ref, rtol=1e-12, atol=1e-300)
+
+
+def test_the_reference_agrees_with_the_full_sort_reference() -> None:
+    """Two references written differently agree (so a failure above is the code's, not a reference's)."""
+    from sampling_reference import reference_probs
+
+    z = _distinct_logits(500, 23, scale=2.0)
+    for kw in ({"t": 0.6}, {"t": 0.6, "top_k": 30}, {"t": 1.3, "top_p": 0.7}, {"t": 0.9, "min_p": 0.05},
+               {"t": 0.8, "top_k": 100, "top_p": 0.9, "min_p": 0.01}):  # fmt: skip
+        np.testing.assert_allclose(reference_probs(z, **kw), _reference(z, **kw), rtol=1e-12, atol=1e-300)

@@ -208,6 +208,35 @@ def test_engine_output_is_distributed_as_the_target(drafter_kind: str, rule: str
     assert failure is None, failure
 
 
+FILTERS = SamplingParams(temperature=0.5, top_k=3, top_p=0.8)  # no min-p: it can hide a wrong filter order
+
+
+def test_engine_output_with_filters_is_distributed_as_the_processed_target() -> None:
+    """Temperature, top-k and top-p on both models, through generate() with a model drafter: the output
+    follows the target processed by the independent reference (tests/sampling_reference.py)."""
+    from sampling_reference import reference_table
+
+    kw = {"t": FILTERS.temperature, "top_k": FILTERS.top_k, "top_p": FILTERS.top_p}
+    p_ref = reference_table(_log(P_TABLE), **kw)
+    # the case tells a wrong order apart: the nucleus chosen before the temperature is another set
+    assert not np.array_equal(p_ref > 0, reference_table(_log(P_TABLE), top_k=FILTERS.top_k, top_p=FILTERS.top_p) > 0)
+    target = FakeBackend(_target_fn(P_TABLE), n_vocab=V, eog=frozenset(), name="toy-target")
+    drafter = ModelDrafter(FakeBackend(_draft_fn(Q_TABLE), n_vocab=V, eog=frozenset(), name="toy-draft"))
+    accepted = 0
+
+    def draw(seed: int) -> tuple[int, ...]:
+        nonlocal accepted
+        sampling = SamplingParams(FILTERS.temperature, FILTERS.top_k, FILTERS.top_p, seed=seed)
+        config = GenerationConfig(max_tokens=WINDOW, num_draft=K, rule="exact", sampling=sampling)
+        done = [e for e in generate(target, drafter, MODEL_PROMPT, config) if isinstance(e, Done)][0]
+        accepted += done.stats.n_accepted
+        return done.tokens
+
+    failure = joint_check(draw, _expected_joint(MODEL_PROMPT, WINDOW, p_ref), N_SAMPLES)
+    assert failure is None, failure
+    assert accepted > N_SAMPLES // 4  # the drafts were used, not just rejected
+
+
 # -- broken rules: the check must catch each --------------------------------------------------------
 
 
@@ -435,6 +464,34 @@ def test_verify_exact_accepts_when_p_dominates_q() -> None:
     q = np.array([[0.5, 0.5, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0]])
     for seed in range(50):
         assert verify_exact([1, 3], q, p, np.random.default_rng(seed)) == Verdict(2, 0, "bonus")
+
+
+def test_verify_exact_accepts_with_probability_p_over_q_when_q_is_larger() -> None:
+    """The random branch: p(d) = 0.3 < q(d) = 0.6 keeps d with probability 0.3 / 0.6 = 1/2; a rejection
+    recovers from max(0, p - q) = [0, 0.3, 0, 0], so token 1; an acceptance adds the bonus from row 1."""
+    p = np.array([[0.3, 0.7, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0]])
+    q = np.array([[0.6, 0.4, 0.0, 0.0]])
+    n = 4000
+    verdicts = Counter(verify_exact([0], q, p, np.random.default_rng(seed)) for seed in range(n))
+    assert set(verdicts) == {Verdict(1, 3, "bonus"), Verdict(0, 1, "recovered")}
+    kept = verdicts[Verdict(1, 3, "bonus")]
+    assert abs(kept - n / 2) < 5 * math.sqrt(n * 0.5 * 0.5), kept  # binomial(n, 1/2): 5 sigma
+
+
+def test_verify_exact_compares_one_uniform_draw_with_p_over_q() -> None:
+    """The acceptance test is u < p(d)/q(d) on the rule's first draw: u just under 0.5 keeps d, just over rejects."""
+
+    class Draws:
+        def __init__(self, *u: float) -> None:
+            self.u = list(u)
+
+        def random(self) -> float:
+            return self.u.pop(0)
+
+    p = np.array([[0.3, 0.7, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0]])
+    q = np.array([[0.6, 0.4, 0.0, 0.0]])
+    assert verify_exact([0], q, p, Draws(0.4999, 0.5)) == Verdict(1, 3, "bonus")  # type: ignore[arg-type]
+    assert verify_exact([0], q, p, Draws(0.5001, 0.5)) == Verdict(0, 1, "recovered")  # type: ignore[arg-type]
 
 
 def test_recovered_token_comes_from_the_residual() -> None:

@@ -20,19 +20,20 @@ import statistics
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from localspec.backends.base import Backend, chat_prompt_tokens
+from localspec.backends.base import Backend, ChatMessage, chat_prompt_tokens
 from localspec.bench.suites import Suite
 from localspec.decoding.calibrate import calibrate
-from localspec.decoding.drafters import ModelDrafter
+from localspec.decoding.cost_cache import CostStore
+from localspec.decoding.drafters import Drafter, ModelDrafter
 from localspec.decoding.engine import Done, GenerationConfig, generate
 from localspec.decoding.policy import CostModel
 from localspec.decoding.sampling import SamplingParams
 from localspec.decoding.stats import SpecStats, format_choices
 from localspec.errors import UsageError
-from localspec.options import AUTO_MAX_K, FIXED_K, MAX_K
+from localspec.options import MAX_K, default_k
 
 
 @dataclass(frozen=True)
@@ -48,17 +49,17 @@ class Method:
 
 
 def parse_methods(spec: str, *, has_draft: bool, explicit: bool = True) -> list[Method]:
-    """`none,ngram:4,model:2,model:4,auto:8` -> methods; `none` is always included (the baseline).
+    """`none,ngram:4,suffix:32,model:2,model:4,auto:32` -> methods; `none` is always included (the baseline).
 
     Model methods without a draft model are refused when the user named them (explicit), and left out
     of the default list."""
     out: list[Method] = []
     for part in (p.strip() for p in spec.split(",") if p.strip()):
         name, _, k = part.partition(":")
-        if name not in ("none", "ngram", "model", "auto"):
-            raise UsageError(f"unknown method {name!r} in --methods", "use none, ngram:K, model:K, auto:K")
+        if name not in ("none", "ngram", "suffix", "model", "auto"):
+            raise UsageError(f"unknown method {name!r} in --methods", "use none, ngram:K, suffix:K, model:K, auto:K")
         try:
-            kk = int(k) if k else (0 if name == "none" else AUTO_MAX_K if name == "auto" else FIXED_K)
+            kk = int(k) if k else (0 if name == "none" else default_k(name))
         except ValueError:
             raise UsageError(f"bad draft length in {part!r}", "write e.g. model:4") from None
         if name != "none" and not 1 <= kk <= MAX_K:
@@ -84,6 +85,7 @@ class RunResult:
     rep: int
     stats: SpecStats
     drafted_per_round: dict[int, int]  # n_drafted -> rounds
+    turn: int = 0  # session suites: the turn of the conversation
 
 
 @dataclass
@@ -98,7 +100,10 @@ class SuiteCosts:
         sizes = sorted(set().union(*(c.target for c in self.per_rep)))
         target = {n: statistics.median(c.target[n] for c in self.per_rep if n in c.target) for n in sizes}
         drafts = [c.draft_token for c in self.per_rep if c.draft_token is not None]
-        self.costs = CostModel(target=target, draft_token=statistics.median(drafts) if drafts else None)
+        rollback = statistics.median(c.rollback_round for c in self.per_rep)
+        self.costs = CostModel(
+            target=target, draft_token=statistics.median(drafts) if drafts else None, rollback_round=rollback
+        )
 
 
 @dataclass
@@ -150,11 +155,15 @@ def measure_costs(
     reps: int = 5,
     clock: Callable[[], float] = time.perf_counter,
 ) -> CostModel:
-    """T(1..max_batch) and the draft's seconds per token, on a cache holding `prompt` (realistic attention)."""
+    """T(n) and the draft's seconds per token, on a cache holding `prompt` (realistic attention): every n
+    up to 9, then the sizes long drafts use (12, 16, 24, 32 and the top), the rest interpolated."""
     target.rollback(0)
     target.forward(list(prompt), all_logits=False)
     drafter = ModelDrafter(draft) if draft is not None else None
-    return calibrate(target, drafter, prompt, max_batch=max_batch, reps=reps, clock=clock, stat=statistics.median)
+    sizes = [n for n in (*range(1, 10), 12, 16, 24, 32) if n < max_batch] + [max_batch]
+    return calibrate(
+        target, drafter, prompt, max_batch=max_batch, sizes=sizes, reps=reps, clock=clock, stat=statistics.median
+    )
 
 
 def run_bench(
@@ -170,7 +179,10 @@ def run_bench(
     threads: int | None = None,
     progress: Callable[[str], None] = lambda s: None,
     clock: Callable[[], float] = time.perf_counter,
+    store: CostStore | None = None,
+    cost_reps: int = 5,
 ) -> BenchResult:
+    """`store`: where auto finds its remembered costs (as in `localspec run`); None: auto measures afresh."""
     t_start = time.perf_counter()
     result = BenchResult(
         target=target.info.name,
@@ -185,7 +197,9 @@ def run_bench(
         suites=[s.name for s in suites],
     )
     try:
-        _measure_all(target, draft, suites, methods, result, reps, max_tokens, sampling, n_prompts, progress, clock)
+        _measure_all(
+            target, draft, suites, methods, result, reps, max_tokens, sampling, n_prompts, progress, clock, store, cost_reps
+        )
     except KeyboardInterrupt:
         result.interrupted = True
         progress("interrupted: reporting the runs that finished")
@@ -205,12 +219,17 @@ def _measure_all(
     n_prompts: int | None,
     progress: Callable[[str], None],
     clock: Callable[[], float],
+    store: CostStore | None,
+    cost_reps: int,
 ) -> None:
+    from localspec.pipeline import make_drafter
+
     k_top = max([m.k for m in methods] + [1])
     prompts: dict[str, list[list[int]]] = {}
     for suite in suites:
         chosen = suite.prompts[: n_prompts or len(suite.prompts)]
-        prompts[suite.name] = [chat_prompt_tokens(target, list(msgs)) for msgs in chosen]
+        # A session's first turn stands for it where one prompt is needed (the cost curve's context).
+        prompts[suite.name] = [chat_prompt_tokens(target, list(msgs[:1] if suite.session else msgs)) for msgs in chosen]
     n_total = reps * sum(len(p) for p in prompts.values()) * len(methods)
     done_n = 0
     t0 = time.perf_counter()
@@ -220,7 +239,7 @@ def _measure_all(
             # during one measurement does not decide the bound.
             first = prompts[suite.name][0]
             progress(f"measuring costs on {suite.name} ({len(first)} tokens of context)")
-            measured = measure_costs(target, draft, first, max_batch=k_top + 1, clock=clock)
+            measured = measure_costs(target, draft, first, max_batch=k_top + 1, reps=cost_reps, clock=clock)
             if suite.name not in result.costs:
                 result.costs[suite.name] = SuiteCosts(suite.name, len(first), measured)
             result.costs[suite.name].add(measured)
@@ -234,40 +253,39 @@ def _measure_all(
                         f"[{done_n}/{n_total}] rep {rep + 1} {suite.name} #{pi + 1} {m.label} "
                         f"({time.perf_counter() - t0:.0f} s)"
                     )
-                    result.runs.append(
-                        _one_run(target, draft, suite.name, pi, prompt, m, rep, max_tokens, sampling, clock)
-                    )
+                    # A fresh drafter per run (a session: per conversation), as `localspec run` (`chat`) builds one.
+                    drafter = make_drafter(m.method, target, draft, clock=clock, store=store)
+                    config = GenerationConfig(max_tokens=max_tokens, num_draft=m.k, sampling=sampling)
+                    try:
+                        if suite.session:
+                            history: list[ChatMessage] = []
+                            for turn, message in enumerate(suite.prompts[pi]):
+                                history.append(message)
+                                tokens = chat_prompt_tokens(target, history)
+                                run, text = _one_run(target, drafter, tokens, config, clock)
+                                result.runs.append(replace(run, suite=suite.name, prompt=pi, method=m.label, rep=rep, turn=turn))
+                                history.append(ChatMessage("assistant", text))
+                        else:
+                            run, _ = _one_run(target, drafter, prompt, config, clock)
+                            result.runs.append(replace(run, suite=suite.name, prompt=pi, method=m.label, rep=rep))
+                    finally:
+                        drafter.close()
 
 
 def _one_run(
-    target: Backend,
-    draft: Backend | None,
-    suite: str,
-    pi: int,
-    prompt: list[int],
-    m: Method,
-    rep: int,
-    max_tokens: int,
-    sampling: SamplingParams,
-    clock: Callable[[], float],
-) -> RunResult:
-    from localspec.pipeline import make_drafter
-
-    # A fresh drafter per run: auto calibrates itself on its first prompt exactly as in `localspec run`.
-    drafter = make_drafter(m.method, target, draft, clock=clock)
-    config = GenerationConfig(max_tokens=max_tokens, num_draft=m.k, sampling=sampling)
+    target: Backend, drafter: Drafter, prompt: list[int], config: GenerationConfig, clock: Callable[[], float]
+) -> tuple[RunResult, str]:
+    """One generation; the RunResult's labels are filled in by the caller."""
     per_round: Counter[int] = Counter()
     done: Done | None = None
-    try:
-        for ev in generate(target, drafter, prompt, config, clock=clock):
-            if isinstance(ev, Done):
-                done = ev
-            elif ev.round is not None:
-                per_round[ev.round.n_drafted] += 1
-    finally:
-        drafter.close()
+    for ev in generate(target, drafter, prompt, config, clock=clock):
+        if isinstance(ev, Done):
+            done = ev
+        elif ev.round is not None:
+            per_round[ev.round.n_drafted] += 1
     assert done is not None
-    return RunResult(suite=suite, prompt=pi, method=m.label, rep=rep, stats=done.stats, drafted_per_round=dict(per_round))
+    run = RunResult(suite="", prompt=0, method="", rep=0, stats=done.stats, drafted_per_round=dict(per_round))
+    return run, done.text
 
 
 # -- aggregation -------------------------------------------------------------------------------------
@@ -287,6 +305,8 @@ class Row:
     bound_speedup: float | None  # what the measured costs allow for the measured acceptance
     of_bound: float | None  # speedup / bound_speedup
     decisions: str = ""
+    verify_ms: float = 0.0  # target time per round (verify pass and rollback)
+    rollback_ms: float = 0.0  # ... of which cutting the target back (a recurrent model restores its state)
 
 
 def summarize(result: BenchResult) -> list[Row]:
@@ -308,7 +328,7 @@ def summarize(result: BenchResult) -> list[Row]:
             n_rounds = sum(r.stats.n_rounds for r in runs)
             by_d = _sum_tuples([r.stats.drafted_by_position for r in runs])
             by_a = _sum_tuples([r.stats.accepted_by_position for r in runs])
-            bound = _bound_speedup(runs, costs, m) if m.method in ("model", "ngram") else None
+            bound = _bound_speedup(runs, costs, m) if m.method in ("model", "ngram", "suffix") else None
             speedup = statistics.median(speed) if speed else 0.0
             decisions = Counter[str]()
             for r in runs:
@@ -328,6 +348,8 @@ def summarize(result: BenchResult) -> list[Row]:
                     bound_speedup=bound,
                     of_bound=speedup / bound if bound else None,
                     decisions=format_choices(dict(decisions)),
+                    verify_ms=1e3 * sum(r.stats.verify_s for r in runs) / n_rounds if n_rounds else 0.0,
+                    rollback_ms=1e3 * sum(r.stats.rollback_s for r in runs) / n_rounds if n_rounds else 0.0,
                 )
             )
     return rows
@@ -352,6 +374,7 @@ def _bound_speedup(runs: Sequence[RunResult], costs: CostModel, m: Method) -> fl
     for r in runs:
         for n_drafted, count in r.drafted_per_round.items():
             round_s += count * (n_drafted * d + costs.target_s(n_drafted + 1))
+        round_s += r.stats.rollback_s  # cutting the target back (a hybrid model restores its state)
         n_rounds += r.stats.n_rounds
         n_accepted += r.stats.n_accepted
     if not round_s or not t1:

@@ -7,7 +7,7 @@ from localspec.decoding.policy import CostModel
 
 
 def cost_lines(result: BenchResult) -> list[str]:
-    lines = ["cost of one forward pass (median of 5 timings in each repetition, then over repetitions):"]
+    lines = ["cost of one forward pass (median of --cost-reps timings in each repetition, then over repetitions; sizes not listed are interpolated):"]
     for name, sc in result.costs.items():
         c: CostModel = sc.costs
         t1 = c.target.get(1)
@@ -17,7 +17,9 @@ def cost_lines(result: BenchResult) -> list[str]:
         draft = (
             f" | draft {c.draft_token * 1e3:.1f} ms/token ({c.draft_token / t1:.2f}x of target)" if c.draft_token else ""
         )
-        lines.append(f"  {name} ({sc.n_context} ctx) target batch {curve}{draft}")
+        k = max(c.target) - 1
+        rollback = f" | rollback after a rejection (k={k}) {c.rollback_round * 1e3:.2f}ms ({c.rollback_round / t1:.2f}x)"
+        lines.append(f"  {name} ({sc.n_context} ctx) target batch {curve}{draft}{rollback}")
     return lines
 
 
@@ -26,7 +28,8 @@ def _fmt_pct(x: float | None) -> str:
 
 
 def suite_table(result: BenchResult, suite: str, rows: list[Row]) -> list[str]:
-    head = ("method", "tok/s", "spread", "speedup", "accept", "len", "bound", "of bound", "accept by position / auto chose")
+    head = ("method", "tok/s", "spread", "speedup", "accept", "len", "bound", "of bound", "verify/round", "rollback",
+            "accept by position / auto chose")
     body = []
     for r in rows:
         if r.suite != suite:
@@ -42,11 +45,13 @@ def suite_table(result: BenchResult, suite: str, rows: list[Row]) -> list[str]:
                 f"{r.mean_accepted_length:.2f}",
                 "-" if r.bound_speedup is None else f"{r.bound_speedup:.2f}x",
                 _fmt_pct(r.of_bound),
+                f"{r.verify_ms:.2f}ms",
+                f"{r.rollback_ms:.2f}ms",
                 tail or "-",
             )
         )
     widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)]
-    fmt = lambda cells: "  ".join(c.ljust(w) if i in (0, 8) else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
+    fmt = lambda cells: "  ".join(c.ljust(w) if i in (0, 10) else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
     sc = result.costs.get(suite)
     title = f"suite {suite}" + (f" ({sc.n_context} tokens of context in its first prompt)" if sc else "")
     return [title, fmt(head), *(fmt(b) for b in body)]
@@ -68,6 +73,7 @@ def bench_lines(result: BenchResult) -> list[str]:
     lines += [
         "tok/s: decode tokens/s, median over repetitions (spread: min-max); speedup: median of per-repetition",
         "ratios to plain decoding (none); len: tokens per target pass; bound: the speedup the measured costs",
-        "allow for the acceptance reached (expected tokens per round / cost of a round, x T(1)).",
+        "allow for the acceptance reached (expected tokens per round / cost of a round, x T(1)); verify/round:",
+        "the target's time per round, of which rollback cut its cache back (a hybrid model restores a state).",
     ]
     return lines

@@ -4,6 +4,9 @@
 - code-edit: change given code and repeat it whole (n-gram lookup copies long runs)
 - chat: prose answers (varied wording: the hardest case for any draft)
 - long-summary: summarize a ~1,100-token document (long context: attention costs more per token)
+- agentic: multi-turn sessions that edit and re-emit files shown earlier (docstrings, renames, a fix
+  from a failing test's output); each conversation runs as one session, so a drafter that keeps a
+  session index (suffix) sees the earlier turns
 """
 
 from __future__ import annotations
@@ -67,11 +70,30 @@ _EDIT_SOURCE_2 = '''class Inventory:
 '''
 
 
+_TEST_OUTPUT = """$ pytest -q test_orders.py
+F.                                                                  [100%]
+=================================== FAILURES ===================================
+_________________________ test_top_customers_skips_zero ________________________
+
+    def test_top_customers_skips_zero():
+        rows = [{"customer": "ann", "quantity": 0, "price": 2.0}]
+>       assert top_customers(rows) == []
+E       AssertionError: assert [('ann', 0.0)] == []
+
+test_orders.py:12: AssertionError
+1 failed, 1 passed in 0.03s
+"""
+
+
 @dataclass(frozen=True)
 class Suite:
+    """Prompts of one kind. A session suite's prompts are conversation scripts: each message is one user
+    turn, answered by the model before the next (the answers join the history), all with one drafter."""
+
     name: str
     description: str
     prompts: tuple[tuple[ChatMessage, ...], ...]
+    session: bool = False
 
 
 def _user(text: str) -> tuple[ChatMessage, ...]:
@@ -123,6 +145,38 @@ def suites() -> dict[str, Suite]:
                 _user("Explain to someone new to programming why version control matters, in three short paragraphs."),
                 _user("What are good habits for staying focused while working from home? Answer in a few paragraphs."),
             ),
+        ),
+        Suite(
+            "agentic",
+            "multi-turn sessions that edit and re-emit files shown earlier",
+            (
+                (
+                    ChatMessage(
+                        "user",
+                        "Here is orders.py:\n\n"
+                        f"```python\n{_EDIT_SOURCE}```\n\n"
+                        "Add a one-line docstring to every function. Reply with the whole file only.",
+                    ),
+                    ChatMessage("user", "Rename the variable `data` to `rows` everywhere in orders.py. Reply with the whole file only."),
+                    ChatMessage(
+                        "user",
+                        f"The tests fail:\n\n```\n{_TEST_OUTPUT}```\n\nFix orders.py so they pass. Reply with the whole file only.",
+                    ),
+                ),
+                (
+                    ChatMessage(
+                        "user",
+                        "Here is inventory.py:\n\n"
+                        f"```python\n{_EDIT_SOURCE_2}```\n\n"
+                        "Make `remove` raise KeyError for a name that is not in stock. Reply with the whole file only.",
+                    ),
+                    ChatMessage(
+                        "user", "Rename the class to `Stock` and the attribute `items` to `counts`. Reply with the whole file only."
+                    ),
+                    ChatMessage("user", "Add type hints to every method. Reply with the whole file only."),
+                ),
+            ),
+            session=True,
         ),
         Suite(
             "long-summary",

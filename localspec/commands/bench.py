@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 
 from localspec.errors import UsageError
 from localspec.options import add_model_options
 
-DEFAULT_METHODS = "none,ngram:4,ngram:8,model:2,model:4,model:6,auto:8"
+DEFAULT_METHODS = "none,ngram:4,ngram:8,suffix:32,model:2,model:4,model:6,auto:32"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -22,13 +23,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     add_model_options(p, method=False)  # bench runs every method itself (--methods)
     g = p.add_argument_group("benchmark")
-    g.add_argument("--suites", default="all", help="comma-separated: code-gen, code-edit, chat, long-summary (default: all)")
+    g.add_argument("--suites", default="all", help="comma-separated: code-gen, code-edit, agentic, chat, long-summary (default: all)")
     g.add_argument(
         "--methods",
         default=None,
         help=f"comma-separated METHOD[:K] (default: {DEFAULT_METHODS}; model ones are skipped without a draft)",
     )
     g.add_argument("--reps", type=int, default=2, help="repetitions of every run, interleaved (default: 2)")
+    g.add_argument("--cost-reps", type=int, default=5, help="timings per batch size for the cost curve (default: 5)")
     g.add_argument("--prompts", type=int, default=None, help="prompts per suite (default: all, 2 each)")
     g.add_argument("--max-tokens", type=int, default=96, help="tokens generated per run (default: 96)")
     g.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default: 0)")
@@ -54,8 +56,10 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         raise UsageError(f"unknown suite(s): {', '.join(unknown)}", f"choose from: {', '.join(available)}")
     # The draft model (if given) is loaded once; every method then runs over the same loaded models.
-    opts = model_options_from_args(args).with_method("model" if (args.draft or args.pair) else "none")
+    opts = model_options_from_args(args)  # no model given: the default pair (pulled on first use)
+    opts = opts.with_method("model" if opts.draft else "none")
     methods = parse_methods(args.methods or DEFAULT_METHODS, has_draft=opts.uses_draft_model, explicit=bool(args.methods))
+    opts = replace(opts, max_draft=max([m.k for m in methods] + [0]))  # a recurrent target's snapshot window
     log = (lambda s: None) if args.json else (lambda s: print(s, file=sys.stderr, flush=True))
     _sigterm_interrupts()
     pipeline = load_pipeline(opts)
@@ -74,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
             n_prompts=args.prompts,
             threads=opts.threads,
             progress=log,
+            store=pipeline.cost_store,
+            cost_reps=max(args.cost_reps, 1),
         )
     finally:
         pipeline.close()

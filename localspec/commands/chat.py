@@ -1,4 +1,5 @@
-"""`localspec chat`: the terminal app. With --target/--draft or --pair it skips the pickers."""
+"""`localspec chat`: the terminal app on the given models, or the default pair (pulled on first use);
+the picker opens when that pair is not downloaded and may not be now (F3 opens it any time)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p = sub.add_parser(
         "chat",
         help="chat in a terminal app and watch speculative decoding live",
-        description="A terminal chat app: pick a backend and a target/draft pair (or pass them here to skip "
-        "the pickers), chat, and watch tokens/s, acceptance rate and accepted length live.",
+        description="A terminal chat app: chat with the given models, or with the catalog's default pair (pulled on "
+        "first use; the picker, F3, chooses others), and watch tokens/s, acceptance rate and accepted length live.",
     )
     add_model_options(p)
     add_generation_options(p)
@@ -34,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
 
     config = generation_config_from_args(args)  # bad values fail here, before the screen takes over
     settings = ChatSettings.from_config(config, args.system)
-    options = model_options_from_args(args) if models_given(args) else None
+    options, notice = initial_options(args)
     defaults = ModelOptions(  # for models picked in the app
         target="",
         backend=args.backend,
@@ -48,6 +49,20 @@ def run(args: argparse.Namespace) -> int:
         settings=settings,
         load_defaults=defaults,
         save_dir=Path(args.save_dir) if args.save_dir else None,
+        notice=notice,
     )
     app.run()
     return 0
+
+
+def initial_options(args: argparse.Namespace) -> tuple[ModelOptions | None, str | None]:
+    """The models to load at start, or (None, why) to open the picker: the default pair may be declined
+    or unavailable (not downloaded with --no-pull, offline, no terminal), and the picker can pull it."""
+    from localspec.errors import NotDownloadedError, error_text
+
+    try:
+        return model_options_from_args(args), None
+    except NotDownloadedError as e:
+        if models_given(args):
+            raise
+        return None, error_text(e)

@@ -61,6 +61,8 @@ class Facts:
     n_gpu_layers: int = -1
     backend: str = "llama"
     models: list[dict[str, Any]] = field(default_factory=list)  # path, size, layers, ctx_train, kv bytes/token
+    pair: str | None = None  # the catalog pair checked, if any
+    pair_note: str = ""  # e.g. "the default pair", or why it was not checked
     measured: dict[str, Any] | None = None
 
 
@@ -72,7 +74,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "batch settings, and free memory against the pair's size. Flags base settings that cost more than "
         "speculative decoding can win back: fix those first.",
     )
-    add_model_options(p, method=False)
+    add_model_options(p, method=False, first_use=False)  # doctor never downloads
     p.add_argument(
         "--measure",
         action="store_true",
@@ -113,7 +115,7 @@ def gather(args: argparse.Namespace) -> Facts:
     _mlx_facts(f)
     f.threads_explicit = args.threads is not None
     f.threads = args.threads or f.logical_cpus  # backends/llama_cpp.py: threads or os.cpu_count()
-    paths = _model_paths(args)
+    paths = _model_paths(args, f)
     for role, path in paths:
         f.models.append(_model_facts(role, path))
     if getattr(args, "measure", False) and paths:
@@ -241,20 +243,39 @@ def _mlx_facts(f: Facts) -> None:
         f.mlx_device = f"unavailable ({type(e).__name__}: {e})"
 
 
-def _model_paths(args: argparse.Namespace) -> list[tuple[str, str]]:
+def _model_paths(args: argparse.Namespace, f: Facts) -> list[tuple[str, str]]:
+    """The models to check: --target/--draft, --pair, or the default pair when none is given and it is
+    downloaded (doctor does not download; a missing --pair is an error, a missing default a note)."""
+    from localspec.errors import NotDownloadedError
+    from localspec.options import chosen_pair
+
     target, draft = args.target, args.draft
-    if args.pair and not (target or draft):
+    pair = chosen_pair(args)
+    if pair and not (target or draft):
         from localspec.pipeline import resolve_pair
 
-        target, draft = resolve_pair(args.pair, args.backend)
+        f.pair, f.pair_note = pair, "" if args.pair else "the default pair"
+        try:
+            target, draft = resolve_pair(pair, args.backend)
+        except NotDownloadedError:
+            if args.pair:
+                raise
+            f.pair_note = "the default pair, not downloaded: its memory needs are not checked"
     return [(role, p) for role, p in (("target", target), ("draft", draft)) if p]
 
 
 def _model_facts(role: str, path: str) -> dict[str, Any]:
+    from localspec import recurrent
+
     p = Path(path).expanduser()
     out: dict[str, Any] = {"role": role, "path": str(p)}
     if p.is_dir():
         out["size"] = sum(x.stat().st_size for x in p.rglob("*") if x.is_file())
+        try:
+            model_type = json.loads((p / "config.json").read_text()).get("model_type")
+            out["recurrent"] = recurrent.describe(model_type, "mlx")
+        except (OSError, ValueError):
+            pass
         return out
     try:
         out["size"] = p.stat().st_size
@@ -262,6 +283,7 @@ def _model_facts(role: str, path: str) -> dict[str, Any]:
 
         h = read_gguf_header(p)
         m, a = h.metadata, h.architecture
+        out["recurrent"] = recurrent.describe(a, "llama")
         out["layers"] = m.get(f"{a}.block_count")
         out["ctx_train"] = m.get(f"{a}.context_length")
         n_embd, n_head = m.get(f"{a}.embedding_length"), m.get(f"{a}.attention.head_count")
@@ -361,6 +383,13 @@ def findings(f: Facts) -> list[Finding]:
                                f"use --n-ctx {ctx} or less"))
         if m.get("error"):
             out.append(Finding("fix", f"cannot read the {m['role']} model: {m['error']}", "check the path"))
+        if m.get("recurrent"):
+            out.append(Finding("info", f"the {m['role']} is {m['recurrent']}",
+                               "`localspec bench` shows the rollback cost per round next to the verify cost"))
+    if f.pair and not f.models:
+        out.append(Finding("info", f"no model given, and the default pair {f.pair} is not downloaded",
+                           f"`localspec pull {f.pair}` (or `localspec run --yes \"...\"`) downloads it; "
+                           "then doctor checks its memory needs"))
     if sys.platform == "darwin" and f.machine == "arm64" and f.mlx_version is None:
         out.append(Finding("info", "MLX is not installed: on Apple silicon it is often the fastest backend",
                            "pip install 'localspec[mlx]'"))
@@ -418,6 +447,8 @@ def report_lines(f: Facts, found: list[Finding]) -> list[str]:
         f"settings   backend {f.backend}, threads {f.threads}{' (default)' if not f.threads_explicit else ''}, "
         f"n_ctx {f.n_ctx}, n_batch {f.n_batch}, n_gpu_layers {f.n_gpu_layers}"
     )
+    if f.pair:
+        lines.append(f"pair       {f.pair}" + (f" ({f.pair_note})" if f.pair_note else ""))
     for m in f.models:
         extra = ", ".join(
             f"{k} {m[k]}" for k in ("layers", "ctx_train") if m.get(k) is not None
@@ -433,6 +464,9 @@ def report_lines(f: Facts, found: list[Finding]) -> list[str]:
         if f.measured.get("draft_token_s") and t1:
             d = f.measured["draft_token_s"]
             lines.append(f"           draft {d * 1e3:.1f} ms/token ({d / t1:.2f}x of the target)")
+        if f.measured.get("rollback_round_s") and t1:
+            r = f.measured["rollback_round_s"]
+            lines.append(f"           rollback after a rejection {r * 1e3:.2f} ms ({r / t1:.2f}x of a target token)")
     lines.append("")
     if not found:
         lines.append("ok: nothing in the base configuration costs more than speculation could win back")

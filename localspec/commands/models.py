@@ -26,7 +26,8 @@ def model_states(backend: str | None = None) -> list[dict]:
     from localspec.catalog import cached_model_path, disk_size, load_catalog
 
     rows = []
-    for pair in load_catalog().pairs.values():
+    catalog = load_catalog()
+    for pair in catalog.pairs.values():
         for b, bp in pair.backends.items():
             if backend and b != backend:
                 continue
@@ -40,6 +41,7 @@ def model_states(backend: str | None = None) -> list[dict]:
             rows.append(
                 {
                     "name": pair.name,
+                    "default": pair.name == catalog.default,
                     "backend": b,
                     "status": status,
                     "bytes_on_disk": sum(r["bytes"] for r in roles.values()),
@@ -70,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
             if last is not None:
                 out.write("\n")
             extra = "" if r["source"] == "built-in" else f"  [from {r['source']}]"
-            out.write(f"{r['name']}  (num_draft {r['num_draft']}){extra}\n")
+            mark = "  [default: used when no model is given]" if r["default"] else ""
+            out.write(f"{r['name']}  (num_draft {r['num_draft']}){mark}{extra}\n")
             out.write(f"  {r['description']}\n")
             if r["hardware"]:
                 out.write(f"  suits: {r['hardware']}\n")
@@ -83,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
     out.write(
         f"\ncache: {hub_cache_dir()}\n"
         f"your pairs: {user_catalog_path()}\n"
-        "download:  localspec pull NAME --backend llama|mlx   run: localspec run --pair NAME\n"
+        "download:  localspec pull NAME --backend llama|mlx   run: localspec run \"PROMPT\" --pair NAME "
+        "(no --pair: the default, pulled on first use)\n"
     )
     return 0

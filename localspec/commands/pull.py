@@ -11,6 +11,8 @@ import argparse
 import shutil
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, TextIO
 
 from localspec.formatting import format_bytes
@@ -62,9 +64,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(
             "nothing to pull", "name a pair (see `localspec models`), a repo REPO[:FILE], or --target/--draft"
         )
-    printer = ProgressPrinter(sys.stderr)
-    common = dict(progress=printer, endpoint=args.endpoint, log=printer.log)
-    try:
+    with progress_display(sys.stderr) as printer:
+        common = dict(progress=printer, endpoint=args.endpoint, log=printer.log)
         if args.check_only:
             return _check_only(args, custom)
         if custom:
@@ -84,17 +85,24 @@ def run(args: argparse.Namespace) -> int:
 
             result = pull_pair(args.what, args.backend or "auto", check=not args.no_check, **common)
             _print_result(result, args.what)
+    return 0
+
+
+@contextmanager
+def progress_display(stream: TextIO) -> Iterator[ProgressPrinter]:
+    """The pull's display (bars on a terminal, plain lines otherwise) for `pull` and first-use pulls.
+    Ctrl-C ends it with Interrupted (exit 130), saying what is kept."""
+    from localspec.errors import Interrupted
+
+    printer = ProgressPrinter(stream)
+    try:
+        yield printer
     except KeyboardInterrupt:
-        printer.end_line()
-        print(
-            "interrupted: finished files are kept; run the same command to fetch the rest "
-            "(the file in progress starts over)",
-            file=sys.stderr,
-        )
-        return 130
+        raise Interrupted(
+            "finished files are kept; run the same command to fetch the rest (the file in progress starts over)"
+        ) from None
     finally:
         printer.end_line()
-    return 0
 
 
 def _check_only(args: argparse.Namespace, custom: bool) -> int:
@@ -118,10 +126,14 @@ def _check_only(args: argparse.Namespace, custom: bool) -> int:
     return 0
 
 
-def _print_result(result: PullResult, pair: str | None) -> None:
+def ready_line(result: PullResult, pair: str | None) -> str:
     got = format_bytes(result.bytes_downloaded) + " downloaded" if result.bytes_downloaded else "nothing to download"
     label = f"{pair} ({result.backend})" if pair else result.backend
-    print(f"ready: {label}, {got}")
+    return f"ready: {label}, {got}"
+
+
+def _print_result(result: PullResult, pair: str | None) -> None:
+    print(ready_line(result, pair))
     for m in result.models:
         print(f"  {m.role or 'model':<7} {m.path}")
     if pair:
@@ -185,7 +197,8 @@ class ProgressPrinter:
         name = ev.file.rsplit("/", 1)[-1]
         bar_w = max(10, min(30, width - len(stats) - len(label) - 30))
         fill = int(frac * bar_w)
-        room = max(8, width - len(label) - bar_w - len(stats) - 8)
+        # the line is label (6+), name, " [" bar "] ", "100%", stats: fit it in width - 1 columns
+        room = max(8, width - 1 - max(6, len(label)) - 1 - 2 - bar_w - 2 - 4 - len(stats))
         if len(name) > room:
             name = "…" + name[-(room - 1) :]
         line = f"{label:<6} {name} [{'#' * fill}{'-' * (bar_w - fill)}] {frac * 100:3.0f}%{stats}"

@@ -1,10 +1,18 @@
-"""`--draft-method auto`: pick each round's draft (n-gram, model, or none) from measured costs and acceptance.
+"""`--draft-method auto`: pick each round's draft (suffix/n-gram lookup, model, or none) from measured
+costs and acceptance.
 
-AutoDrafter composes an n-gram drafter and a model drafter through the Drafter protocol only, and
-leaves the decisions to localspec.decoding.policy (pure) and the first measurements to
-localspec.decoding.calibrate. While plain decoding wins, n-gram proposals are still made and graded
-against the text the target then writes, which measures their acceptance for free (exactly, at any
-temperature). Every round's note says what was chosen and why; the run's SpecStats.sources totals it.
+AutoDrafter composes a lookup drafter (the suffix drafter, or prompt-lookup n-grams) and a model
+drafter through the Drafter protocol only, and leaves the decisions to localspec.decoding.policy (pure)
+and the measurements to localspec.decoding.calibrate. While plain decoding wins, lookup proposals are
+still made and graded against the text the target then writes, which measures their acceptance for free
+(exactly, at any temperature). Every round's note says what was chosen and why; the run's
+SpecStats.sources totals it.
+
+No fixed cost: the cost curve comes from the on-disk cache (localspec.decoding.cost_cache) when this
+pair was measured on this machine before, and is written back, refined by the run's own rounds, when
+the drafter closes. Without a cached curve, calibration waits for the first round that has something
+to draft (a plain run never pays for it), and the draft model's cache is filled only when its measured
+cost leaves room for it to pay.
 """
 
 from __future__ import annotations
@@ -17,18 +25,25 @@ import numpy as np
 
 from localspec.backends.base import Backend
 from localspec.decoding.calibrate import calibrate
+from localspec.decoding.cost_cache import CostStore
 from localspec.decoding.drafters import EMPTY_DRAFT, Draft, Drafter, NgramDrafter
-from localspec.decoding.policy import MARGIN, NGRAM_PRIOR, CostModel, Controller, Plan
+from localspec.decoding.policy import CostModel, Controller, Plan
+from localspec.decoding.suffix import SuffixDrafter
 from localspec.decoding.sampling import SamplingParams
 from localspec.decoding.stats import RoundStats
 
-SHADOWS = 8  # n-gram proposals graded against the text that followed, at most this many pending
+SHADOWS = 8  # lookup proposals graded against the text that followed, at most this many pending
+CALIBRATION_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # batch sizes timed (plus the top one): the curve, not a guess
 
 
 def auto_ngram() -> NgramDrafter:
-    """The n-gram drafter auto uses: matches up to 5 tokens long, each length with its own acceptance."""
-    return NgramDrafter(max_ngram=max(NGRAM_PRIOR))
+    """Prompt-lookup n-grams up to 5 tokens long (auto's lookup drafter before the suffix drafter)."""
+    return NgramDrafter(max_ngram=5)
 
+
+def auto_lookup() -> SuffixDrafter:
+    """The lookup drafter auto uses: suffix matches over the session, ungated (the policy decides)."""
+    return SuffixDrafter(gate=False)
 
 
 class AutoDrafter:
@@ -47,17 +62,22 @@ class AutoDrafter:
         model: Drafter | None = None,
         target: Backend | None = None,
         costs: CostModel | None = None,
+        store: CostStore | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         if ngram is None and model is None:
-            raise ValueError("auto drafting needs an n-gram drafter, a model drafter, or both")
-        self.ngram = ngram
+            raise ValueError("auto drafting needs a lookup drafter, a model drafter, or both")
+        self.ngram = ngram  # any lookup drafter (suffix or n-gram): one-hot drafts, Draft.order = match length
         self.model = model
         self.target = target
         self.clock = clock
+        self.store = store
+        if costs is None and store is not None:
+            costs = store.load()
         self.controller = Controller(costs)
         self.calibrated_k = max(costs.target, default=0) - 1 if costs is not None else 0  # longest draft timed
-        parts = [p for p in ("ngram" if ngram else "", model.name if model else "") if p]
+        self._need_calibration = False
+        parts = [p for p in (ngram.name if ngram else "", model.name if model else "") if p]
         self.name = "auto(" + "+".join(parts) + ")"
         self.max_k = 0
         self._plan: Plan | None = None
@@ -73,33 +93,42 @@ class AutoDrafter:
         if self.ngram is not None:
             self.ngram.prepare(context, max_k)
         self.controller.new_generation()
-        if self.calibrated_k < max_k and self.target is not None and max_k > 0:
-            self._calibrate(context, max_k)
-        if self.model is not None and self.model_can_pay():
-            self.model.prepare(context, max_k)  # else the draft catches up only if a probe ever needs it
+        # Calibrating now would delay the first token: it waits for the first round with a draft to offer.
+        self._need_calibration = self.calibrated_k < max_k and self.target is not None and max_k > 0
+        if self.model is not None and self.model_known_to_pay():
+            self.model.prepare(context, max_k)  # else the draft catches up only if a plan ever needs it
 
     def model_can_pay(self) -> bool:
-        """Whether the draft model could beat plain decoding here even if every draft token were accepted."""
-        c = self.controller
-        return c.ceiling("model", self.max_k) > c.plain_rate() * (1.0 + MARGIN) or 1 not in c.costs.target
+        """Whether the draft model could beat plain decoding here even if every draft token were accepted
+        (True while its cost is unmeasured)."""
+        return self.controller.model_can_pay(self.max_k)
+
+    def model_known_to_pay(self) -> bool:
+        c = self.controller.costs
+        return 1 in c.target and c.draft_token is not None and self.model_can_pay()
 
     def _calibrate(self, context: Sequence[int], max_k: int) -> None:
-        # The target's cache holds the prompt now. The draft is timed on a short prefix of the prompt,
-        # which keeps its state a prefix of the text. A few batch sizes (the rest interpolated, then
-        # refined by every round): about a second on a CPU.
+        # The target's cache holds the text so far. The draft is timed on a short prefix of it, which
+        # keeps its state a prefix of the text. Batch sizes up to the top one, once each after a warm-up
+        # (refined by every round, then remembered on disk): one to two seconds on a CPU, once per machine.
         assert self.target is not None
         top = max_k + 1
         prefix = list(context[: max(2, min(17, len(context) - 1))])
         draft = self.model if self.controller.costs.draft_token is None else None
-        measured = calibrate(
-            self.target, draft, prefix, max_batch=top, reps=2, clock=self.clock, sizes=(1, 2, 3, top // 2 + 1, top)
-        )
+        sizes = [n for n in CALIBRATION_SIZES if n < top] + [top]
+        measured = calibrate(self.target, draft, prefix, max_batch=top, reps=1, clock=self.clock, sizes=sizes)
         costs = self.controller.costs
         costs.target.update({n: t / costs.scale for n, t in measured.target.items()})
         if measured.draft_token is not None:
             costs.draft_token = measured.draft_token / costs.scale
+        costs.rollback_round = measured.rollback_round
         if measured.target:
             self.calibrated_k = max_k
+            self.save_costs()
+
+    def save_costs(self) -> None:
+        if self.store is not None:
+            self.store.save(self.controller.costs)
 
     def propose(
         self, context: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator, *, min_confidence: float = 0.0
@@ -110,6 +139,9 @@ class AutoDrafter:
             self._grade_shadows(context)
             ng = self.ngram.propose(context, k, sampling, rng)
             self._order = ng.order if ng.tokens else 0
+        if self._need_calibration and (ng.tokens or (self.model is not None and self.model_can_pay())):
+            self._need_calibration = False
+            self._calibrate(context, self.max_k)
         gap = self.model.lag(context) if self.model is not None else 0
         plan = self.controller.plan(
             k, model=self.model is not None, ngram_avail=len(ng.tokens), ngram_order=self._order, model_gap=gap
@@ -120,7 +152,8 @@ class AutoDrafter:
             self._shadows.append((list(ng.tokens), self._order, len(context)))
             del self._shadows[:-SHADOWS]
         if plan.method == "ngram":
-            return Draft(ng.tokens[: plan.k], None, plan.note() + f" n-gram order {self._order}", "ngram", self._order)
+            note = plan.note() + f" {ng.source} match {self._order}"
+            return Draft(ng.tokens[: plan.k], None, note, ng.source, self._order)
         if plan.method == "model":
             assert self.model is not None
             self._catch_up_s = self._catch_up(context) if gap > 0 else 0.0
@@ -172,6 +205,7 @@ class AutoDrafter:
         return self.clock() - t0
 
     def close(self) -> None:
+        self.save_costs()  # the curve as this run's rounds refined it
         for d in (self.ngram, self.model):
             if d is not None:
                 d.close()

@@ -39,6 +39,7 @@ def time_target(
     if n0 == 0 or not sizes:
         return {}
     filler = int(target.cached_tokens[-1])
+    target.checkpoint()  # every pass is rolled back to here (a recurrent model restores its state)
     target.forward([filler], all_logits=False)  # warm-up
     target.rollback(n0)
     out: dict[int, float] = {}
@@ -51,6 +52,32 @@ def time_target(
             target.rollback(n0)
         out[n] = float(stat(samples))
     return out
+
+
+def time_rollback(
+    target: Backend,
+    k: int,
+    *,
+    reps: int = 2,
+    clock: Callable[[], float] = time.perf_counter,
+    stat: Stat = min,
+) -> float | None:
+    """Seconds to cut a verify pass of k + 1 tokens back after a rejection half way (k // 2 drafts kept):
+    next to nothing for a KV cache; a state restore and the kept tokens fed again for a recurrent model
+    whose snapshots do not reach. The cache ends as it began."""
+    n0 = len(target.cached_tokens)
+    if n0 == 0 or k < 1 or n0 + k + 1 > target.n_ctx:
+        return None
+    filler = int(target.cached_tokens[-1])
+    target.checkpoint()
+    samples = []
+    for _ in range(reps):
+        target.forward([filler] * (k + 1), all_logits=True)
+        t0 = clock()
+        target.rollback(n0 + 1 + k // 2)
+        samples.append(clock() - t0)
+        target.rollback(n0)
+    return float(stat(samples))
 
 
 def time_drafter(
@@ -96,6 +123,8 @@ def calibrate(
     costs = CostModel()
     wanted = [n for n in (sizes or range(1, max_batch + 1)) if n <= max_batch]
     costs.target.update(time_target(target, wanted, reps=reps, clock=clock, stat=stat))
+    if target.info.is_recurrent:  # a KV cache is cut in microseconds: not worth two more passes
+        costs.rollback_round = time_rollback(target, max_batch - 1, reps=reps, clock=clock, stat=stat) or 0.0
     if drafter is not None:
         ctx = list(context if context is not None else target.cached_tokens)
         costs.draft_token = time_drafter(drafter, ctx, tokens_per_draft=max(2, min(max_batch, 4)), reps=reps, clock=clock, stat=stat)

@@ -170,6 +170,9 @@ class ModelDrafter:
             return EMPTY_DRAFT
         _, logits = sync_cache(self.backend, context, logits=True)
         assert logits is not None
+        # The next round keeps at least `context`: a recurrent draft saves its state here, since the
+        # one-token passes below leave no snapshot that reaches back this far.
+        self.backend.checkpoint()
         tokens, q, note = sample_draft(logits, self._step, k, sampling, rng, min_confidence, self.backend.eog_ids)
         return Draft(tokens, q, note, source="model")
 

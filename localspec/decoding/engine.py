@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import suppress
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
@@ -150,7 +151,10 @@ class _Run:
             try:
                 step = self._round(k)
             except Interrupted:
-                self.target.rollback(len(self.context) - 1)  # the round in flight is dropped whole
+                # The round in flight is dropped whole. A recurrent model may need a forward pass for that,
+                # which the abort stops too: its cache then holds a shorter prefix, which is as good.
+                with suppress(Interrupted):
+                    self.target.rollback(len(self.context) - 1)
                 reason = "stopped"
                 break
             reason = yield from self._emit(*step)
@@ -179,6 +183,7 @@ class _Run:
         logits = self.target.forward(self._verify_batch(draft.tokens))  # [k+1, V], fewer: see _verify_batch
         verdict = self._verify(draft, logits)
         self._note_ties(logits[: verdict.n_accepted + 1])
+        t_rollback = self.clock()
         self.target.rollback(n_before + 1 + verdict.n_accepted)
         t2 = self.clock()
         tokens = [*draft.tokens[: verdict.n_accepted], verdict.token]
@@ -194,6 +199,7 @@ class _Run:
             k=k,
             note=draft.note,
             source=draft.source if draft.tokens else "none",
+            rollback_s=t2 - t_rollback,
         )
         return tokens, origins, stats
 

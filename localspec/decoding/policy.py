@@ -3,9 +3,13 @@
 Pure: no backends, no clocks. Speculation pays only when the tokens a round is expected to emit
 outweigh what the round costs:
 
-    rate(method, j) = E(alpha, j) / (draft_cost(j) + T(j + 1))      tokens per second
+    rate(method, j) = E(alpha, j) / (draft_cost(j) + T(j + 1) + (1 - alpha**j) R)   tokens per second
     E(alpha, j)     = 1 + alpha + ... + alpha**j                       (expected tokens per round)
     plain rate      = 1 / T(1)
+
+R is what cutting the target back after a rejection costs: nothing for a KV cache, a state restore
+and the kept tokens fed again for a recurrent or hybrid model whose snapshots do not reach (measured
+from the rounds, as RoundStats.rollback_s).
 
 T(n) is the target's time for a batch of n tokens and draft_cost(j) is j times the draft model's time
 per token (about zero for n-gram lookup). All of these are measured (localspec.decoding.calibrate seeds
@@ -43,7 +47,20 @@ MAX_BACKOFF = 5  # ... and that allowance halves after each probe that does not 
 CATCH_UP_ROUNDS = 8  # a draft model that fell behind is caught up once: its cost is spread over this many rounds
 # Priors (weight of about two rounds): optimistic enough to try, quickly overruled.
 MODEL_PRIOR = 0.6
-NGRAM_PRIOR = {1: 0.15, 2: 0.3, 3: 0.45, 4: 0.55, 5: 0.65}  # by the length of the matched n-gram
+# Lookup drafts (n-gram, suffix) by the length of the match behind them, in buckets (see match_bucket).
+NGRAM_PRIOR = {1: 0.15, 2: 0.3, 3: 0.45, 4: 0.55, 5: 0.65, 8: 0.8, 16: 0.9, 32: 0.95}
+
+
+def match_bucket(length: int) -> int:
+    """Lookup acceptance is tracked per match length, in buckets that double: 1, 2, 3, 4, 5-7, 8-15, 16-31, 32+."""
+    for b in (32, 16, 8, 5, 4, 3, 2):
+        if length >= b:
+            return b
+    return 1
+
+
+def ngram_prior(length: int) -> float:
+    return NGRAM_PRIOR[match_bucket(length)]
 
 
 def expected_tokens(alpha: float, j: int) -> float:
@@ -70,9 +87,19 @@ class CostModel:
     ngram_round: float = 0.0
     scale: float = 1.0
     catch_up_token: float | None = None  # seconds per token when the draft model catches up in one batch
+    rollback_round: float = 0.0  # seconds to cut the target back after a rejection (recurrent state restores)
 
     def copy(self) -> CostModel:
-        return CostModel(dict(self.target), self.draft_token, self.ngram_round, self.scale, self.catch_up_token)
+        return CostModel(
+            dict(self.target), self.draft_token, self.ngram_round, self.scale, self.catch_up_token, self.rollback_round
+        )
+
+    def rollback_s(self, alpha: float, j: int) -> float:
+        """Expected rollback seconds of a round with j drafts: a rejection happens with 1 - alpha**j."""
+        return (1.0 - alpha**j) * self.rollback_round if j > 0 else 0.0
+
+    def observe_rollback(self, seconds: float) -> None:
+        self.rollback_round += COST_DECAY * (seconds - self.rollback_round)
 
     def catch_up_s(self, n_tokens: int) -> float:
         """Seconds for the draft to take in n tokens it missed (prior: a batch token costs 1/4 of a decode one)."""
@@ -133,6 +160,7 @@ class CostModel:
         return {
             "target_s": {str(k): self.target_s(k) for k in sorted(self.target)},
             "draft_token_s": self.draft_s(),
+            "rollback_round_s": self.rollback_round,
         }
 
 
@@ -200,8 +228,7 @@ class Controller:
         self.probe_fails = 0  # model probes in a row that left plain decoding ahead
 
     def ngram_acceptance(self, order: int) -> Acceptance:
-        order = max(1, min(order, max(NGRAM_PRIOR)))
-        return self.ngram_accept[order]
+        return self.ngram_accept[match_bucket(order)]
 
     def best(self, method: Method, k_max: int, order: int = 0, extra: float = 0.0) -> Plan:
         """The best draft length for one source (ignoring plain decoding); `extra`: seconds added per round."""
@@ -210,7 +237,7 @@ class Controller:
         alpha = acc.alpha
         best = Plan("none", 0, plain, plain)
         for j in range(1, k_max + 1):
-            cost = self._draft_cost(method, j) + self.costs.target_s(j + 1) + extra
+            cost = self._draft_cost(method, j) + self.costs.target_s(j + 1) + self.costs.rollback_s(alpha, j) + extra
             rate = expected_tokens(alpha, j) / cost if cost > 0 else 0.0
             if best.method == "none" or rate > best.rate:
                 best = Plan(method, j, rate, plain, alpha)
@@ -225,6 +252,13 @@ class Controller:
             return self.costs.ngram_round
         d = self.costs.draft_s()
         return j * (d if d is not None else 0.5 * self.costs.target_s(1))
+
+    def model_can_pay(self, k_max: int) -> bool:
+        """Whether a model draft could beat plain decoding even with every draft token accepted
+        (True while the costs are unknown: only a measurement can say no)."""
+        if 1 not in self.costs.target or self.costs.draft_token is None:
+            return True
+        return self.ceiling("model", k_max) > self.plain_rate() * (1.0 + MARGIN)
 
     def plan(
         self, k_max: int, *, model: bool, ngram_avail: int = 0, ngram_order: int = 0, model_gap: int = 0
@@ -289,7 +323,9 @@ class Controller:
 
     def observe(self, plan: Plan, stats: RoundStats, ngram_order: int = 0) -> None:
         method = plan.method if stats.n_drafted > 0 else "none"
-        self.costs.observe_target(stats.n_drafted + 1, stats.verify_s)
+        self.costs.observe_target(stats.n_drafted + 1, stats.verify_s - stats.rollback_s)
+        if stats.n_accepted < stats.n_drafted:
+            self.costs.observe_rollback(stats.rollback_s)
         if method == "model":
             self.costs.observe_draft(stats.n_drafted, stats.draft_s)
             self.model_accept.update(stats.n_accepted, stats.n_drafted)

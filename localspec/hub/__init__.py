@@ -4,8 +4,15 @@ API (safe to call from a UI worker thread; `progress` and `log` run on the downl
 Textual app should forward them with `call_from_thread` / `post_message`):
 
     pull_pair(name, backend="auto", *, progress=None, endpoint=None, token=None, cache_dir=None,
-              check=True, cancel=None, log=None) -> PullResult
-        A catalog pair. backend "auto" picks MLX on Apple silicon with mlx-lm, else llama.cpp.
+              check=True, cancel=None, log=None, plan=None) -> PullResult
+        A catalog pair. backend "auto" picks MLX on Apple silicon with mlx-lm, else llama.cpp
+        (pair_backend_for). `plan`: a PairPlan from plan_pair, so its listing is not asked for twice.
+    plan_pair(name, backend="auto", *, endpoint=None, token=None, cache_dir=None, log=None) -> PairPlan
+        What pull_pair would fetch (files, sizes, what is cached), from the Hub's file listing only:
+        metadata requests, no file content. PullError under HF_HUB_OFFLINE.
+    pair_backend_for(pair, backend) -> "llama" | "mlx"
+        The backend a pair is pulled and run with ("auto": MLX on Apple silicon, else llama.cpp;
+        the pair's first backend when it lacks that one).
     pull_model(spec, *, backend=None, progress=None, endpoint=None, token=None, cache_dir=None,
                cancel=None, log=None) -> PullResult
         One model: "REPO:FILE" (a GGUF, with all parts of a split GGUF), "REPO" (its only GGUF,
@@ -40,14 +47,15 @@ from __future__ import annotations
 
 import threading
 
-from localspec.catalog import ModelRef, load_catalog
+from localspec.catalog import ModelRef, Pair, load_catalog
 from localspec.errors import PullError
-from localspec.hub.client import Hub
+from localspec.hub.client import Hub, offline
 from localspec.hub.files import as_ref, pair_backend
 from localspec.hub.progress import Tracker
 from localspec.hub.types import (
     CompatReport,
     LogFn,
+    PairPlan,
     ProgressEvent,
     ProgressFn,
     PullCancelled,
@@ -58,6 +66,40 @@ from localspec.hub.types import (
 
 
 # -- public entry points ------------------------------------------------------------------------
+
+
+def pair_backend_for(pair: Pair, backend: str) -> str:
+    """The concrete backend a catalog pair is pulled and run with."""
+    if backend != "auto":
+        pair.backend(backend)  # CatalogError when the pair has no such models
+        return backend
+    from localspec.pipeline import resolve_backend
+
+    chosen = resolve_backend("auto")[0]
+    return chosen if chosen in pair.backends else next(iter(pair.backends))
+
+
+def plan_pair(
+    name: str,
+    backend: str = "auto",
+    *,
+    endpoint: str | None = None,
+    token: str | bool | None = None,
+    cache_dir: str | None = None,
+    log: LogFn | None = None,
+) -> PairPlan:
+    """The files a pull of a catalog pair would fetch, their sizes and what the cache has already."""
+    pair = load_catalog().get(name)
+    backend = pair_backend_for(pair, backend)
+    if offline():
+        raise PullError(
+            f"HF_HUB_OFFLINE is set: cannot ask the Hub which files {name} ({backend}) needs",
+            "unset HF_HUB_OFFLINE (or set it to 0) to download it",
+        )
+    bp = pair.backend(backend)
+    hub = Hub(endpoint, token, cache_dir, None, None, log)
+    models = tuple(hub.plan(ref, role, backend) for role, ref in (("target", bp.target), ("draft", bp.draft)))
+    return PairPlan(name, backend, hub.endpoint, hub.cache_dir, models)
 
 
 def pull_pair(
@@ -71,17 +113,15 @@ def pull_pair(
     check: bool = True,
     cancel: threading.Event | None = None,
     log: LogFn | None = None,
+    plan: PairPlan | None = None,
 ) -> PullResult:
     """Download a catalog pair's target and draft for one backend (checking llama pairs first)."""
-    pair = load_catalog().get(name)
-    if backend == "auto":
-        from localspec.pipeline import resolve_backend
-
-        backend = resolve_backend("auto")[0]
-        if backend not in pair.backends:
-            backend = next(iter(pair.backends))
-    bp = pair.backend(backend)
     hub = Hub(endpoint, token, cache_dir, progress, cancel, log)
+    if plan is not None and not offline():
+        return hub.pull_planned(list(plan.models), check=check)
+    pair = load_catalog().get(name)
+    backend = pair_backend_for(pair, backend)
+    bp = pair.backend(backend)
     return hub.pull([("target", bp.target), ("draft", bp.draft)], backend, check=check)
 
 
@@ -141,11 +181,14 @@ def check_remote_pair(
 
 __all__ = [
     "CompatReport",
+    "PairPlan",
     "ProgressEvent",
     "PullCancelled",
     "PullResult",
     "PulledModel",
     "check_remote_pair",
+    "pair_backend_for",
+    "plan_pair",
     "pull_custom_pair",
     "pull_model",
     "pull_pair",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import threading
 from collections.abc import Callable
@@ -20,6 +21,9 @@ from localspec.hub.types import CompatReport, LogFn, ProgressEvent, ProgressFn, 
 from localspec.vocab import VocabInfo, check_compatible
 
 _DISK_MARGIN = 64 << 20
+# huggingface_hub downloads a blob to `<etag>.<8 hex>.incomplete` (older releases: `<etag>.incomplete`)
+# and renames it once complete.
+_PARTIAL_RE = re.compile(r"^(?P<etag>[^.]+)(?:\.[0-9a-f]{8})?\.incomplete$")
 
 
 class Hub:
@@ -58,7 +62,10 @@ class Hub:
             raise PullError(f"unknown backend {backend!r}", "choose llama or mlx")
         if offline():
             return self._from_cache_offline(refs, backend)
-        plans = [self.plan(ref, role, backend) for role, ref in refs]
+        return self.pull_planned([self.plan(ref, role, backend) for role, ref in refs], check=check)
+
+    def pull_planned(self, plans: list[ModelPlan], *, check: bool) -> PullResult:
+        """Check (a pair), then download what the plans list and the cache lacks."""
         header_bytes, checked = 0, False
         if check and len(plans) == 2 and all(p.backend == "llama" for p in plans):
             t, d = plans
@@ -67,6 +74,8 @@ class Hub:
             header_bytes, checked = report.bytes_read, True
             where = f"read {format_bytes(report.bytes_read)} of headers" if report.bytes_read else "local headers"
             self.log(f"vocabularies match ({report.target_vocab:,} / {report.draft_vocab:,} tokens; {where})")
+        for p in plans:
+            self._drop_partials(p.ref.repo)
         self._check_disk(plans)
         if check and len(plans) == 2 and all(p.backend == "mlx" for p in plans):
             self.log("checking that the draft's tokenizer matches the target's (tokenizer files first)")
@@ -98,6 +107,12 @@ class Hub:
 
         p = try_to_load_from_cache(repo, file, cache_dir=self.cache_dir, revision=commit)
         return p if isinstance(p, str) else None
+
+    def _drop_partials(self, repo: str) -> None:
+        dropped = drop_stale_partials(self.cache_dir, repo)
+        if dropped:
+            freed = format_bytes(sum(size for _, size in dropped))
+            self.log(f"removed {len(dropped)} unfinished download(s) of {repo} left by an interrupted pull ({freed})")
 
     def _check_disk(self, plans: list[ModelPlan]) -> None:
         need = sum(p.bytes_to_download for p in plans)
@@ -237,8 +252,6 @@ class Hub:
 
     # -- headers -----------------------------------------------------------------------------
 
-    # -- headers -----------------------------------------------------------------------------
-
     def check_pair(
         self, target: ModelRef, draft: ModelRef, target_local: str | None = None, draft_local: str | None = None
     ) -> CompatReport:
@@ -250,6 +263,41 @@ class Hub:
         tv, dv = VocabInfo.from_gguf_metadata(t_hdr.metadata), VocabInfo.from_gguf_metadata(d_hdr.metadata)
         check_compatible(tv, dv, target_name=str(target), draft_name=str(draft))
         return CompatReport(target, draft, t_read + d_read, (t_size, d_size), tv.n_vocab, dv.n_vocab)
+
+
+def drop_stale_partials(cache_dir: str, repo: str) -> list[tuple[Path, int]]:
+    """Delete the partial blobs of `repo` that no running download owns; return (path, size) of each.
+
+    A pull killed hard (SIGKILL, power loss) leaves its temporary blob behind. huggingface_hub never
+    renames it into place and the next download writes a fresh one, so the leftover is dead weight that
+    counts against the disk check: remove it. A partial whose file lock is held belongs to a download in
+    progress (another process, or another pull in this one) and is left alone.
+    """
+    from filelock import FileLock, Timeout
+    from huggingface_hub.file_download import repo_folder_name
+
+    folder = repo_folder_name(repo_id=repo, repo_type="model")
+    blobs = Path(cache_dir) / folder / "blobs"
+    try:
+        names = sorted(os.listdir(blobs))
+    except OSError:
+        return []
+    dropped = []
+    for name in names:
+        m = _PARTIAL_RE.match(name)
+        if m is None:
+            continue
+        lock_path = Path(cache_dir) / ".locks" / folder / f"{m['etag']}.lock"  # huggingface_hub's own lock
+        try:
+            lock_path.parent.mkdir(parents=True, exist_ok=True)
+            with FileLock(str(lock_path), timeout=0, mode=0o664):
+                path = blobs / name
+                size = path.stat().st_size
+                path.unlink()
+                dropped.append((path, size))
+        except (Timeout, OSError, NotImplementedError):  # held (a live download), gone, or no flock here
+            continue
+    return dropped
 
 
 def offline() -> bool:

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 from localspec.catalog import ModelRef
 from localspec.errors import PullError
+from localspec.formatting import format_bytes
+from localspec.hub.files import ModelPlan
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,31 @@ class CompatReport:
     file_sizes: tuple[int | None, int | None]
     target_vocab: int
     draft_vocab: int
+
+
+@dataclass(frozen=True)
+class PairPlan:
+    """What pulling a catalog pair will fetch: each model's files, their sizes, what is cached already."""
+
+    pair: str
+    backend: str
+    endpoint: str
+    cache_dir: str
+    models: tuple[ModelPlan, ...]
+
+    @property
+    def bytes_to_download(self) -> int:
+        return sum(m.bytes_to_download for m in self.models)
+
+    def lines(self) -> list[str]:
+        """One line per file: role, repo/file, size, and whether it is cached already."""
+        out = []
+        for m in self.models:
+            for f in m.files:
+                size = format_bytes(f.size) if f.size is not None else "size unknown"
+                state = "  (already downloaded)" if f.cached_path else ""
+                out.append(f"{m.role:<6} {m.ref.repo}/{f.path}  {size}{state}")
+        return out
 
 
 class PullCancelled(PullError):

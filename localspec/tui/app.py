@@ -43,10 +43,11 @@ class ChatApp(App[None]):
         probe: Callable[[], list[BackendStatus]] = probe_backends,
         clock: Callable[[], float] = time.perf_counter,
         save_dir: Path | None = None,
+        notice: str | None = None,
     ) -> None:
         """`options`: load these models at start and skip the picker. `load_defaults`: n_ctx, threads and
         GPU layers and draft method for models picked in the app. `loader`, `probe`, `clock`: injected by tests
-        (the engine times the run with `clock`)."""
+        (the engine times the run with `clock`). `notice`: shown once at start (why the picker opened)."""
         super().__init__()
         self.options = options
         self.settings = settings or ChatSettings()
@@ -61,6 +62,7 @@ class ChatApp(App[None]):
         self.last_saved: Path | None = None
         self.chat = ChatScreen()
         self._shutting_down = False
+        self.notice = notice
 
     async def on_mount(self) -> None:
         await self.push_screen(self.chat)
@@ -68,6 +70,8 @@ class ChatApp(App[None]):
             self.load(self.options)
         else:
             self.push_screen(SetupScreen())
+        if self.notice:
+            self.notify(self.notice, timeout=10)
 
     # -- loading models --------------------------------------------------------------------------------
 

@@ -87,6 +87,14 @@ class PairEntry:
     size_text: str
     target_path: str | None = None
     draft_path: str | None = None
+    default: bool = False  # the catalog's default pair (used when no model is given)
+    models: str = ""  # what a pull fetches: "target REPO:FILE, draft REPO:FILE"
+
+    @property
+    def pull_offer(self) -> str:
+        """What the picker says before a pull: what and how much."""
+        what = f": {self.models}" if self.models else ""
+        return f"{self.name} is not downloaded. Ctrl+D downloads {self.size_text}{what}"
 
 
 def catalog_entries(backend: str) -> tuple[list[PairEntry], str | None]:
@@ -104,13 +112,14 @@ def catalog_entries(backend: str) -> tuple[list[PairEntry], str | None]:
         bp = pair.backends.get(backend)
         if bp is None:
             continue
-        size = format_bytes(bp.size_gb * 1e9) if bp.size_gb else "size unknown"
+        size = "about " + format_bytes(bp.size_gb * 1e9) if bp.size_gb else "size unknown"
+        extra = dict(default=name == cat.default, models=f"target {bp.target}, draft {bp.draft}")
         try:
             target, draft = catalog.resolve_pair(name, backend)
         except LocalspecError:
-            entries.append(PairEntry(name, pair.description, False, size))
+            entries.append(PairEntry(name, pair.description, False, size, **extra))  # type: ignore[arg-type]
         else:
-            entries.append(PairEntry(name, pair.description, True, size, str(target), str(draft)))
+            entries.append(PairEntry(name, pair.description, True, size, str(target), str(draft), **extra))  # type: ignore[arg-type]
     if not entries:
         return [], f"the catalog has no pairs for {backend}"
     return entries, None

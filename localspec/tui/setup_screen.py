@@ -125,10 +125,14 @@ class SetupScreen(Screen[None]):
             ol.add_option(Option(Text(problem, style="dim"), disabled=True))
         for e in self.entries:
             state = ("● downloaded", "green") if e.downloaded else ("○ not downloaded", "yellow")
-            line = Text.assemble((e.name, "bold"), "  ", state, "  ", (e.size_text, "dim"))
+            name = Text.assemble((e.name, "bold"), (" (default)", "bold cyan") if e.default else "")
+            line = Text.assemble(name, "  ", state, "  ", (e.size_text, "dim"))
             if e.description:
                 line.append("\n  " + e.description, "dim")
             ol.add_option(Option(line, id=e.name))
+        default = next((i for i, e in enumerate(self.entries) if e.default), None)
+        if default is not None and self.pair_name is None:
+            ol.highlighted = default  # the pair `localspec chat` uses when none is given: offer it first
 
     @on(OptionList.OptionHighlighted, "#pairs")
     def _pair_highlighted(self, event: OptionList.OptionHighlighted) -> None:
@@ -137,7 +141,7 @@ class SetupScreen(Screen[None]):
             return
         self.pair_name = entry.name
         if not entry.downloaded:
-            self.set_pair_status(False, f"{entry.name} is not downloaded ({entry.size_text}): Ctrl+D pulls it")
+            self.set_pair_status(False, entry.pull_offer)
         elif (entry.target_path, entry.draft_path) != self.current()[1:3]:
             self.set_pair_status(True, f"{entry.name} is downloaded: Enter picks it")
 
@@ -148,7 +152,7 @@ class SetupScreen(Screen[None]):
             return
         self.pair_name = entry.name
         if not entry.downloaded:
-            self.set_pair_status(False, f"{entry.name} is not downloaded ({entry.size_text}): Ctrl+D pulls it")
+            self.set_pair_status(False, entry.pull_offer)
             return
         self.query_one("#target", Input).value = entry.target_path or ""
         self.query_one("#draft", Input).value = entry.draft_path or ""

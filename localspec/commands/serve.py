@@ -1,0 +1,140 @@
+"""`localspec serve`: an OpenAI-compatible HTTP server (chat, completions, models, health, metrics)
+over one loaded pair, speculation on, its statistics in every response. See localspec/server/."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import sys
+from pathlib import Path
+
+from localspec.errors import UsageError
+from localspec.options import (
+    DEFAULT_MAX_TOKENS,
+    add_generation_options,
+    add_model_options,
+    generation_config_from_args,
+    model_options_from_args,
+    pair_num_draft,
+)
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8080
+DEFAULT_MAX_QUEUE = 16
+DEFAULT_MAX_BODY = 8 * 1024 * 1024  # the same as localspec.server.app.DEFAULT_MAX_BODY (not imported: no fastapi at parse time)
+API_KEY_ENV = "LOCALSPEC_API_KEY"
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "serve",
+        help="serve the pair over an OpenAI-compatible HTTP API",
+        description="Serve one target/draft pair over the OpenAI-compatible HTTP API (/v1/chat/completions, "
+        "/v1/completions, /v1/models, /health, /metrics) with speculative decoding; every response carries "
+        "the run's speculative stats in `timings`. The generation flags are the defaults for requests "
+        "that leave a field out.",
+    )
+    add_model_options(p)
+    add_generation_options(p)
+    for action in p._actions:  # a server's answers run to the end of the context unless asked otherwise
+        if action.dest == "max_tokens":
+            action.default = None
+            action.help = "most tokens per answer when a request gives no max_tokens (default: until the context is full)"
+        if action.dest == "system":
+            action.help = "system prompt for chat requests that bring none"
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default=DEFAULT_HOST, help=f"address to bind (default: {DEFAULT_HOST}, this machine only)")
+    g.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default: {DEFAULT_PORT})")
+    g.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
+                   help=f"require `Authorization: Bearer KEY` (default: ${API_KEY_ENV}, else none)")  # fmt: skip
+    g.add_argument("--model-name", help="the model id served (default: the pair's name, else the target's file name)")
+    g.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE,
+                   help=f"requests that may wait while one generates; more get 503 (default: {DEFAULT_MAX_QUEUE})")  # fmt: skip
+    g.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                   help="allow browser requests from this origin (repeatable; '*' for any); default: CORS off")  # fmt: skip
+    g.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY,
+                   help=f"largest request body accepted; larger get 413 (default: {DEFAULT_MAX_BODY:,})")  # fmt: skip
+    g.add_argument("--print-vllm", action="store_true",
+                   help="print the equivalent `vllm serve` command for the --pair and exit")  # fmt: skip
+    p.set_defaults(handler=serve)
+
+
+def serve(args: argparse.Namespace) -> int:
+    check_server_args(args)
+    if args.print_vllm:
+        from localspec.server.vllm import vllm_command
+
+        print(vllm_command(args.pair, method=args.draft_method, k=args.num_draft, port=args.port,
+                           model_name=args.model_name))  # fmt: skip
+        return 0
+    if args.max_tokens is not None and args.max_tokens < 1:
+        raise UsageError(f"--max-tokens must be at least 1, got {args.max_tokens}", "leave it out: answers end with the context")
+    generation_config_from_args(_with_max_tokens(args))  # refuse bad flags before any model loads
+    opts = model_options_from_args(args)
+    if not is_loopback(args.host) and not args.api_key:
+        print(f"warning: serving on {args.host} without --api-key: anyone who can reach this port can use the model",
+              file=sys.stderr)  # fmt: skip
+
+    import uvicorn
+
+    from localspec.pipeline import load_pipeline
+    from localspec.server.app import ServerSettings, create_app
+    from localspec.server.requests import Defaults
+
+    print(f"loading {opts.target}" + (f" and {opts.draft}" if opts.uses_draft_model else "") + " …", file=sys.stderr, flush=True)
+    pipeline = load_pipeline(opts)
+    try:
+        for note in pipeline.notes:
+            print(f"note: {note}", file=sys.stderr)
+        name = args.model_name or opts.pair or Path(opts.target).name.removesuffix(".gguf")
+        settings = ServerSettings(
+            model_name=name,
+            defaults=Defaults(
+                method=opts.draft_method, k=args.num_draft,
+                pair_k=pair_num_draft(args.pair) if args.pair else None, rule=args.rule,
+                temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed,
+                max_tokens=args.max_tokens, system=args.system,
+            ),  # fmt: skip
+            api_key=args.api_key or None,
+            max_queue=args.max_queue,
+            cors_origins=tuple(args.cors_origin),
+            max_body_bytes=args.max_body_bytes,
+        )
+        app = create_app(pipeline, settings)
+        print(f"serving {name!r} ({opts.draft_method} drafting) on http://{_url_host(args.host)}:{args.port}/v1",
+              file=sys.stderr, flush=True)  # fmt: skip
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False,
+                    timeout_graceful_shutdown=3)  # fmt: skip
+    finally:
+        pipeline.close()
+    return 0
+
+
+def check_server_args(args: argparse.Namespace) -> None:
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port {args.port} is not a port number", "use 1..65535, e.g. --port 8080")
+    if args.max_queue < 0:
+        raise UsageError(f"--max-queue must be 0 or more, got {args.max_queue}", f"e.g. --max-queue {DEFAULT_MAX_QUEUE}")
+    if args.max_body_bytes < 1024:
+        raise UsageError(f"--max-body-bytes {args.max_body_bytes} is too small for any request", "use at least 1024")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _with_max_tokens(args: argparse.Namespace) -> argparse.Namespace:
+    """The flags with a concrete max_tokens, only to validate them through the shared options."""
+    ns = argparse.Namespace(**vars(args))
+    ns.max_tokens = args.max_tokens or DEFAULT_MAX_TOKENS
+    return ns

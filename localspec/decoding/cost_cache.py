@@ -1,0 +1,106 @@
+"""Auto's measured costs, remembered on disk so that no run pays for calibration twice.
+
+One small JSON file per (target file, draft file, backend build, device, threads) under the user cache
+directory ($LOCALSPEC_CACHE_DIR, else $XDG_CACHE_HOME/localspec, else ~/.cache/localspec), in
+costs/. A file is identified by its resolved path, size and modification time, so a re-downloaded or
+converted model is measured afresh. A damaged or unreadable file counts as absent; a cache that cannot
+be written is skipped silently (the next run measures again).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+from localspec.decoding.policy import CostModel
+
+VERSION = 1  # bump when the meaning of the stored numbers changes
+_DISTRIBUTIONS = {"llama.cpp": ("llama-cpp-python",), "llama": ("llama-cpp-python",), "mlx": ("mlx", "mlx-lm")}
+
+
+def cache_dir() -> Path:
+    explicit = os.environ.get("LOCALSPEC_CACHE_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base).expanduser() / "localspec"
+
+
+def file_identity(path: str | None) -> str:
+    """Resolved path, size and mtime of a model file (or directory); the path alone if it cannot be read."""
+    if not path:
+        return "-"
+    p = Path(path).expanduser()
+    try:
+        st = p.resolve().stat()
+    except OSError:
+        return str(p)
+    return f"{p.resolve()}:{st.st_size}:{st.st_mtime_ns}"
+
+
+def backend_build(backend: str) -> str:
+    """The installed versions of a backend's packages (a new build can have a different cost curve)."""
+    parts = []
+    for dist in _DISTRIBUTIONS.get(backend, (backend,)):
+        try:
+            parts.append(f"{dist}={metadata.version(dist)}")
+        except metadata.PackageNotFoundError:
+            parts.append(f"{dist}=?")
+    return ",".join(parts)
+
+
+@dataclass(frozen=True)
+class CostStore:
+    """Where one model pair's costs on this machine live."""
+
+    key: str
+    description: str  # what the key stands for, stored alongside the numbers for people who look
+
+    @classmethod
+    def for_models(cls, *, target: str, draft: str | None, backend: str, device: str, threads: int | None) -> CostStore:
+        desc = (
+            f"target={file_identity(target)} draft={file_identity(draft)} build={backend_build(backend)} "
+            f"device={device} threads={threads or os.cpu_count()}"
+        )
+        return cls(hashlib.sha256(f"v{VERSION} {desc}".encode()).hexdigest()[:24], desc)
+
+    @property
+    def path(self) -> Path:
+        return cache_dir() / "costs" / f"{self.key}.json"
+
+    def load(self) -> CostModel | None:
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+            if data.get("version") != VERSION:
+                return None
+            target = {int(n): float(t) for n, t in data["target_s"].items() if float(t) > 0}
+            draft = data.get("draft_token_s")
+            if 1 not in target:
+                return None
+            return CostModel(target=target, draft_token=float(draft) if draft is not None else None)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None
+
+    def save(self, costs: CostModel) -> None:
+        """Store the costs as seconds on today's pace (the model's common scale folded in)."""
+        if 1 not in costs.target:
+            return
+        data = {
+            "version": VERSION,
+            "models": self.description,
+            "saved": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "target_s": {str(n): costs.target_s(n) for n in sorted(costs.target)},
+            "draft_token_s": costs.draft_s(),
+        }
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
+            os.replace(tmp, self.path)  # readers never see half a file
+        except OSError:
+            pass

@@ -1,0 +1,274 @@
+"""The ASGI app: OpenAI's routes over one Scheduler, the API key, the body limit and CORS.
+
+    create_app(pipeline, settings) -> FastAPI      the scheduler starts with the app and stops with it
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from localspec.pipeline import Pipeline
+from localspec.server.errors import APIError, error_body
+from localspec.server.metrics import Metrics
+from localspec.server.requests import Defaults, GenerationRequest, chat_request, completion_request
+from localspec.server.responses import ResponseIds, chunk, full_response, sse, usage_chunk
+from localspec.server.scheduler import Job, Outcome, Scheduler
+from localspec.server.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+
+DEFAULT_MAX_BODY = 8 * 1024 * 1024
+OPEN_PATHS = ("/health",)  # answered without the API key (load balancers, `curl` checks)
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    model_name: str
+    defaults: Defaults
+    api_key: str | None = None
+    max_queue: int = 16
+    cors_origins: tuple[str, ...] = ()
+    max_body_bytes: int = DEFAULT_MAX_BODY
+    log: Callable[[str], None] = field(default=lambda line: print(line, file=sys.stderr, flush=True))
+
+
+def create_app(pipeline: Pipeline, settings: ServerSettings) -> FastAPI:
+    metrics = Metrics()
+    state: dict[str, Scheduler] = {}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state["scheduler"] = Scheduler(pipeline, max_queue=settings.max_queue, metrics=metrics, log=settings.log)
+        try:
+            yield
+        finally:
+            await run_in_threadpool(state["scheduler"].close)
+
+    app = FastAPI(title="localspec", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+
+    # -- errors in OpenAI's shape ---------------------------------------------------------------------
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, e: APIError) -> JSONResponse:
+        metrics.error(e.status)
+        settings.log(f"{request.method} {request.url.path} {e.status} · {e.message}")
+        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, e: RequestValidationError) -> JSONResponse:
+        return await api_error(request, validation_error(e))
+
+    @app.exception_handler(404)
+    async def not_found(request: Request, e: Exception) -> JSONResponse:
+        return await api_error(request, APIError(404, f"no route {request.method} {request.url.path}", None, "not_found"))
+
+    @app.exception_handler(405)
+    async def not_allowed(request: Request, e: Exception) -> JSONResponse:
+        return await api_error(request, APIError(405, f"{request.method} is not allowed on {request.url.path}",
+                                                 None, "method_not_allowed"))  # fmt: skip
+
+    # -- routes ---------------------------------------------------------------------------------------
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "model": settings.model_name, "queue": state["scheduler"].depth}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        info = pipeline.target.info
+        meta = {"backend": pipeline.backend, "target": info.path, "n_ctx": info.n_ctx,
+                "draft": pipeline.draft.info.path if pipeline.draft else None,
+                "draft_method": settings.defaults.method}  # fmt: skip
+        return {"object": "list", "data": [{"id": settings.model_name, "object": "model", "created": CREATED,
+                                            "owned_by": "localspec", "meta": meta}]}  # fmt: skip
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatCompletionRequest, request: Request) -> Response:
+        req = await run_in_threadpool(chat_request, body, pipeline, settings.defaults, settings.model_name)
+        return await generation_response(request, req)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        req = await run_in_threadpool(completion_request, body, pipeline, settings.defaults, settings.model_name)
+        return await generation_response(request, req)
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
+        tokens = await run_in_threadpool(pipeline.target.tokenize, body.content, add_special=body.add_special)
+        return {"tokens": tokens}
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
+        detok = pipeline.target.detokenizer()
+        return {"content": detok.add(body.tokens) + detok.flush()}
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type=metrics.content_type)
+
+    async def generation_response(request: Request, req: GenerationRequest) -> Response:
+        scheduler = state["scheduler"]
+        job = Job(req, asyncio.get_running_loop())
+        scheduler.submit(job)
+        watcher = asyncio.create_task(cancel_on_disconnect(request.receive, lambda: scheduler.cancel(job)))
+        ids = ResponseIds(req.endpoint, settings.model_name)
+        if req.stream:
+            return StreamingResponse(stream(job, ids, scheduler, watcher), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})  # fmt: skip
+        try:
+            while True:
+                item = await job.next()
+                if isinstance(item, APIError):
+                    raise item
+                if isinstance(item, Outcome):
+                    return JSONResponse(full_response(ids, item.text, item.finish_reason, item.stats))
+        finally:
+            watcher.cancel()
+            scheduler.cancel(job)  # a no-op once it has finished
+
+    async def stream(job: Job, ids: ResponseIds, scheduler: Scheduler, watcher: asyncio.Task[None]) -> AsyncIterator[bytes]:
+        usage = job.request.include_usage
+        try:
+            yield sse(chunk(ids, role=True, include_usage=usage))
+            while True:
+                item = await job.next()
+                if isinstance(item, str):
+                    yield sse(chunk(ids, text=item, include_usage=usage))
+                elif isinstance(item, APIError):
+                    metrics.error(item.status)  # (a non-streamed error is counted by its handler)
+                    yield sse(item.body())  # the stream ends with the error; the server serves on
+                    break
+                else:
+                    yield sse(chunk(ids, finish_reason=item.finish_reason, stats=item.stats, include_usage=usage))
+                    if usage:
+                        yield sse(usage_chunk(ids, item.stats))
+                    break
+            yield sse("[DONE]")
+        finally:
+            watcher.cancel()
+            scheduler.cancel(job)  # the client went away mid-stream: stop now (a no-op once finished)
+
+    app.add_middleware(Guard, api_key=settings.api_key, max_body=settings.max_body_bytes, metrics=metrics)
+    if settings.cors_origins:
+        from starlette.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["*"],
+                           allow_headers=["*"])  # fmt: skip
+    return app
+
+
+CREATED = int(time.time())
+
+
+def validation_error(e: RequestValidationError) -> APIError:
+    errors = e.errors()
+    first = errors[0] if errors else {}
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    if first.get("type") == "json_invalid":
+        return APIError(400, f"the request body is not valid JSON: {first.get('ctx', {}).get('error', '')}".rstrip(": "),
+                        None, "invalid_json")  # fmt: skip
+    if first.get("type") == "missing" and not loc:
+        return APIError(400, "the request needs a JSON body", None, "invalid_value")
+    param = ".".join(loc) or None
+    return APIError(400, f"{param or 'body'}: {first.get('msg', 'invalid value')}", param, "invalid_type")
+
+
+async def cancel_on_disconnect(receive: Receive, cancel: Callable[[], None]) -> None:
+    """Wait for the client to go away (the body was read already, so the next message is the
+    disconnect), then cancel its job."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            cancel()
+            return
+
+
+class Guard:
+    """Plain ASGI middleware in front of everything: the API key (compared in constant time) and the
+    body size limit (413 before the app reads a byte more than the limit)."""
+
+    def __init__(self, app: ASGIApp, *, api_key: str | None, max_body: int, metrics: Metrics) -> None:
+        self.app = app
+        self.api_key = api_key.encode() if api_key else None
+        self.max_body = max_body
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self.api_key is not None and scope["method"] != "OPTIONS" and scope["path"] not in OPEN_PATHS:
+            if not self._authorized(scope):
+                await self._refuse(send, APIError(401, "Incorrect or missing API key: send it as "
+                                                  "`Authorization: Bearer KEY`", None, "invalid_api_key"))  # fmt: skip
+                return
+        if scope["method"] in ("POST", "PUT", "PATCH"):
+            body = await self._read_body(scope, receive)
+            if body is None:
+                await self._refuse(send, APIError(413, f"the request body is larger than {self.max_body:,} bytes "
+                                                  "(the server's --max-body-bytes)", None, "request_too_large"))  # fmt: skip
+                return
+            receive = _replay(body, receive)
+        await self.app(scope, receive, send)
+
+    def _authorized(self, scope: Scope) -> bool:
+        headers = dict(scope.get("headers") or [])
+        auth = headers.get(b"authorization", b"")
+        given = auth[7:].strip() if auth[:7].lower() == b"bearer " else headers.get(b"x-api-key", b"")
+        assert self.api_key is not None
+        return hmac.compare_digest(given, self.api_key)
+
+    async def _read_body(self, scope: Scope, receive: Receive) -> bytes | None:
+        """The whole body, or None once it passes the limit (a declared length says so before reading)."""
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_body:
+            return None
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                break
+            chunk_ = message.get("body", b"")
+            size += len(chunk_)
+            if size > self.max_body:
+                return None
+            parts.append(chunk_)
+            if not message.get("more_body", False):
+                break
+        return b"".join(parts)
+
+    async def _refuse(self, send: Send, e: APIError) -> None:
+        self.metrics.error(e.status)
+        body = json.dumps(e.body()).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        if e.status == 401:
+            headers.append((b"www-authenticate", b"Bearer"))
+        await send({"type": "http.response.start", "status": e.status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
+def _replay(body: bytes, receive: Receive) -> Callable[[], Awaitable[Message]]:
+    """A receive that hands the app the body read already, then the client's later messages (disconnect)."""
+    sent = False
+
+    async def replayed() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replayed

@@ -1,0 +1,116 @@
+"""Response bodies and stream chunks as OpenAI sends them, plus the run's speculative `timings`
+(llama-server's names, and what only localspec measures)."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from localspec import __version__
+from localspec.decoding.stats import SpecStats
+from localspec.server.schemas import Endpoint
+
+FINGERPRINT = f"localspec-{__version__}"
+FINISH_REASONS = {"eog": "stop", "max_tokens": "length", "context": "length", "stopped": "stop"}
+
+
+def timings(stats: SpecStats) -> dict[str, Any]:
+    """llama-server's `timings` (prompt_n counts the prompt tokens evaluated, cache_n those reused;
+    predicted_per_second excludes the first token, which the prompt pass produces, as `run` does)
+    and the speculative statistics."""
+    return {
+        "prompt_n": stats.n_prompt - stats.n_prompt_cached,
+        "prompt_ms": stats.prompt_s * 1000,
+        "prompt_per_second": stats.prompt_tps,
+        "cache_n": stats.n_prompt_cached,
+        "predicted_n": stats.n_generated,
+        "predicted_ms": stats.decode_s * 1000,
+        "predicted_per_second": stats.decode_tps,
+        "draft_n": stats.n_drafted,
+        "draft_n_accepted": stats.n_accepted,
+        "acceptance_rate": stats.acceptance_rate,
+        "mean_accepted_length": stats.mean_accepted_length,
+        "acceptance_by_position": list(stats.acceptance_by_position),
+        "drafted_by_position": list(stats.drafted_by_position),
+        "accepted_by_position": list(stats.accepted_by_position),
+        "rounds": stats.n_rounds,
+        "draft_method": stats.draft_method,
+        "draft": stats.draft,
+        "k": stats.num_draft,
+        "rule": stats.rule,
+        "seed": stats.seed,
+        # What each round's draft came from: auto's choices (a fixed method has one source).
+        "draft_sources": {("plain" if s.source == "none" else s.source): s.rounds for s in stats.sources},
+        "auto_choice": stats.choices(),
+    }
+
+
+def usage(stats: SpecStats) -> dict[str, Any]:
+    return {
+        "prompt_tokens": stats.n_prompt,
+        "completion_tokens": stats.n_generated,
+        "total_tokens": stats.n_prompt + stats.n_generated,
+        "prompt_tokens_details": {"cached_tokens": stats.n_prompt_cached},
+    }
+
+
+@dataclass
+class ResponseIds:
+    """The id, creation time and model name every body and chunk of one response repeats."""
+
+    endpoint: Endpoint
+    model: str
+    id: str = ""
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def __post_init__(self) -> None:
+        prefix = "chatcmpl" if self.endpoint == "chat" else "cmpl"
+        self.id = self.id or f"{prefix}-{secrets.token_hex(12)}"
+
+    def head(self, *, chunk: bool) -> dict[str, Any]:
+        kind = ("chat.completion" if self.endpoint == "chat" else "text_completion") + (
+            ".chunk" if chunk and self.endpoint == "chat" else ""
+        )
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model,
+                "system_fingerprint": FINGERPRINT}  # fmt: skip
+
+
+def full_response(ids: ResponseIds, text: str, finish_reason: str, stats: SpecStats) -> dict[str, Any]:
+    if ids.endpoint == "chat":
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                  "finish_reason": finish_reason}  # fmt: skip
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    return {**ids.head(chunk=False), "choices": [choice], "usage": usage(stats), "timings": timings(stats)}
+
+
+def chunk(ids: ResponseIds, *, text: str | None = None, role: bool = False, finish_reason: str | None = None,
+          stats: SpecStats | None = None, include_usage: bool = False) -> dict[str, Any]:  # fmt: skip
+    """One stream chunk: the role (first), a text delta, or the finish reason with the timings (last)."""
+    if ids.endpoint == "chat":
+        delta: dict[str, Any] = {}
+        if role:
+            delta = {"role": "assistant", "content": ""}
+        elif text is not None:
+            delta = {"content": text}
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+    else:
+        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+    out = {**ids.head(chunk=True), "choices": [choice]}
+    if include_usage:
+        out["usage"] = None  # OpenAI: null on every chunk but the usage one
+    if stats is not None:
+        out["timings"] = timings(stats)
+    return out
+
+
+def usage_chunk(ids: ResponseIds, stats: SpecStats) -> dict[str, Any]:
+    return {**ids.head(chunk=True), "choices": [], "usage": usage(stats), "timings": timings(stats)}
+
+
+def sse(data: dict[str, Any] | str) -> bytes:
+    body = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    return f"data: {body}\n\n".encode()

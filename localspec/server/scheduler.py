@@ -1,0 +1,249 @@
+"""One model, one generation at a time: a worker thread takes requests from a bounded FIFO queue and
+runs them through the pipeline, handing text to the request's coroutine without ever waiting on it.
+
+Cancelling a job (its client went away, or stopped reading for STALL_S) sets its stop event (the
+engine ends after the round in flight) and aborts the forward pass in flight, so the next request
+starts within one round. The KV caches stay as the last generation left them: the next request that
+shares a prefix with it (a conversation's next turn) evaluates only its new tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from localspec.decoding.drafters import Drafter
+from localspec.decoding.engine import Done
+from localspec.decoding.stats import SpecStats
+from localspec.errors import LocalspecError, error_text
+from localspec.pipeline import Pipeline
+from localspec.server.errors import APIError, from_localspec
+from localspec.server.metrics import Metrics
+from localspec.server.requests import GenerationRequest
+from localspec.server.responses import FINISH_REASONS
+from localspec.server.stops import StopMatcher
+
+STALL_S = 30.0  # a client that reads nothing for this long while text waits for it is treated as gone
+
+
+@dataclass
+class Outcome:
+    """How a generation ended: the text sent, the finish reason, the run's stats."""
+
+    text: str
+    finish_reason: str  # "stop" | "length" | "cancelled"
+    stats: SpecStats
+    ttft_s: float  # from the request reaching the engine to its first text
+
+
+Item = str | Outcome | APIError  # what a job's channel carries: text deltas, then an Outcome or an error
+
+
+@dataclass(eq=False)
+class Job:
+    request: GenerationRequest
+    loop: asyncio.AbstractEventLoop
+    channel: asyncio.Queue[Item] = field(default_factory=asyncio.Queue)
+    stop: threading.Event = field(default_factory=threading.Event)
+    cancelled: bool = False
+    finished: bool = False  # its last item (Outcome or error) is on the way: nothing left to cancel
+    pushed: int = 0  # items the engine put in the channel (engine thread only)
+    read: int = 0  # items the request took out (event loop only)
+    last_read: float = 0.0  # when the request last took one out
+    backlog_since: float = 0.0  # when an item was pushed into an empty channel
+
+    def push(self, item: Item) -> None:
+        """From the engine thread: never blocks, whatever the client does."""
+        if self.pushed == self.read:
+            self.backlog_since = time.monotonic()
+        self.pushed += 1
+        try:
+            self.loop.call_soon_threadsafe(self.channel.put_nowait, item)
+        except RuntimeError:  # the event loop is gone (shutdown): nobody is listening
+            self.cancelled = True
+
+    async def next(self) -> Item:
+        item = await self.channel.get()
+        self.read += 1
+        self.last_read = time.monotonic()
+        return item
+
+    def stalled(self, now: float) -> bool:
+        """Text has waited unread for STALL_S (a long prompt pass before the first token is no stall)."""
+        return self.pushed > self.read and now - max(self.last_read, self.backlog_since) > STALL_S
+
+
+class Scheduler:
+    def __init__(
+        self, pipeline: Pipeline, *, max_queue: int, metrics: Metrics, log: Callable[[str], None] = print
+    ) -> None:
+        self.pipeline = pipeline
+        self.max_queue = max_queue
+        self.metrics = metrics
+        self.log = log
+        self._drafters: dict[str, Drafter] = {pipeline.options.draft_method: pipeline.drafter}
+        self._waiting: collections.deque[Job] = collections.deque()
+        self._cv = threading.Condition()
+        self._current: Job | None = None
+        self._closed = False
+        self._recent_s: collections.deque[float] = collections.deque(maxlen=8)  # for Retry-After
+        self._thread = threading.Thread(target=self._loop, name="localspec-serve-engine", daemon=True)
+        self._thread.start()
+
+    # -- from the event loop ------------------------------------------------------------------------
+
+    def submit(self, job: Job) -> None:
+        """Queue a job, or refuse it with 503 and Retry-After when max_queue requests already wait."""
+        with self._cv:
+            if self._closed:
+                raise APIError(503, "the server is shutting down", None, "shutting_down")
+            busy = self._current is not None or bool(self._waiting)
+            if busy and len(self._waiting) >= self.max_queue:
+                retry = self._retry_after()
+                raise APIError(503, f"the server is busy: {len(self._waiting)} requests are waiting "
+                               f"(--max-queue {self.max_queue}); retry in about {retry} s",
+                               None, "queue_full", {"Retry-After": str(retry)})  # fmt: skip
+            self._waiting.append(job)
+            self.metrics.waiting.set(len(self._waiting))
+            self._cv.notify()
+
+    def cancel(self, job: Job) -> None:
+        """Stop a job at once: dropped from the queue, or its generation aborted mid-pass."""
+        with self._cv:
+            if job.finished:
+                return
+            job.cancelled = True
+            job.stop.set()
+            if self._current is job:
+                self.pipeline.abort()
+            elif job in self._waiting:
+                self._waiting.remove(job)
+                self.metrics.waiting.set(len(self._waiting))
+                job.finished = True
+                job.push(APIError(499, "the client closed the request while it waited", None, "cancelled"))
+
+    def close(self, timeout: float = 10.0) -> None:
+        with self._cv:
+            self._closed = True
+            for job in self._waiting:
+                job.push(APIError(503, "the server is shutting down", None, "shutting_down"))
+            self._waiting.clear()
+            current = self._current
+            self._cv.notify_all()
+        if current is not None:
+            self.cancel(current)
+        self._thread.join(timeout)
+        for method, drafter in self._drafters.items():
+            if drafter is not self.pipeline.drafter:
+                drafter.close()
+
+    @property
+    def depth(self) -> int:
+        with self._cv:
+            return len(self._waiting) + (self._current is not None)
+
+    # -- the engine thread --------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._waiting and not self._closed:
+                    self._cv.wait()
+                if self._closed:
+                    return
+                job = self._waiting.popleft()
+                self._current = job
+                self.metrics.waiting.set(len(self._waiting))
+                self.metrics.running.set(1)
+                self.pipeline.abort(False)  # re-arm after a cancelled job's abort
+            t0 = time.perf_counter()
+            try:
+                self._run(job)
+            finally:
+                with self._cv:
+                    self._current = None
+                    self.metrics.running.set(0)
+                    self._recent_s.append(time.perf_counter() - t0)
+
+    def _run(self, job: Job) -> None:
+        req = job.request
+        try:
+            outcome = self._generate(job)
+            with self._cv:
+                job.finished = True
+        except LocalspecError as e:  # Interrupted before any token counts as a cancel, not an error
+            job.finished = True
+            if job.cancelled:
+                return
+            err = from_localspec(e)
+            self.log(f"{req.endpoint} failed: {error_text(e)}")
+            job.push(err)
+            return
+        except Exception as e:  # an engine bug must not take the server down: tell this client, serve on
+            job.finished = True
+            self.log(f"{req.endpoint} failed: {error_text(e)}")
+            job.push(APIError(500, f"generation failed: {error_text(e)}", None, "engine_error"))
+            return
+        self.metrics.finished(outcome.stats, outcome.finish_reason)
+        self.log(request_line(req, outcome))
+        job.push(outcome)
+
+    def _generate(self, job: Job) -> Outcome:
+        req = job.request
+        matcher = StopMatcher(req.stops)
+        t0 = time.perf_counter()
+        ttft: float | None = None
+        done: Done | None = None
+        for event in self.pipeline.generate(req.prompt, req.config, stop=job.stop, drafter=self._drafter(req.method)):
+            if isinstance(event, Done):
+                done = event
+                break
+            text = matcher.feed(event.text)
+            if text:
+                ttft = ttft if ttft is not None else time.perf_counter() - t0
+                job.push(text)
+            if matcher.hit:
+                job.stop.set()  # the engine checks it before the next round: nothing more is computed
+            if job.stalled(time.monotonic()):
+                self.cancel(job)
+        assert done is not None
+        tail = matcher.flush()
+        if tail:
+            job.push(tail)
+        if job.cancelled:
+            reason = "cancelled"
+        elif matcher.hit:
+            reason = "stop"
+        else:
+            reason = FINISH_REASONS.get(done.stats.stop_reason or "stopped", "stop")
+        return Outcome(matcher.text, reason, done.stats, ttft if ttft is not None else time.perf_counter() - t0)
+
+    def _drafter(self, method: str) -> Drafter:
+        if method not in self._drafters:
+            self._drafters[method] = self.pipeline.new_drafter(method)
+        return self._drafters[method]
+
+    def _retry_after(self) -> int:
+        mean = sum(self._recent_s) / len(self._recent_s) if self._recent_s else 1.0
+        return max(1, math.ceil(mean * (len(self._waiting) + 1)))
+
+
+def request_line(req: GenerationRequest, o: Outcome) -> str:
+    """The one log line per request: what ran, how fast, how well the drafts did."""
+    s = o.stats
+    spec = ""
+    if s.n_drafted:
+        spec = f" · acceptance {s.acceptance_rate:.0%}, {s.mean_accepted_length:.2f} tokens/pass"
+    choices = f" · {s.choices()}" if s.draft_method == "auto" and s.choices() else ""
+    return (
+        f"POST {'/v1/chat/completions' if req.endpoint == 'chat' else '/v1/completions'}"
+        f"{' (stream)' if req.stream else ''} · prompt {s.n_prompt} ({s.n_prompt_cached} cached, "
+        f"{s.prompt_s * 1000:.0f} ms; first text after {o.ttft_s * 1000:.0f} ms) · "
+        f"{s.n_generated} tokens at {s.decode_tps:.1f} tok/s · "
+        f"{s.draft_method}{spec}{choices} · {o.finish_reason}"
+    )

@@ -1,0 +1,92 @@
+"""Request bodies of the OpenAI API, as typed models. Unknown fields are ignored (clients send many
+that a local server has no use for); wrong types fail validation and become a 400."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class TextPart(_Body):
+    type: str = "text"
+    text: str | None = None
+
+
+class Message(_Body):
+    role: str
+    content: str | list[TextPart] | None = None
+
+    def text(self) -> str:
+        """The content as one string; only text parts are understood (others are refused upstream)."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text or "" for p in self.content)
+
+    def non_text_parts(self) -> list[str]:
+        if isinstance(self.content, list):
+            return [p.type for p in self.content if p.type != "text"]
+        return []
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class Speculative(_Body):
+    """localspec's extension: how this request drafts (the server's flags are the defaults)."""
+
+    method: str | None = None
+    k: int | None = None
+    rule: str | None = None
+
+
+class _Sampling(_Body):
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    logprobs: bool | int | None = None
+    speculative: Speculative | None = None
+
+    def stop_strings(self) -> list[str]:
+        if self.stop is None:
+            return []
+        items = [self.stop] if isinstance(self.stop, str) else self.stop
+        return [s for s in items if s]
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[Message] = Field(default_factory=list)
+    max_completion_tokens: int | None = None
+    top_logprobs: int | None = None
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[str] | list[int] | None = None
+    echo: bool = False
+
+
+class TokenizeRequest(_Body):
+    content: str
+    add_special: bool = False
+
+
+class DetokenizeRequest(_Body):
+    tokens: list[int]
+
+
+Endpoint = Literal["chat", "completion"]

@@ -1,0 +1,142 @@
+"""Auto's costs remembered on disk: keys, round trips, damage, and what a warm cache saves a run
+(no calibration at all; no draft model loaded where it cannot pay)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from fakes import CostedBackend, FakeClock, scripted_tokens
+from localspec.decoding.auto import AutoDrafter, auto_lookup
+from localspec.decoding.cost_cache import CostStore, cache_dir
+from localspec.decoding.drafters import ModelDrafter
+from localspec.decoding.engine import Done, GenerationConfig, generate
+from localspec.decoding.policy import CostModel
+from localspec.decoding.sampling import SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def cpu_like(n: int) -> float:
+    return 0.030 * (1 + 0.6 * (n - 1))
+
+
+def _store(tmp_path: Path, **kw: object) -> CostStore:
+    model = tmp_path / "m.gguf"
+    if not model.exists():
+        model.write_bytes(b"x" * 10)
+    args = dict(target=str(model), draft=None, backend="llama.cpp", device="CPU (2 threads)", threads=2) | kw
+    return CostStore.for_models(**args)  # type: ignore[arg-type]
+
+
+def test_round_trip_in_the_user_cache_dir(tmp_path: Path, _private_cost_cache: Path) -> None:
+    store = _store(tmp_path)
+    assert store.load() is None
+    costs = CostModel(target={1: 0.03, 2: 0.05, 33: 0.45}, draft_token=0.02, scale=2.0)
+    store.save(costs)
+    assert store.path.parent.parent == cache_dir() == _private_cost_cache
+    got = store.load()
+    assert got is not None
+    assert got.target == pytest.approx({1: 0.06, 2: 0.10, 33: 0.90})  # today's pace folded in
+    assert got.draft_token == pytest.approx(0.04) and got.scale == 1.0
+
+
+def test_key_follows_the_file_build_device_and_threads(tmp_path: Path) -> None:
+    base = _store(tmp_path)
+    assert _store(tmp_path).key == base.key
+    assert _store(tmp_path, threads=4).key != base.key
+    assert _store(tmp_path, device="CUDA (all 29 layers offloaded)").key != base.key
+    assert _store(tmp_path, draft=str(tmp_path / "d.gguf")).key != base.key
+    assert _store(tmp_path, backend="mlx").key != base.key
+    model = tmp_path / "m.gguf"
+    st = model.stat()
+    os.utime(model, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # a new download of the same path
+    assert _store(tmp_path).key != base.key
+
+
+@pytest.mark.parametrize("content", ["{not json", '{"version": 999, "target_s": {"1": 0.1}}', '{"version": 1, "target_s": {"2": 0.1}}', "[]"])
+def test_damaged_or_foreign_files_count_as_absent(tmp_path: Path, content: str) -> None:
+    store = _store(tmp_path)
+    store.path.parent.mkdir(parents=True, exist_ok=True)
+    store.path.write_text(content)
+    assert store.load() is None
+
+
+def test_an_unwritable_cache_is_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("LOCALSPEC_CACHE_DIR", str(blocker))  # a file where the directory should be
+    store = _store(tmp_path)
+    store.save(CostModel(target={1: 0.03}))
+    assert store.load() is None
+
+
+# -- what it saves a run ----------------------------------------------------------------------------------
+
+
+def _auto_run(store: CostStore, script: list[int], prompt: list[int], n: int = 40):  # type: ignore[no-untyped-def]
+    clock = FakeClock()
+    target = CostedBackend(scripted_tokens(script), clock, cpu_like, name="target")
+    drafter = AutoDrafter(ngram=auto_lookup(), target=target, clock=clock, store=store)
+    *_, done = generate(target, drafter, prompt, GenerationConfig(max_tokens=n, num_draft=32, sampling=GREEDY), clock=clock)
+    drafter.close()
+    assert isinstance(done, Done)
+    return target, done
+
+
+REPEATS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12] * 10
+
+
+def test_cold_calibration_waits_for_a_draft_then_is_remembered(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    target, done = _auto_run(store, REPEATS, REPEATS[:20])
+    assert done.stats.prompt_s == pytest.approx(cpu_like(20))  # nothing before the first token
+    assert 33 in target.forward_calls  # calibrated once a suffix draft was on offer, up to k + 1
+    saved = json.loads(store.path.read_text())
+    assert {"1", "2", "16", "33"} <= set(saved["target_s"])
+    # A later run finds the curve: no timing passes at all, and the same tokens.
+    target2, done2 = _auto_run(store, REPEATS, REPEATS[:20])
+    assert 33 not in target2.forward_calls and all(n <= 33 for n in target2.forward_calls)
+    assert done2.stats.decode_s < done.stats.decode_s
+    assert done2.tokens == done.tokens
+
+
+def test_a_run_with_nothing_to_draft_never_calibrates(tmp_path: Path) -> None:
+    unique = list(range(100, 200))
+    target, done = _auto_run(_store(tmp_path), unique, unique[:10])
+    assert set(target.forward_calls[1:]) == {1}  # the prompt pass, then single tokens: plain decoding
+    assert done.stats.n_drafted == 0
+
+
+# -- the pipeline: a draft model that cannot pay is not loaded -------------------------------------------
+
+
+def test_auto_skips_loading_a_draft_that_measured_too_slow(tiny_ggufs) -> None:  # type: ignore[no-untyped-def]
+    from localspec.options import ModelOptions
+    from localspec.pipeline import load_pipeline
+
+    opts = ModelOptions(target=str(tiny_ggufs[0]), draft=str(tiny_ggufs[1]), draft_method="auto", n_ctx=512, threads=1)
+    cold = load_pipeline(opts)
+    try:
+        assert cold.draft is not None and not cold.draft_note  # nothing measured yet: loaded, to be timed
+        store = cold.cost_store
+    finally:
+        cold.close()
+    store.save(CostModel(target={1: 0.030, 2: 0.054, 5: 0.1, 9: 0.2, 33: 0.45}, draft_token=0.019))
+    warm = load_pipeline(opts)
+    try:
+        assert warm.draft is None
+        assert "not loaded" in warm.draft_note and warm.draft_note in warm.notes
+        *_, done = warm.generate("Say hi", GenerationConfig(max_tokens=8, num_draft=32, sampling=GREEDY))
+        assert isinstance(done, Done) and done.stats.draft_method == "auto"
+    finally:
+        warm.close()
+    store.save(CostModel(target={1: 0.030, 2: 0.031, 5: 0.032, 9: 0.033, 33: 0.04}, draft_token=0.002))  # GPU-like
+    fast = load_pipeline(opts)
+    try:
+        assert fast.draft is not None and not fast.draft_note
+    finally:
+        fast.close()

@@ -1,0 +1,263 @@
+"""The suffix drafter: its index on its own (matches, counts, memory bound, session reuse), its gate, and
+the engine with it (greedy output equal to plain decoding, on fakes and on real llama.cpp tiny GGUFs)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fakes import FakeBackend, hashed_logits, scripted_tokens, without
+from localspec.decoding.auto import AutoDrafter, auto_lookup
+from localspec.decoding.drafters import NoDrafter
+from localspec.decoding.engine import Done, GenerationConfig, generate
+from localspec.decoding.policy import match_bucket
+from localspec.decoding.sampling import SamplingParams
+from localspec.decoding.stats import RoundStats
+from localspec.decoding.suffix import MAX_CANDIDATES, SuffixDrafter, SuffixIndex
+
+GREEDY = SamplingParams(temperature=0.0)
+RNG = np.random.default_rng(0)
+
+
+def _index(*docs: list[int], **kw: int) -> SuffixIndex:
+    idx = SuffixIndex(**kw)
+    for d in docs:
+        idx.start(d)
+    return idx
+
+
+def _rebuilt_entries(idx: SuffixIndex) -> int:
+    """Index entries a fresh index over the same kept documents would hold (ends with a continuation)."""
+    n = 0
+    for doc_id, doc in idx.docs.items():
+        last = len(doc) - 1 if doc_id == idx.current else len(doc) - 1
+        n += sum(1 for end in range(1, last + 1) for m in idx.key_lengths if end >= m)
+    return n
+
+
+# -- matches -------------------------------------------------------------------------------------------
+
+
+def test_longest_suffix_match_wins_over_more_recent_shorter_ones() -> None:
+    old = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
+    recent = [50, 8, 9, 77, 78]  # "8 9" again, followed by something else
+    idx = _index(old, recent)
+    idx.start([40, 5, 6, 7, 8, 9])  # ends with the 5-token suffix "5 6 7 8 9" that only `old` has
+    m = idx.match()
+    assert m.length == 5 and len(m.positions) == 1
+    assert idx.draft(m, 3) == [10, 11, 12]
+
+
+def test_match_uses_the_long_key_and_extends_it_backwards() -> None:
+    text = list(range(100, 140))
+    idx = _index(text)
+    idx.start([7, *text[:30]])  # the whole 30-token run matches, but only up to MAX_MATCH is compared
+    m = idx.match()
+    assert m.length == 30
+    assert idx.draft(m, 5) == text[30:35]
+
+
+def test_no_match_below_the_shortest_key() -> None:
+    idx = _index([1, 2, 3, 4])
+    idx.start([9, 9, 4])  # "4" alone occurred, but a one-token match is no match
+    assert idx.match().length == 0
+
+
+def test_the_current_suffix_does_not_match_itself_but_earlier_text_in_the_same_document_does() -> None:
+    idx = _index([5, 6, 7, 1, 2, 3, 4, 5, 6, 7])  # "5 6 7" occurred at the start: continuation 1 2 3
+    m = idx.match()
+    assert m.length == 3 and idx.draft(m, 4) == [1, 2, 3, 4]
+    idx.start([1, 2, 3])
+    assert idx.match().length == 0 or idx.match().positions[0][0] != idx.current
+
+
+# -- counts --------------------------------------------------------------------------------------------
+
+
+def test_the_most_frequent_continuation_is_drafted_and_a_split_stops_the_draft() -> None:
+    docs = [[1, 2, 3, 10, 11], [1, 2, 3, 10, 12], [1, 2, 3, 10, 12], [1, 2, 3, 20, 21]]
+    idx = _index(*docs)
+    idx.start([9, 2, 3])
+    m = idx.match()
+    assert m.length == 2 and len(m.positions) == 4
+    # 10 follows 3 of 4 occurrences (p 0.75), then 12 follows 2 of those 3: 0.75 * 2/3 = 0.5 overall.
+    assert idx.draft(m, 5, min_prob=0.5) == [10, 12]
+    assert idx.draft(m, 5, min_prob=0.6) == [10]  # 0.5 < 0.6: the draft stops before the split
+    assert idx.draft(m, 5, min_prob=0.8) == []
+
+
+def test_ties_go_to_the_most_recent_occurrence() -> None:
+    idx = _index([1, 2, 3, 30], [1, 2, 3, 40])
+    idx.start([2, 3])
+    assert idx.draft(idx.match(), 1, min_prob=0.0) == [40]
+
+
+def test_draft_length_grows_with_the_match_length() -> None:
+    body = list(range(200, 300))
+    d = SuffixDrafter(gate=False)
+    d.prepare([*body, 1, 2, 3], 32)
+    short = d.lookup([*body, 1, 2, 3, 7, 200, 201], 32)  # a 2-token match: at most 4 tokens
+    assert short.order == 2 and short.tokens == [202, 203, 204, 205]
+    d.prepare([*body, 1, 2, 3], 32)
+    long = d.lookup([*body, 1, 2, 3, *body[:20]], 32)  # a 20-token match: up to 32
+    assert long.order == 20 and long.tokens == body[20:52]
+
+
+# -- memory bound ----------------------------------------------------------------------------------------
+
+
+def test_memory_is_bounded_and_eviction_leaves_a_consistent_index() -> None:
+    rng = np.random.default_rng(1)
+    idx = SuffixIndex(max_tokens=500)
+    for _ in range(20):
+        idx.start([int(t) for t in rng.integers(0, 50, 120)])
+        assert idx.n_tokens <= 500 + 120  # the current document is always kept
+        assert idx.n_tokens == sum(len(d) for d in idx.docs.values())
+    assert idx.n_tokens <= 500
+    assert len(idx.docs) == 4
+    # Every remaining entry points into a kept document; none of an evicted one survived.
+    positions = [p for q in idx._keys.values() for p in q]
+    assert all(d in idx.docs for d, _ in positions)
+    assert all(len(q) <= MAX_CANDIDATES for q in idx._keys.values())
+    assert idx.n_entries <= _rebuilt_entries(idx)
+
+
+def test_candidates_per_key_are_capped_and_the_long_key_still_finds_an_old_copy() -> None:
+    copy = list(range(300, 340))
+    idx = SuffixIndex()
+    idx.start(copy)
+    for _ in range(3 * MAX_CANDIDATES):
+        idx.start([1, 2, 5])  # "1 2" again and again
+    assert len(idx._keys[(1, 2)]) == MAX_CANDIDATES
+    idx.start([1, 2, *copy[:10]])
+    m = idx.match()
+    assert m.length == 10 and idx.draft(m, 5) == copy[10:15]
+
+
+def test_truncate_removes_the_entries_beyond_the_cut() -> None:
+    idx = _index([1, 2, 3, 4, 5, 6])
+    before = idx.n_entries
+    idx.truncate(3)
+    assert idx.docs[idx.current] == [1, 2, 3] and idx.n_tokens == 3
+    assert idx.n_entries < before and idx.n_entries == _rebuilt_entries(idx)
+    idx.extend([4, 9])
+    assert idx.n_entries == _rebuilt_entries(idx)
+
+
+# -- session reuse -----------------------------------------------------------------------------------------
+
+
+def test_an_earlier_answer_of_the_session_is_drafted_from() -> None:
+    d = SuffixDrafter(gate=False)
+    answer = list(range(500, 560))
+    d.prepare([1, 2, 3], 32)
+    d.lookup([1, 2, 3, *answer], 32)  # the first generation wrote `answer`
+    d.prepare([4, 5, 6], 32)  # an unrelated new prompt: a new document, the old one stays
+    got = d.lookup([4, 5, 6, *answer[:8]], 32)
+    assert got.order == 8 and got.tokens == answer[8:24]
+
+
+def test_a_next_turn_that_extends_the_last_text_is_not_indexed_twice() -> None:
+    d = SuffixDrafter(gate=False)
+    turn1 = [1, 2, 3, 4, 5, 6, 7, 8]
+    d.prepare(turn1, 8)
+    d.lookup([*turn1, 9, 10], 8)
+    n_docs = len(d.index.docs)
+    d.prepare([*turn1, 9, 10, 11, 12], 8)  # the chat's history plus a new message
+    assert len(d.index.docs) == n_docs and d.index.n_tokens == 12
+    assert d.index.n_entries == _rebuilt_entries(d.index)
+
+
+def test_generation_that_rolls_back_in_the_context_resyncs() -> None:
+    d = SuffixDrafter(gate=False)
+    d.prepare([1, 2, 3, 4], 8)
+    d.lookup([1, 2, 3, 4, 5, 6], 8)
+    d.lookup([1, 2, 3, 4, 7], 8)  # not a continuation of what was seen: the document follows the context
+    assert d.index.docs[d.index.current] == [1, 2, 3, 4, 7]
+    assert d.index.n_entries == _rebuilt_entries(d.index)
+
+
+# -- the gate (standalone `suffix`) ----------------------------------------------------------------------
+
+
+def _round(n_drafted: int, n_accepted: int) -> RoundStats:
+    return RoundStats(0, n_drafted, n_accepted, n_accepted + 1, 0.0, 0.0, "greedy", n_drafted)
+
+
+def test_weak_matches_propose_nothing_and_failing_lengths_are_withheld() -> None:
+    d = SuffixDrafter()
+    weak = [1, 2, 3, 4, 9, 9, 9, 3, 4]  # "3 4" occurred before: a 2-token match (prior acceptance 0.3)
+    d.prepare(weak, 8)
+    assert d.lookup(weak, 8).tokens and d.propose(weak, 8, GREEDY, RNG).tokens == []
+    body = list(range(100, 120))
+    strong = [*body, 7, *body[:10]]  # a 10-token match: proposed at once
+    d.prepare(strong, 16)
+    first = d.propose(strong, 16, GREEDY, RNG)
+    assert first.tokens == [*body[10:20], 7, *body[:5]] and match_bucket(first.order) == 8
+    d.observe(_round(len(first.tokens), 0))  # ... and rejected, twice
+    d.propose(strong, 16, GREEDY, RNG)
+    d.observe(_round(10, 0))
+    assert d.acceptance(10) < 0.5
+    assert d.propose(strong, 16, GREEDY, RNG).tokens == []  # that match length has now failed: withheld
+
+
+def test_withheld_proposals_are_graded_for_free_and_can_earn_the_gate_back() -> None:
+    d = SuffixDrafter()
+    d.accept[2].update(0, 4)
+    d.accept[2].update(0, 4)
+    ctx = [1, 2, 3, 4, 5, 6, 7, 0, 1, 2]
+    d.prepare(ctx, 8)
+    low = d.acceptance(2)
+    assert d.propose(ctx, 8, GREEDY, RNG).tokens == []  # withheld, but remembered
+    d.propose([*ctx, 3, 4, 5, 6, 7], 8, GREEDY, RNG)  # the text went on exactly as it would have drafted
+    assert d.acceptance(2) > low
+
+
+# -- the engine with it ------------------------------------------------------------------------------------
+
+
+TARGET = without(hashed_logits(3))
+REPEAT = scripted_tokens([5, 6, 7, 8, 9, 10, 11, 12] * 12)  # a target that repeats a phrase
+
+
+@pytest.mark.parametrize("k", [1, 4, 32])
+@pytest.mark.parametrize("fn", [TARGET, REPEAT], ids=["hashed", "repeating"])
+def test_engine_greedy_output_equals_plain_with_suffix_drafts(fn, k: int) -> None:  # type: ignore[no-untyped-def]
+    prompt = [5, 6, 7, 8, 9, 10, 11, 12, 1, 5, 6]
+    plain = list(generate(FakeBackend(fn), NoDrafter(), prompt, GenerationConfig(max_tokens=60, sampling=GREEDY)))[-1]
+    spec = list(generate(FakeBackend(fn), SuffixDrafter(), prompt, GenerationConfig(max_tokens=60, num_draft=k, sampling=GREEDY)))[-1]
+    assert isinstance(plain, Done) and isinstance(spec, Done)
+    assert spec.tokens == plain.tokens
+    if fn is REPEAT and k == 32:
+        assert spec.stats.n_accepted > 30 and spec.stats.n_rounds < 40  # long copies: few rounds
+
+
+def test_engine_greedy_output_equals_plain_on_tiny_ggufs(tiny_ggufs) -> None:  # type: ignore[no-untyped-def]
+    from localspec.backends import llama_cpp as lb
+    from localspec.backends.base import ChatMessage, chat_prompt_tokens
+
+    target = lb.load(tiny_ggufs[0], n_ctx=512)
+    try:
+        prompt = chat_prompt_tokens(target, [ChatMessage("user", "Repeat this:\ndef add(a, b):\n    return a + b\n")])
+        config = GenerationConfig(max_tokens=48, num_draft=32, sampling=GREEDY)
+        *_, plain = generate(target, NoDrafter(), prompt, config)
+        assert isinstance(plain, Done)
+        runs = {}
+        for name, drafter in (
+            ("suffix", SuffixDrafter()),
+            ("suffix-ungated", SuffixDrafter(gate=False)),
+            ("auto", AutoDrafter(ngram=auto_lookup(), target=target)),
+        ):
+            # (Random weights never repeat themselves.) The session already holds this answer, as after
+            # a regenerated reply: the suffix drafts copy it, and the target verifies every copy.
+            lookup = drafter.ngram if isinstance(drafter, AutoDrafter) else drafter
+            lookup.prepare([*prompt, *plain.tokens], 32)  # type: ignore[union-attr]
+            *_, done = generate(target, drafter, prompt, config)
+            assert isinstance(done, Done)
+            runs[name] = done
+        assert runs["suffix"].tokens == runs["suffix-ungated"].tokens == runs["auto"].tokens == plain.tokens
+        for name in ("suffix", "suffix-ungated"):
+            s = runs[name].stats
+            assert s.n_drafted > 0 and s.n_accepted >= 0.8 * s.n_drafted and s.n_rounds < 20, name
+    finally:
+        target.close()
