@@ -25,8 +25,8 @@ import numpy as np
 from localspec.backends import llama_ext
 from localspec.backends.base import common_prefix
 from localspec.backends.llama_cpp import LlamaCppBackend, _LOG, _abort_check, _last_error, read_header
-from localspec.decoding.drafters import EMPTY_DRAFT, Draft, _top_probability
-from localspec.decoding.sampling import SamplingParams, probabilities, sample
+from localspec.decoding.drafters import EMPTY_DRAFT, Draft, sample_draft
+from localspec.decoding.sampling import SamplingParams
 from localspec.decoding.stats import RoundStats
 from localspec.errors import GenerationError, Interrupted, ModelFileError, UnsupportedModelError
 
@@ -129,6 +129,8 @@ class Eagle3Drafter:
             raise
         # The context whose pairs the head's cache holds: positions 0..len-2 (pair P = (ctx[P+1], g[P])).
         self._written: list[int] = []
+        self._pos = 0  # while drafting: the next draft token's position, and the head state it pairs with
+        self._state = np.empty(0, np.float32)
 
     # -- loading ----------------------------------------------------------------------------------
 
@@ -179,31 +181,18 @@ class Eagle3Drafter:
         k = min(k, self.target.n_ctx - len(context) + 1)
         if k <= 0 or len(context) < 2 or self._n_pairs(context) < pos:
             return EMPTY_DRAFT  # no features for the last position (e.g. the target did not take it in)
-        logits, state = self._sync(context, output=True)
-        tokens: list[int] = []
-        rows: list[np.ndarray] = []
-        note = ""
-        while True:
-            if sampling.greedy:
-                tok = int(np.argmax(logits))
-                conf = _top_probability(logits) if min_confidence > 0 else 1.0
-            else:
-                q = probabilities(logits, sampling)
-                tok = sample(q, rng)
-                conf = float(q[tok]) if min_confidence > 0 else 1.0
-            if conf < min_confidence:
-                note = f"draft stopped at position {len(tokens) + 1}: confidence {conf:.2f} < {min_confidence:.2f}"
-                break
-            if not sampling.greedy:
-                rows.append(q)
-            tokens.append(tok)
-            if len(tokens) >= k or tok in self.target.eog_ids:
-                break
-            self._batch.clear()  # type: ignore[union-attr]
-            self._batch.add(tok, state, pos, True)  # type: ignore[union-attr]
-            pos += 1
-            logits, state = self._decode_last()
-        return Draft(tokens, np.stack(rows) if rows else None, note, source="eagle3")
+        logits, self._state = self._sync(context, output=True)
+        self._pos = pos
+        tokens, q, note = sample_draft(logits, self._step, k, sampling, rng, min_confidence, self.target.eog_ids)
+        return Draft(tokens, q, note, source="eagle3")
+
+    def _step(self, token: int) -> np.ndarray:
+        """Feed (draft token, the head's own last state) at the next position; its logits [V]."""
+        self._batch.clear()  # type: ignore[union-attr]
+        self._batch.add(token, self._state, self._pos, True)  # type: ignore[union-attr]
+        logits, self._state = self._decode_last()
+        self._pos += 1
+        return logits
 
     def observe(self, stats: RoundStats) -> None:
         pass

@@ -150,10 +150,10 @@ def require_family(family: str) -> None:
     """BackendUnavailableError unless this build and localspec can run `family`."""
     status = family_status(family)
     if not status.available:
+        upgrade = "" if family in NOT_DRIVEN else "; `pip install -U llama-cpp-python` may bring the missing calls"
         raise BackendUnavailableError(
             f"--draft-method {family} cannot run here: {status.reason}",
-            "use --draft-method model (a small draft model), ngram or auto; "
-            "`pip install -U llama-cpp-python` may bring the missing calls",
+            "use --draft-method model (a small draft model), ngram or auto" + upgrade,
         )
 
 

@@ -7,7 +7,7 @@ the committed context itself, through backends.base.sync_cache.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -173,34 +173,55 @@ class ModelDrafter:
         # The next round keeps at least `context`: a recurrent draft saves its state here, since the
         # one-token passes below leave no snapshot that reaches back this far.
         self.backend.checkpoint()
-        eog = self.backend.eog_ids
-        tokens: list[int] = []
-        rows: list[np.ndarray] = []
-        note = ""
-        while True:
-            if sampling.greedy:
-                tok = int(np.argmax(logits))
-                conf = _top_probability(logits) if min_confidence > 0 else 1.0
-            else:
-                q = probabilities(logits, sampling)
-                tok = sample(q, rng)
-                conf = float(q[tok]) if min_confidence > 0 else 1.0
-            if conf < min_confidence:
-                note = f"draft stopped at position {len(tokens) + 1}: confidence {conf:.2f} < {min_confidence:.2f}"
-                break
-            if not sampling.greedy:
-                rows.append(q)
-            tokens.append(tok)
-            if len(tokens) >= k or tok in eog:  # drafting past the end of the answer is wasted work
-                break
-            logits = self.backend.forward([tok], all_logits=False)[-1]
-        return Draft(tokens, np.stack(rows) if rows else None, note, source="model")
+        tokens, q, note = sample_draft(logits, self._step, k, sampling, rng, min_confidence, self.backend.eog_ids)
+        return Draft(tokens, q, note, source="model")
+
+    def _step(self, token: int) -> np.ndarray:
+        return self.backend.forward([token], all_logits=False)[-1]
 
     def observe(self, stats: RoundStats) -> None:
         pass
 
     def close(self) -> None:
         pass
+
+
+def sample_draft(
+    logits: np.ndarray,
+    step: Callable[[int], np.ndarray],
+    k: int,
+    sampling: SamplingParams,
+    rng: np.random.Generator,
+    min_confidence: float,
+    eog: frozenset[int],
+) -> tuple[list[int], np.ndarray | None, str]:
+    """Draw up to k draft tokens: the first from `logits` [V], each next from step(token) -> logits [V].
+
+    Returns (tokens, q [len, V] the processed rows they were drawn from (None when greedy), note). Stops
+    before a token whose own probability is below min_confidence, and after an end-of-generation token
+    (drafting past the end of the answer is wasted work).
+    """
+    tokens: list[int] = []
+    rows: list[np.ndarray] = []
+    note = ""
+    while True:
+        if sampling.greedy:
+            tok = int(np.argmax(logits))
+            conf = _top_probability(logits) if min_confidence > 0 else 1.0
+        else:
+            q = probabilities(logits, sampling)
+            tok = sample(q, rng)
+            conf = float(q[tok]) if min_confidence > 0 else 1.0
+        if conf < min_confidence:
+            note = f"draft stopped at position {len(tokens) + 1}: confidence {conf:.2f} < {min_confidence:.2f}"
+            break
+        if not sampling.greedy:
+            rows.append(q)
+        tokens.append(tok)
+        if len(tokens) >= k or tok in eog:
+            break
+        logits = step(tok)
+    return tokens, (np.stack(rows) if rows else None), note
 
 
 def _top_probability(logits: np.ndarray) -> float:
