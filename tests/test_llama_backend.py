@@ -218,9 +218,10 @@ def test_fixture_self_draft_accepts_every_token(model: str, request: pytest.Fixt
             assert spec.stats.acceptance_rate == 1.0
         else:  # a rejection can only come from a batched-vs-single near-tie, where the streams part
             logits = _plain_logits(target, prompt, plain.tokens[:div])
-            top2 = {int(t) for t in np.argsort(logits)[-2:]}
-            assert {plain.tokens[div], spec.tokens[div]} == top2  # the two streams took the two leaders
-            assert float(np.diff(np.sort(logits)[-2:])[0]) < NEAR_TIE
+            assert plain.tokens[div] == int(np.argmax(logits))
+            # The speculative stream took a token within a near-tie of the leader (on Gemma 3 the top three
+            # can sit within 0.25: 2.94, 2.92, 2.72 one token at a time, and the batch reorders them).
+            assert float(logits.max() - logits[spec.tokens[div]]) < NEAR_TIE
     finally:
         target.close()
         draft.close()
