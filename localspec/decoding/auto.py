@@ -33,6 +33,7 @@ from localspec.decoding.sampling import SamplingParams
 from localspec.decoding.stats import RoundStats
 
 SHADOWS = 8  # lookup proposals graded against the text that followed, at most this many pending
+SHADOW_SPAN = 4  # ... each on its first tokens only
 CALIBRATION_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # batch sizes timed (plus the top one): the curve, not a guess
 
 
@@ -168,6 +169,9 @@ class AutoDrafter:
         """
         pending = []
         for tokens, order, start in self._shadows:
+            # Graded as a draft of at most SHADOW_SPAN tokens: a long proposal would otherwise wait that
+            # many plain rounds for its verdict, and long matches would start drafting late.
+            tokens = tokens[:SHADOW_SPAN]
             seen = context[start : start + len(tokens)]
             n = 0
             while n < len(seen) and seen[n] == tokens[n]:
