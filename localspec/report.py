@@ -27,9 +27,15 @@ def advice(stats: SpecStats) -> str | None:
                 f"(below {POOR_MATCH_LENGTH:.0f}). A better-matched draft helps; a larger k does not. "
                 "Compare with --draft-method none."
             )
+        if stats.draft_method == "suffix" and stats.n_drafted == 0:
+            return (
+                "no suffix draft was worth proposing: the text did not repeat earlier text of this session at "
+                "length. Suffix drafts pay on text that repeats (code edits, files re-emitted, quoting)."
+            )
+        kind = "suffix" if stats.draft_method == "suffix" else "n-gram"
         return (
-            f"n-gram drafts rarely matched ({stats.acceptance_rate:.0%} accepted, "
-            f"{stats.mean_accepted_length:.2f} tokens per round): prompt lookup pays on text that repeats its "
+            f"{kind} drafts rarely matched ({stats.acceptance_rate:.0%} accepted, "
+            f"{stats.mean_accepted_length:.2f} tokens per round): lookup drafts pay on text that repeats its "
             "input (code edits, quoting). Compare with --draft-method none."
         )
     return None

@@ -386,3 +386,8 @@ def test_run_summary_tells_when_auto_found_speculation_does_not_pay() -> None:
     tip = advice(base)
     assert tip is not None and "83% of rounds without drafts" in tip
     assert advice(dc_replace(base, drafted_by_position=(20, 10), accepted_by_position=(18, 9))) is None
+    # A suffix run that found nothing worth drafting says so, and does not blame n-gram lookup.
+    quiet = dc_replace(base, draft="suffix", draft_method="suffix", n_drafted=0, n_accepted=0, drafted_by_position=(),
+                       accepted_by_position=())
+    tip = advice(quiet)
+    assert tip is not None and "no suffix draft" in tip and "n-gram" not in tip

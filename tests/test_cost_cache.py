@@ -12,7 +12,6 @@ import pytest
 from fakes import CostedBackend, FakeClock, scripted_tokens
 from localspec.decoding.auto import AutoDrafter, auto_lookup
 from localspec.decoding.cost_cache import CostStore, cache_dir
-from localspec.decoding.drafters import ModelDrafter
 from localspec.decoding.engine import Done, GenerationConfig, generate
 from localspec.decoding.policy import CostModel
 from localspec.decoding.sampling import SamplingParams

@@ -28,11 +28,7 @@ def _index(*docs: list[int], **kw: int) -> SuffixIndex:
 
 def _rebuilt_entries(idx: SuffixIndex) -> int:
     """Index entries a fresh index over the same kept documents would hold (ends with a continuation)."""
-    n = 0
-    for doc_id, doc in idx.docs.items():
-        last = len(doc) - 1 if doc_id == idx.current else len(doc) - 1
-        n += sum(1 for end in range(1, last + 1) for m in idx.key_lengths if end >= m)
-    return n
+    return sum(1 for doc in idx.docs.values() for end in range(1, len(doc)) for m in idx.key_lengths if end >= m)
 
 
 # -- matches -------------------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from localspec.decoding.sampling import SamplingParams
 from localspec.decoding.stats import RoundStats
 
 SHADOWS = 8  # lookup proposals graded against the text that followed, at most this many pending
+SHADOW_SPAN = 4  # ... each on its first tokens only
 CALIBRATION_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # batch sizes timed (plus the top one): the curve, not a guess
 
 
@@ -95,17 +96,13 @@ class AutoDrafter:
         self.controller.new_generation()
         # Calibrating now would delay the first token: it waits for the first round with a draft to offer.
         self._need_calibration = self.calibrated_k < max_k and self.target is not None and max_k > 0
-        if self.model is not None and self.model_known_to_pay():
-            self.model.prepare(context, max_k)  # else the draft catches up only if a plan ever needs it
+        # Nor does the draft model read the prompt now: it catches up in one batch when a plan first needs
+        # it (the policy counts that cost), so a run where model drafts never pay never pays for it.
 
     def model_can_pay(self) -> bool:
         """Whether the draft model could beat plain decoding here even if every draft token were accepted
         (True while its cost is unmeasured)."""
         return self.controller.model_can_pay(self.max_k)
-
-    def model_known_to_pay(self) -> bool:
-        c = self.controller.costs
-        return 1 in c.target and c.draft_token is not None and self.model_can_pay()
 
     def _calibrate(self, context: Sequence[int], max_k: int) -> None:
         # The target's cache holds the text so far. The draft is timed on a short prefix of it, which
@@ -173,6 +170,9 @@ class AutoDrafter:
         """
         pending = []
         for tokens, order, start in self._shadows:
+            # Graded as a draft of at most SHADOW_SPAN tokens: a long proposal would otherwise wait that
+            # many plain rounds for its verdict, and long matches would start drafting late.
+            tokens = tokens[:SHADOW_SPAN]
             seen = context[start : start + len(tokens)]
             n = 0
             while n < len(seen) and seen[n] == tokens[n]:
