@@ -167,8 +167,10 @@ class Pipeline:
 
     @property
     def notes(self) -> list[str]:
-        """What the user should hear once after loading: the backend choice, a chat-format fallback."""
-        return [n for n in (self.backend_note, self.chat_format.note if self.chat_format else "") if n]
+        """What the user should hear once after loading: the backend choice, a chat-format fallback, a
+        hybrid model's rollback."""
+        hybrid = f"target {self.target.info.recurrent}" if self.target.info.recurrent else ""
+        return [n for n in (self.backend_note, self.chat_format.note if self.chat_format else "", hybrid) if n]
 
     def new_drafter(self, method: str) -> Drafter:
         """A fresh drafter of `method` over the loaded models (bench runs each method this way)."""
