@@ -268,11 +268,14 @@ class LlamaCppBackend:
     def _describe_rollback(self) -> str:
         if not self._recurrent:
             return ""
-        how = (
-            f"llama.cpp snapshots undo up to {self._n_rs_seq} drafted tokens"
-            if self._n_rs_seq
-            else "no snapshots for this architecture in llama.cpp"
-        )
+        from localspec.recurrent import GGUF_SNAPSHOTS
+
+        if self._n_rs_seq:
+            how = f"llama.cpp snapshots undo up to {self._n_rs_seq} drafted tokens"
+        elif self._header.architecture in GGUF_SNAPSHOTS:
+            how = "no snapshots kept (no drafts to verify)"
+        else:
+            how = "no snapshots for this architecture in llama.cpp"
         return f"{self._recurrent} ({self._header.architecture}): {how}; longer rollbacks restore a saved state and re-feed the kept tokens"
 
     # -- Backend protocol -------------------------------------------------------------------------

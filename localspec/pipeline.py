@@ -198,8 +198,11 @@ class Pipeline:
 
     @property
     def notes(self) -> list[str]:
-        """What the user should hear once after loading: the backend choice, a skipped draft, a chat-format fallback."""
-        return [n for n in (self.backend_note, self.draft_note, self.chat_format.note if self.chat_format else "") if n]
+        """What the user should hear once after loading: the backend choice, a skipped draft, a chat-format
+        fallback, a hybrid model's rollback."""
+        hybrid = f"target {self.target.info.recurrent}" if self.target.info.recurrent else ""
+        fmt = self.chat_format.note if self.chat_format else ""
+        return [n for n in (self.backend_note, self.draft_note, fmt, hybrid) if n]
 
     @property
     def cost_store(self) -> CostStore:

@@ -123,6 +123,7 @@ def test_rollback_before_the_saved_state_is_refused_clearly(hybrid_models) -> No
     np.testing.assert_allclose(row, _plain_logits(b, [*prompt[:-2], 50]), atol=TOL)
 
 
+@pytest.mark.slow  # about 4 minutes on a busy 2-core CPU
 def test_exact_rule_through_a_hybrid_target_keeps_its_distribution(hybrid_models) -> None:  # type: ignore[no-untyped-def]
     from localspec.decoding.drafters import ModelDrafter
     from localspec.decoding.sampling import SamplingParams, probabilities
