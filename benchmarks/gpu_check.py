@@ -566,11 +566,12 @@ def run_speculative_simple(s: Settings, tool: Path, model: Path, prompt: str, k:
     cmd = [
         str(tool), "-m", str(model), "-md", str(model), "-ngl", ngl, "-ngld", ngl, "-c", "4096",
         "-t", str(s.threads), "-td", str(s.threads), "-n", str(s.tokens), "--temp", "0", "--top-k", "1",
-        "--spec-draft-n-max", str(k), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0", "-p", prompt,
+        "--spec-type", "draft-simple", "--spec-draft-n-max", str(k), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0", "-p", prompt,
     ]  # fmt: skip
     runs = []
     for _ in range(s.reps):
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        # A random-weight model prints arbitrary bytes: decode them leniently.
+        proc = subprocess.run(cmd, capture_output=True, text=True, encoding="utf-8", errors="replace", timeout=300)
         text = proc.stdout + proc.stderr
         m = _DECODED.search(text)
         if proc.returncode != 0 or m is None:
