@@ -139,3 +139,15 @@ def test_auto_skips_loading_a_draft_that_measured_too_slow(tiny_ggufs) -> None: 
         assert fast.draft is not None and not fast.draft_note
     finally:
         fast.close()
+
+
+def test_an_implausible_curve_is_neither_kept_nor_used(tmp_path: Path) -> None:
+    """A calibration timed in a busy spell (a batch of 2 'cheaper' than one token) must not poison later runs."""
+    store = _store(tmp_path)
+    store.save(CostModel(target={1: 0.030, 2: 0.007, 5: 0.1}, draft_token=0.002))
+    assert store.load() is None and not store.path.exists()
+    store.save(CostModel(target={1: 0.030, 2: 0.054, 5: 0.1}, draft_token=0.019))
+    data = json.loads(store.path.read_text(encoding="utf-8"))
+    data["target_s"]["2"] = 0.007  # a file written by an older build, or by hand
+    store.path.write_text(json.dumps(data), encoding="utf-8")
+    assert store.load() is None

@@ -54,6 +54,17 @@ def backend_build(backend: str) -> str:
     return ",".join(parts)
 
 
+MIN_BATCH_RATIO = 0.5  # a forward of n > 1 tokens never costs less than half of one token's
+
+
+def plausible(target: dict[int, float]) -> bool:
+    """Whether a measured cost curve can be this machine's: one token measured, and no batch cheaper than
+    half a single token. A calibration timed once per size on a busy machine can break this (seen: T(2)
+    at 0.23 x T(1)); such a curve makes auto draft where it loses, in every later run."""
+    t1 = target.get(1)
+    return bool(t1) and all(t >= MIN_BATCH_RATIO * t1 for n, t in target.items() if n > 1)
+
+
 @dataclass(frozen=True)
 class CostStore:
     """Where one model pair's costs on this machine live."""
@@ -80,16 +91,16 @@ class CostStore:
                 return None
             target = {int(n): float(t) for n, t in data["target_s"].items() if float(t) > 0}
             draft = data.get("draft_token_s")
-            if 1 not in target:
-                return None
+            if not plausible(target):
+                return None  # measured in a bad spell: measure afresh
             return CostModel(target=target, draft_token=float(draft) if draft is not None else None)
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None
 
     def save(self, costs: CostModel) -> None:
         """Store the costs as seconds on today's pace (the model's common scale folded in)."""
-        if 1 not in costs.target:
-            return
+        if not plausible({n: costs.target_s(n) for n in costs.target}):
+            return  # one busy spell must not stand for this machine in every later run
         data = {
             "version": VERSION,
             "models": self.description,
