@@ -62,7 +62,7 @@ class Drafter(Protocol):
         ...
 
 
-class _Stateless:
+class Stateless:
     """Defaults for drafters without a cache of their own."""
 
     def observe(self, stats: RoundStats) -> None:
@@ -78,7 +78,7 @@ class _Stateless:
         pass
 
 
-class NoDrafter(_Stateless):
+class NoDrafter(Stateless):
     """Plain decoding through the same engine path: the baseline every speedup is measured against."""
 
     method = "none"
@@ -93,7 +93,7 @@ class NoDrafter(_Stateless):
         return EMPTY_DRAFT
 
 
-class NgramDrafter(_Stateless):
+class NgramDrafter(Stateless):
     """Prompt lookup: find the latest earlier occurrence of the context's last n tokens, propose what followed.
 
     Tries n = max_ngram down to min_ngram. The index of n-grams grows incrementally with the context,

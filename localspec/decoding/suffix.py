@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from localspec.backends.base import common_prefix
-from localspec.decoding.drafters import EMPTY_DRAFT, Draft
+from localspec.decoding.drafters import EMPTY_DRAFT, Draft, Stateless
 from localspec.decoding.policy import NGRAM_PRIOR, Acceptance, match_bucket
 from localspec.decoding.sampling import SamplingParams
 from localspec.decoding.stats import RoundStats
@@ -195,7 +195,7 @@ class SuffixIndex:
         return out
 
 
-class SuffixDrafter:
+class SuffixDrafter(Stateless):
     """The `suffix` draft method: suffix-match drafts over the session's texts (Drafter protocol).
 
     `prepare` starts a new current document, or continues the previous one when the new prompt
@@ -292,12 +292,3 @@ class SuffixDrafter:
         if self._last_bucket and stats.n_drafted:
             self.accept[self._last_bucket].update(stats.n_accepted, stats.n_drafted)
         self._last_bucket = 0
-
-    def lag(self, context: Sequence[int]) -> int:
-        return 0
-
-    def catch_up(self, context: Sequence[int]) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
