@@ -146,6 +146,11 @@ def test_an_implausible_curve_is_neither_kept_nor_used(tmp_path: Path) -> None:
     store = _store(tmp_path)
     store.save(CostModel(target={1: 0.030, 2: 0.007, 5: 0.1}, draft_token=0.002))
     assert store.load() is None and not store.path.exists()
+    # A preempted small batch: T(3) far above T(16) (seen on a loaded machine).
+    store.save(CostModel(target={1: 0.31, 2: 0.53, 3: 5.59, 4: 3.26, 16: 1.03, 33: 1.41}, draft_token=0.3))
+    assert store.load() is None and not store.path.exists()
+    store.save(CostModel(target={1: 0.030, 2: 0.054, 3: 0.07, 4: 0.069, 5: 0.1}, draft_token=0.019))  # noise: kept
+    assert store.load() is not None
     store.save(CostModel(target={1: 0.030, 2: 0.054, 5: 0.1}, draft_token=0.019))
     data = json.loads(store.path.read_text(encoding="utf-8"))
     data["target_s"]["2"] = 0.007  # a file written by an older build, or by hand

@@ -55,14 +55,23 @@ def backend_build(backend: str) -> str:
 
 
 MIN_BATCH_RATIO = 0.5  # a forward of n > 1 tokens never costs less than half of one token's
+MAX_INVERSION = 2.0  # ... and a smaller batch never costs more than twice a larger one
 
 
 def plausible(target: dict[int, float]) -> bool:
-    """Whether a measured cost curve can be this machine's: one token measured, and no batch cheaper than
-    half a single token. A calibration timed once per size on a busy machine can break this (seen: T(2)
-    at 0.23 x T(1)); such a curve makes auto draft where it loses, in every later run."""
+    """Whether a measured cost curve can be this machine's: one token measured, no batch cheaper than half
+    a single token, and no batch dearer than twice a larger one. A calibration timed once per size on a
+    busy machine can break either (seen: T(2) at 0.23 x T(1); T(3) at 18 x T(1) next to T(16) at 3.3 x);
+    such a curve makes auto draft where it loses, or never where it wins, in every later run."""
     t1 = target.get(1)
-    return bool(t1) and all(t >= MIN_BATCH_RATIO * t1 for n, t in target.items() if n > 1)
+    if not t1 or any(t < MIN_BATCH_RATIO * t1 for n, t in target.items() if n > 1):
+        return False
+    cheapest_above = float("inf")
+    for n in sorted(target, reverse=True):
+        if target[n] > MAX_INVERSION * cheapest_above:
+            return False
+        cheapest_above = min(cheapest_above, target[n])
+    return True
 
 
 @dataclass(frozen=True)
