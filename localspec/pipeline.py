@@ -334,7 +334,7 @@ def make_drafter(
     if method == "none":
         return NoDrafter()
     if method == "ngram":
-        return NgramDrafter()
+        return NgramDrafter(max_ngram=4, gate=True)  # llama-lookup's n-gram lengths and thresholds
     if method == "suffix":
         return SuffixDrafter()
     if method == "model":

@@ -75,11 +75,12 @@ def test_model_and_ngram_drafting_print_the_plain_text(tiny_ggufs) -> None:  # t
         assert r.returncode == 0, r.stderr
         return r
 
-    # A random model's reply rarely repeats itself: put one of its replies in the prompt, so that prompt
-    # lookup finds the pieces the model writes again.
+    # A random model's reply rarely repeats itself: put one of its replies in the prompt, twice (the
+    # `ngram` method drafts a single token's continuation only after two sightings, as llama-lookup),
+    # so that prompt lookup finds the pieces the model writes again.
     first = run("Tell me about the sea.", "--draft-method", "none").stdout
     assert first.strip()
-    prompt = f"Tell me about the sea. {first.strip()}"
+    prompt = f"Tell me about the sea. {first.strip()} {first.strip()}"
     plain = run(prompt, "--draft-method", "none").stdout
     assert plain.strip()
     assert run(prompt, "--draft", draft, "--draft-method", "model").stdout == plain

@@ -101,6 +101,68 @@ def test_same_length_different_context_needs_prepare() -> None:
     assert _propose(d, [5, 6, 7, 5], 2) == [6, 7]
 
 
+# -- the gated n-gram drafter (the `ngram` method): llama-lookup's context-cache statistics ----------------
+
+
+def _likely(context: list[int], k: int, max_ngram: int = 4) -> list[int]:
+    """Brute force of llama.cpp's context-cache draft: per token, the longest n-gram ending the text (draft
+    included) seen often enough whose most frequent continuation holds a large enough share."""
+    min_count, min_share = (2, 2, 1, 1), (0.66, 0.5, 0.5, 0.5)
+    out: list[int] = []
+    while len(out) < k:
+        text = context + out
+        pick = None
+        for n in range(min(max_ngram, len(text)), 0, -1):
+            follow: dict[int, int] = {}
+            for start in range(len(context) - n):  # occurrences whose continuation is committed text
+                if context[start : start + n] == text[-n:]:
+                    follow[context[start + n]] = follow.get(context[start + n], 0) + 1
+            if follow:
+                tok, best = max(follow.items(), key=lambda kv: kv[1])  # first seen wins a tie, as dicts keep order
+                total = sum(follow.values())
+                if total >= min_count[min(n, 4) - 1] and best >= min_share[min(n, 4) - 1] * total:
+                    pick = tok
+                    break
+        if pick is None:
+            break
+        out.append(pick)
+    return out
+
+
+def test_gated_ngram_skips_a_pair_seen_once_and_an_ambiguous_word() -> None:
+    gated = NgramDrafter(max_ngram=4, gate=True)
+    # "5" seen once before (followed by 6): one sighting of a single token is not evidence (needs 2).
+    assert _propose(NgramDrafter(max_ngram=4), [5, 6, 1, 2, 5], 2) == [6, 1]
+    assert _propose(gated, [5, 6, 1, 2, 5], 2) == []
+    # "5" seen 3 times with 3 different continuations: no continuation holds 66%.
+    gated.prepare([], 8)
+    assert _propose(gated, [5, 1, 5, 2, 5, 3, 5], 2) == []
+    # "5" followed by 6 twice out of three: 66% holds it; then "5 6" seen twice, both followed by 7.
+    gated.prepare([], 8)
+    assert _propose(gated, [5, 6, 7, 5, 6, 7, 5, 3, 5], 3) == [6, 7, 5]
+
+
+def test_gated_ngram_copies_a_repeated_block_in_full() -> None:
+    block = [10, 11, 12, 13, 14, 15, 16, 17]
+    context = [1, *block, 2, 3, *block[:3]]
+    # "10 11 12" seen once: a 3-gram needs one sighting, and its continuation is the block's rest.
+    assert _propose(NgramDrafter(max_ngram=4, gate=True), context, 8) == [13, 14, 15, 16, 17, 2, 3, 10]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_gated_index_equals_brute_force_as_the_context_grows(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, 5, size=240).tolist()
+    d = NgramDrafter(max_ngram=4, gate=True)
+    d.prepare(tokens[:8], 8)
+    n = 8
+    while n < len(tokens):
+        ctx = tokens[:n]
+        k = int(rng.integers(1, 7))
+        assert _propose(d, ctx, k) == _likely(ctx, k), n
+        n += int(rng.integers(1, 6))
+
+
 def test_no_drafter() -> None:
     d = NoDrafter()
     d.prepare([1, 2], 8)

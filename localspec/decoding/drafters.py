@@ -93,24 +93,39 @@ class NoDrafter(Stateless):
         return EMPTY_DRAFT
 
 
-class NgramDrafter(Stateless):
-    """Prompt lookup: find the latest earlier occurrence of the context's last n tokens, propose what followed.
+# llama-lookup's thresholds for its context cache (common/ngram-cache.cpp, the "lax" set), by n-gram
+# length 1..4: how often the n-gram must have been seen, and the share its most frequent continuation
+# must hold, before that continuation is drafted. Longer n-grams use the 4-gram values.
+LAX_MIN_COUNT = (2, 2, 1, 1)
+LAX_MIN_SHARE = (0.66, 0.5, 0.5, 0.5)
 
-    Tries n = max_ngram down to min_ngram. The index of n-grams grows incrementally with the context,
-    so a round costs O(new tokens), not O(context).
+
+class NgramDrafter(Stateless):
+    """Prompt lookup over the context's own n-grams (n = max_ngram down to min_ngram).
+
+    Gated (the `ngram` method): as llama-lookup drafts from its context cache, each draft token is the
+    most frequent continuation of the longest n-gram ending the text so far (the draft included) whose
+    statistics are strong enough (LAX_MIN_COUNT, LAX_MIN_SHARE); the draft ends where none is, so a
+    weak match (a pair seen once, a word with many different continuations) proposes nothing and costs
+    no wider verify. Ungated: copy what followed the latest occurrence of the longest matching n-gram.
+
+    The index grows incrementally with the context, so a round costs O(new tokens + k * max_ngram).
     """
 
     method = "ngram"
     name = "ngram"
 
-    def __init__(self, *, max_ngram: int = 3, min_ngram: int = 1) -> None:
+    def __init__(self, *, max_ngram: int = 3, min_ngram: int = 1, gate: bool = False) -> None:
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
+        self.gate = gate
         self._index: dict[tuple[int, ...], int] = {}  # n-gram -> position right after its latest occurrence
+        self._next: dict[tuple[int, ...], dict[int, int]] = {}  # n-gram -> continuation token -> count
         self._n_indexed = 0  # the context is append-only within a generation; this much is indexed
 
     def prepare(self, context: Sequence[int], max_k: int) -> None:
         self._index.clear()
+        self._next.clear()
         self._n_indexed = 0
 
     def propose(
@@ -119,19 +134,51 @@ class NgramDrafter(Stateless):
         if k <= 0 or len(context) < 2:
             return EMPTY_DRAFT
         self._extend_index(context)
+        if self.gate:
+            return self._likely_draft(context, k)
         for n in range(min(self.max_ngram, len(context) - 1), self.min_ngram - 1, -1):
             at = self._index.get(tuple(context[-n:]))
             if at is not None:
                 return Draft(list(context[at : at + k]), None, source="ngram", order=n)
         return EMPTY_DRAFT
 
+    def _likely_draft(self, context: Sequence[int], k: int) -> Draft:
+        tail = list(context[-self.max_ngram :])
+        tokens: list[int] = []
+        order = 0
+        while len(tokens) < k:
+            token, n = self._likely_next(tail)
+            if token is None:
+                break
+            order = order or n
+            tokens.append(token)
+            tail = (tail + [token])[-self.max_ngram :]
+        return Draft(tokens, None, source="ngram", order=order) if tokens else EMPTY_DRAFT
+
+    def _likely_next(self, tail: Sequence[int]) -> tuple[int | None, int]:
+        """The continuation of the longest n-gram ending `tail` that passes the thresholds, and that n."""
+        for n in range(min(self.max_ngram, len(tail)), self.min_ngram - 1, -1):
+            counts = self._next.get(tuple(tail[-n:]))
+            if not counts:
+                continue
+            token, best = max(counts.items(), key=lambda kv: kv[1])
+            total = sum(counts.values())
+            i = min(n, len(LAX_MIN_COUNT)) - 1
+            if total >= LAX_MIN_COUNT[i] and best >= LAX_MIN_SHARE[i] * total:
+                return token, n
+        return None, 0
+
     def _extend_index(self, context: Sequence[int]) -> None:
         if self._n_indexed > len(context):
             self.prepare(context, 0)
         # Index n-grams that end before the last token, so a lookup finds an *earlier* occurrence.
         for end in range(max(self._n_indexed, 1), len(context)):
+            nxt = context[end]
             for n in range(self.min_ngram, min(self.max_ngram, end) + 1):
-                self._index[tuple(context[end - n : end])] = end
+                key = tuple(context[end - n : end])
+                self._index[key] = end
+                counts = self._next.setdefault(key, {})
+                counts[nxt] = counts.get(nxt, 0) + 1
         self._n_indexed = len(context)
 
 
