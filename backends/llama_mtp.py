@@ -88,6 +88,8 @@ class MtpDrafter:
     method = "mtp"
 
     def __init__(self, target: LlamaCppBackend) -> None:
+        self._ctx = None
+        self._batch: ExtBatch | None = None
         llama_ext.require_family("mtp")
         check_target(target.info.path)
         if not target.mtp_loaded:
@@ -97,8 +99,6 @@ class MtpDrafter:
             )
         self.target = target
         self.name = f"mtp:{Path(target.info.path).stem}"
-        self._ctx = None
-        self._batch: ExtBatch | None = None
         try:
             model, _ = target.handle
             self._ctx = self._context()
@@ -194,7 +194,12 @@ class MtpDrafter:
 
     def _sync(self, context: Sequence[int], *, output: bool) -> tuple[np.ndarray, np.ndarray]:
         """Cut the head's cache back to the pairs still true, write the missing ones; with `output`,
-        return the logits [V] and nextn state [E] of the last pair (re-fed if it was already there)."""
+        return the logits [V] and nextn state [E] of the last pair (re-fed if it was already there).
+
+        The last pair goes in a batch of its own, as in llama.cpp's loop: MTP graphs set their nextn
+        output before picking the output rows, so in a batch with one output flag llama.cpp would hand
+        back the first row's state, not the flagged one's.
+        """
         n_pairs = self._n_pairs(context)
         if output and n_pairs == 0:
             raise ValueError("no pair to draft from: the context is empty")
@@ -205,22 +210,25 @@ class MtpDrafter:
             return np.empty(0, np.float32), np.empty(0, np.float32)
         base = max(keep - 1, 0)
         h = self.target.nextn_states(base, n_pairs - 1)  # h[P-1] for P in keep..n_pairs-1
-        result = (np.empty(0, np.float32), np.empty(0, np.float32))
-        for start in range(keep, n_pairs, self._n_batch):
-            stop = min(start + self._n_batch, n_pairs)
+        silent = n_pairs - 1 if output else n_pairs  # pairs written without outputs
+        for start in range(keep, silent, self._n_batch):
+            stop = min(start + self._n_batch, silent)
             self._batch.clear()  # type: ignore[union-attr]
             for p in range(start, stop):
-                state = h[p - 1 - base] if p > 0 else self._zeros
-                self._batch.add(context[p], state, p, output and p == n_pairs - 1)  # type: ignore[union-attr]
-            if output and stop == n_pairs:
-                result = self._decode_last()
-            else:
-                self._process()
+                self._batch.add(context[p], h[p - 1 - base] if p > 0 else self._zeros, p, False)  # type: ignore[union-attr]
+            self._process()
             self._written = list(context[:stop])
+        if not output:
+            return np.empty(0, np.float32), np.empty(0, np.float32)
+        p = n_pairs - 1
+        self._batch.clear()  # type: ignore[union-attr]
+        self._batch.add(context[p], h[p - 1 - base] if p > 0 else self._zeros, p, True)  # type: ignore[union-attr]
+        result = self._decode_last()
+        self._written = list(context[:n_pairs])
         return result
 
     def _decode_last(self) -> tuple[np.ndarray, np.ndarray]:
-        """Decode the batch; the logits [V] and nextn state [E] of its last row, an output row (copies)."""
+        """Decode a batch of one output row; its logits [V] and nextn state [E] (copies)."""
         self._process()
         last = self._batch.n - 1  # type: ignore[union-attr]
         logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self._ctx, last), shape=(self._n_vocab,)).copy()

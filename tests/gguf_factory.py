@@ -280,6 +280,7 @@ def write_tiny_glm4moe(
     n_ff_exp: int = 32,
     n_mtp: int = 1,
     mtp_declared: int | None = None,
+    favoured: tuple[int, ...] = (),
     scale: float = 0.5,
 ) -> dict[str, np.ndarray]:
     """A random GLM-4.5-style model (architecture `glm4moe`, src/models/glm4-moe.cpp), attention only:
@@ -287,7 +288,9 @@ def write_tiny_glm4moe(
     MoE decoder layer (`n_expert` experts, one used, one shared expert) with the nextn projections
     (eh_proj over [enorm(token embedding), hnorm(h)]) and the model's output as its head.
     `mtp_declared`: the nextn_predict_layers written in the metadata (default n_mtp; a file that
-    declares MTP layers whose weights were dropped, as trunk-only quantizations do)."""
+    declares MTP layers whose weights were dropped, as trunk-only quantizations do).
+    `favoured`: token ids whose output rows are scaled up, so the trunk and the (random) MTP head both put
+    most of their mass on them and drafts get accepted as well as rejected."""
     meta = dict(read_gguf_header(tokenizer_source).metadata)
     n_vocab = len(meta["tokenizer.ggml.tokens"])
     head_dim = n_embd // n_head
@@ -329,6 +332,9 @@ def write_tiny_glm4moe(
         }
     tensors = _random_tensors(shapes, seed, scale, None, 0.0, n_embd)
     declared = n_mtp if mtp_declared is None else mtp_declared
+    if favoured:  # flat logits, but for these tokens: they lead both heads' top-k, without certainty
+        tensors["output.weight"] /= np.float32(8.0)
+        tensors["output.weight"][list(favoured)] *= np.float32(6.0)
 
     def hparams(w) -> None:  # type: ignore[no-untyped-def]
         w.add_feed_forward_length(n_ff)
