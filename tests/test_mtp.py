@@ -141,8 +141,10 @@ def _draw(target, drafter, prompt: list[int], sampling: SamplingParams) -> Calla
     return draw
 
 
-@pytest.mark.slow  # about 2 minutes on a busy 2-core CPU
+@pytest.mark.slow  # about a minute on a busy 2-core CPU
 def test_exact_rule_matches_the_target_distribution_through_the_head(chi) -> None:  # type: ignore[no-untyped-def]
+    """joint_check's power against a misreported q is shown in test_eagle3 (a head whose vocabulary is the
+    target's likely tokens); this random MTP head agrees with its target too rarely for that check."""
     target, prompt, sampling, expected = chi
     assert len(expected) == TOP_K**WINDOW
     drafter = MtpDrafter(target)
@@ -154,27 +156,6 @@ def test_exact_rule_matches_the_target_distribution_through_the_head(chi) -> Non
             temperature=1.0, top_k=TOP_K, seed=s)).stats for s in range(60)]  # fmt: skip
         accepted, drafted = sum(s.n_accepted for s in runs), sum(s.n_drafted for s in runs)
         assert 0 < accepted < drafted, (accepted, drafted)
-    finally:
-        drafter.close()
-
-
-@pytest.mark.slow
-def test_a_head_whose_q_is_misreported_fails_the_same_check(chi) -> None:  # type: ignore[no-untyped-def]
-    """The test's own test: the same drafts, but q reported as uniform over its support, must fail."""
-    from dataclasses import replace
-
-    class Misreported(MtpDrafter):
-        def propose(self, context, k, sampling, rng, *, min_confidence=0.0):  # type: ignore[no-untyped-def]
-            d = super().propose(context, k, sampling, rng, min_confidence=min_confidence)
-            if d.q is None:
-                return d
-            flat = (d.q > 0).astype(np.float64)
-            return replace(d, q=flat / flat.sum(axis=1, keepdims=True))
-
-    target, prompt, sampling, expected = chi
-    drafter = Misreported(target)
-    try:
-        assert joint_check(_draw(target, drafter, prompt, sampling), expected, N_SAMPLES) is not None
     finally:
         drafter.close()
 
@@ -348,3 +329,15 @@ def test_without_the_check_llama_cpp_would_abort_the_process(files: dict[str, Pa
         print("survived")
     """)
     assert crash.returncode == -signal.SIGABRT and "survived" not in crash.stdout
+
+
+def test_a_draft_file_given_with_mtp_is_said_to_be_unused(files: dict[str, Path]) -> None:
+    import argparse
+
+    from localspec.commands.run import ignored_options
+
+    opts = ModelOptions(target=str(files["target"]), draft=str(files["llama"]), draft_method="mtp")
+    notes = ignored_options(argparse.Namespace(draft=str(files["llama"])), opts)
+    assert len(notes) == 1 and "--draft is not used by --draft-method mtp" in notes[0]
+    eagle = ModelOptions(target=str(files["target"]), draft=str(files["llama"]), draft_method="eagle3")
+    assert ignored_options(argparse.Namespace(draft=str(files["llama"])), eagle) == []
