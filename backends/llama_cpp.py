@@ -129,9 +129,11 @@ def load(
     n_gpu_layers: int = -1,
     cancel: threading.Event | None = None,
     max_draft: int = 0,
+    load_mtp: bool = False,
 ) -> LlamaCppBackend:
     return LlamaCppBackend(
-        path, n_ctx=n_ctx, threads=threads, n_gpu_layers=n_gpu_layers, cancel=cancel, max_draft=max_draft
+        path, n_ctx=n_ctx, threads=threads, n_gpu_layers=n_gpu_layers, cancel=cancel, max_draft=max_draft,
+        load_mtp=load_mtp,
     )
 
 
@@ -161,12 +163,16 @@ class LlamaCppBackend:
         n_batch: int = 512,
         cancel: threading.Event | None = None,
         max_draft: int = 0,
+        load_mtp: bool = False,
     ) -> None:
+        """`load_mtp`: load the model's MTP (nextn) layers too, for --draft-method mtp (llama.cpp skips
+        them otherwise)."""
         _init_llama()
         p = Path(path).expanduser()
         self._header = read_header(p)
         self._meta = self._header.metadata
         self._abort_flag = ctypes.create_string_buffer(2)  # non-empty string: abort (see _abort_check)
+        self._load_mtp = load_mtp
         self._model = self._load_model(p, n_gpu_layers, cancel)
         self._ctx = None
         self._batch = None
@@ -186,6 +192,7 @@ class LlamaCppBackend:
             self._tokens: list[int] = []
             self._captured: tuple[int, ...] = ()  # layers whose inputs are kept per position (EAGLE-3)
             self._features: np.ndarray | None = None  # [n_ctx, len(captured) * n_embd]
+            self._nextn: np.ndarray | None = None  # [n_ctx, n_embd_out]: the states an MTP head reads
             self._pieces: dict[int, bytes] = {}
             self._eog = frozenset(t for t in range(self._n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab, t))
             self._info = self._describe(p, n_gpu_layers)
@@ -198,6 +205,7 @@ class LlamaCppBackend:
     def _load_model(self, p: Path, n_gpu_layers: int, cancel: threading.Event | None):  # type: ignore[no-untyped-def]
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else n_gpu_layers
+        params.load_mtp = self._load_mtp
         if cancel is not None:
             # llama.cpp stops loading when this returns False (it is called as tensors load).
             keep_going = llama_cpp.llama_progress_callback(lambda progress, data: not cancel.is_set())
@@ -412,6 +420,8 @@ class LlamaCppBackend:
             )
         if self._captured:
             self._keep_features(n_past, n)
+        if self._nextn is not None:
+            self._keep_nextn(n_past, n)
         self._tokens.extend(int(t) for t in tokens)
         self._last_batch = n
 
@@ -438,7 +448,7 @@ class LlamaCppBackend:
     def can_rollback(self, n_keep: int) -> bool:
         return n_keep >= 0 and self._route(n_keep) != "refused"
 
-    # -- hidden states for drafters that read them (EAGLE-3) -------------------------------------
+    # -- hidden states for drafters that read them (EAGLE-3, MTP) --------------------------------
 
     @property
     def threads(self) -> int:
@@ -492,6 +502,36 @@ class LlamaCppBackend:
         for k, lid in enumerate(self._captured):
             rows = np.ctypeslib.as_array(llama_ext.layer_inputs(self._ctx, lid), shape=(n, n_embd))
             self._features[n_past : n_past + n, k * n_embd : (k + 1) * n_embd] = rows
+
+    @property
+    def mtp_loaded(self) -> bool:
+        """Whether the model was loaded with its MTP (nextn) layers (load_mtp)."""
+        return self._load_mtp
+
+    def keep_nextn_states(self) -> None:
+        """From the next forward on, keep the nextn state (the hidden state an MTP head reads with the
+        next token) of every cached position: nextn_states()."""
+        from localspec.backends import llama_ext
+
+        if self._nextn is not None:
+            return
+        llama_ext.set_nextn_output(self._ctx, True, masked=False)  # every row, not only those with logits
+        n_embd = int(llama_cpp.llama_model_n_embd_out(self._model))
+        self._nextn = np.zeros((self.n_ctx, n_embd), dtype=np.float32)
+        self.rollback(0)  # positions cached before now have no states: the next forward recomputes them
+
+    def nextn_states(self, start: int, stop: int) -> np.ndarray:
+        """[stop - start, n_embd_out]: the kept nextn states at cached positions (a view)."""
+        if self._nextn is None or stop > len(self._tokens):
+            raise ValueError(f"no nextn states for positions {start}..{stop} ({len(self._tokens)} cached)")
+        return self._nextn[start:stop]
+
+    def _keep_nextn(self, n_past: int, n: int) -> None:
+        from localspec.backends import llama_ext
+
+        assert self._nextn is not None
+        rows = np.ctypeslib.as_array(llama_ext.nextn_rows(self._ctx), shape=(n, self._nextn.shape[1]))
+        self._nextn[n_past : n_past + n] = rows
 
     def rollback(self, n_keep: int) -> None:
         if n_keep < 0:

@@ -15,7 +15,6 @@ Rollback: the head's cache is cut back to the pairs still true for the new conte
 
 from __future__ import annotations
 
-import ctypes
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -24,11 +23,12 @@ import numpy as np
 
 from localspec.backends import llama_ext
 from localspec.backends.base import common_prefix
+from localspec.backends.llama_batch import ExtBatch, process
 from localspec.backends.llama_cpp import LlamaCppBackend, _LOG, _abort_check, _last_error, read_header
 from localspec.decoding.drafters import EMPTY_DRAFT, Draft, sample_draft
 from localspec.decoding.sampling import SamplingParams
 from localspec.decoding.stats import RoundStats
-from localspec.errors import GenerationError, Interrupted, ModelFileError, UnsupportedModelError
+from localspec.errors import ModelFileError, UnsupportedModelError
 
 ARCH = "eagle3"
 
@@ -67,39 +67,6 @@ def check_head(head_path: str | Path, target_path: str | Path) -> None:
         )
 
 
-class _Batch:
-    """A llama_batch_ext: rows of (token and/or embedding, position, output flag)."""
-
-    def __init__(self, ctx) -> None:  # type: ignore[no-untyped-def]
-        self.ptr = llama_cpp.llama_batch_ext_init(ctx)
-        self.n = 0
-
-    def clear(self) -> None:
-        llama_cpp.llama_batch_ext_clear(self.ptr)
-        self.n = 0
-
-    def add(self, token: int | None, embd: np.ndarray, pos: int, output: bool) -> int:
-        row = np.ascontiguousarray(embd, dtype=np.float32)  # llama.cpp copies it
-        e = llama_cpp.llama_embd(row.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, row.shape[-1])
-        if token is None:
-            idx = llama_cpp.llama_batch_ext_add_embd(self.ptr, 0, e)
-        else:
-            idx = llama_cpp.llama_batch_ext_add_token(self.ptr, 0, token)
-            if idx >= 0 and not llama_cpp.llama_batch_ext_set_embd_token(self.ptr, idx, e):
-                idx = -2
-        if idx < 0:
-            raise GenerationError(f"llama.cpp refused a batch row (code {idx})", "lower --n-ctx or -k")
-        llama_cpp.llama_batch_ext_set_pos(self.ptr, idx, ctypes.byref(llama_cpp.llama_pos(pos)))
-        llama_cpp.llama_batch_ext_set_output_logits(self.ptr, idx, output)
-        self.n += 1
-        return idx
-
-    def free(self) -> None:
-        if self.ptr:
-            llama_cpp.llama_batch_ext_free(self.ptr)
-            self.ptr = None
-
-
 class Eagle3Drafter:
     """Drafts with an EAGLE-3 head on a llama.cpp target. Owns the head (model and context); borrows
     the target, whose layer capture it turns on."""
@@ -113,13 +80,13 @@ class Eagle3Drafter:
         self.name = f"eagle3:{Path(head_path).stem}"
         self._model = None
         self._ctx = None
-        self._batch: _Batch | None = None
+        self._batch: ExtBatch | None = None
         try:
             self._model = self._load(Path(head_path), n_gpu_layers)
             self._layers = llama_ext.target_layer_ids(self._model)
             target.capture_layers(self._layers)  # checks the architecture again before enabling anything
             self._ctx = self._context()
-            self._batch = _Batch(self._ctx)
+            self._batch = ExtBatch(self._ctx)
             self._n_ubatch = int(llama_cpp.llama_n_ubatch(self._ctx))
             self._n_embd = int(llama_cpp.llama_model_n_embd(self._model))
             self._n_vocab = int(llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self._model)))
@@ -276,12 +243,7 @@ class Eagle3Drafter:
         return logits, state
 
     def _process(self, kind: int) -> None:
-        with _LOG.capture() as log:
-            rc = llama_cpp.llama_process(self._ctx, kind, self._batch.ptr)  # type: ignore[union-attr]
-        if rc == 2:
-            raise Interrupted("stopped during a draft pass")
-        if rc != 0:
-            raise GenerationError(
-                f"the EAGLE-3 head failed (llama_process code {rc}): {_last_error(log) or 'no reason given'}",
-                "lower --n-ctx or -k, or use --draft-method model",
-            )
+        process(
+            self._ctx, kind, self._batch, what="the EAGLE-3 head",  # type: ignore[arg-type]
+            hint="lower --n-ctx or -k, or use --draft-method model",
+        )

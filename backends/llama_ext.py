@@ -86,9 +86,6 @@ _FAMILY_SYMBOLS: dict[str, tuple[str, ...]] = {
                "model_target_layer_ids_n", "model_dflash_selector_top_k"),
 }  # fmt: skip
 NOT_DRIVEN: dict[str, str] = {
-    "mtp": "localspec does not drive MTP heads yet (a second context of the MTP type on the target, fed "
-    "with its nextn states; the common MTP targets, Qwen3.5 and Qwen3-Next, are also hybrid models whose "
-    "recurrent state the llama.cpp backend cannot roll back yet)",
     "dflash": "localspec does not drive DFlash block drafts yet (a non-causal block pass with the target's "
     "features injected as embedding rows)",
     "dspark": "localspec does not drive DSpark yet (it loads like DFlash, which is not driven either)",
@@ -206,6 +203,11 @@ def nextn_rows(ctx):  # type: ignore[no-untyped-def]
 
 def nextn_row(ctx, i: int):  # type: ignore[no-untyped-def]
     return _fn("get_embeddings_nextn_ith")(ctx, i)
+
+
+def set_nextn_layer_offset(ctx, offset: int) -> None:  # type: ignore[no-untyped-def]
+    """Which of a model's MTP heads (0 = the first) the next passes of an MTP context run."""
+    _fn("set_nextn_layer_offset")(ctx, offset)
 
 
 def target_layer_ids(model) -> list[int]:  # type: ignore[no-untyped-def]

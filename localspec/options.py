@@ -21,6 +21,7 @@ BACKENDS = ("auto", "llama", "mlx")
 DEFAULT_BACKEND = "auto"  # llama.cpp for GGUF files; MLX on Apple silicon when installed
 DRAFT_METHODS = ("auto", "model", "ngram", "suffix", "none", "eagle3", "mtp", "dflash", "dspark")
 HEAD_METHODS = ("eagle3", "mtp", "dflash", "dspark")  # drafters that read the target's hidden states (llama.cpp)
+OWN_HEAD_METHODS = ("mtp",)  # heads inside the target's own GGUF: no --draft file
 DEFAULT_DRAFT_METHOD = "auto"  # met the bar of issue 6 (bench on the 2-core CPU reference machine)
 FIXED_K = 4  # k for fixed draft methods, unless a catalog pair says otherwise
 AUTO_MAX_K = 32  # k for auto: the longest draft it may choose (long exact copies pay on a CPU, see DESIGN.md)
@@ -171,7 +172,8 @@ def add_model_options(p: argparse.ArgumentParser, *, method: bool = True, first_
             help="auto: measure costs and acceptance, pick the draft (suffix lookup, model or none) and its length "
             "each round; model: a draft model; ngram: prompt lookup, no model; suffix: copy what followed the longest "
             "earlier match in this session's text, no model; none: plain decoding; eagle3: an "
-            "EAGLE-3 head given with --draft (llama.cpp); mtp, dflash, dspark: not driven yet (say why) "
+            "EAGLE-3 head given with --draft (llama.cpp); mtp: the target's own MTP layers, for GGUFs that keep "
+            "them (llama.cpp); dflash, dspark: not driven yet (say why) "
             f"(default: {DEFAULT_DRAFT_METHOD})",
         )
     g.add_argument("--n-ctx", type=int, default=DEFAULT_N_CTX, help=f"context window in tokens (default: {DEFAULT_N_CTX})")

@@ -29,7 +29,7 @@ from localspec.decoding.drafters import Drafter, ModelDrafter, NgramDrafter, NoD
 from localspec.decoding.suffix import SuffixDrafter
 from localspec.decoding.engine import Event, GenerationConfig, generate
 from localspec.errors import BackendUnavailableError, UsageError
-from localspec.options import DRAFT_METHODS, HEAD_METHODS, ModelOptions, check_choice
+from localspec.options import DRAFT_METHODS, HEAD_METHODS, OWN_HEAD_METHODS, ModelOptions, check_choice
 from localspec.vocab import VocabInfo, check_compatible
 
 Prompt = str | Sequence[ChatMessage] | Sequence[int]  # raw text, a conversation, or token ids
@@ -141,7 +141,8 @@ def check_pair(opts: ModelOptions) -> PairCheck:
 
 def _check_head_method(opts: ModelOptions, backend: str) -> None:
     """A drafter that reads the target's hidden states: llama.cpp only, a family this build and localspec
-    can run, and (EAGLE-3) a head made for this target, checked from the headers before anything loads."""
+    can run, and (EAGLE-3) a head made for this target or (MTP) a target with its own MTP layers, checked
+    from the headers before anything loads."""
     method = opts.draft_method
     if backend != "llama":
         raise UsageError(
@@ -150,13 +151,19 @@ def _check_head_method(opts: ModelOptions, backend: str) -> None:
     from localspec.backends import llama_ext
 
     llama_ext.require_family(method)
+    module = backend_module(backend)
+    if method in OWN_HEAD_METHODS:
+        from localspec.backends.llama_mtp import check_target
+
+        module.check_path(opts.target)
+        check_target(opts.target)
+        return
     if not opts.draft:
         raise UsageError(
             f"--draft-method {method} needs the head's GGUF file", f"pass --draft HEAD.gguf (architecture {method})"
         )
     from localspec.backends.llama_eagle3 import check_head
 
-    module = backend_module(backend)
     for path in (opts.target, opts.draft):
         module.check_path(path)
     check_head(opts.draft, opts.target)
@@ -267,7 +274,8 @@ def load_pipeline(
     module = backend_module(check.backend)
     load = dict(n_ctx=opts.n_ctx, threads=opts.threads, n_gpu_layers=opts.n_gpu_layers, cancel=cancel)
     # Only the target verifies drafts in one batch; a draft model drafts token by token (checkpoints serve it).
-    target = module.load(opts.target, **load, max_draft=opts.max_draft)
+    own_head = {"load_mtp": True} if opts.draft_method == "mtp" else {}  # llama.cpp skips those layers otherwise
+    target = module.load(opts.target, **load, max_draft=opts.max_draft, **own_head)
     draft: Backend | None = None
     try:
         store = cost_store(opts, target)
@@ -350,12 +358,16 @@ def make_drafter(
 def _head_drafter(method: str, target: Backend, head: str | None, n_gpu_layers: int) -> Drafter:
     from localspec.backends import llama_ext
 
-    llama_ext.require_family(method)  # only eagle3 gets past this for now, with the reason for the others
+    llama_ext.require_family(method)  # eagle3 and mtp get past this for now, with the reason for the others
     from localspec.backends.llama_cpp import LlamaCppBackend
     from localspec.backends.llama_eagle3 import Eagle3Drafter
 
     if not isinstance(target, LlamaCppBackend):
         raise UsageError(f"--draft-method {method} runs on llama.cpp only", "use --backend llama with GGUF files")
+    if method == "mtp":
+        from localspec.backends.llama_mtp import MtpDrafter
+
+        return MtpDrafter(target)
     if not head:
         raise UsageError(f"--draft-method {method} needs the head's GGUF file", "pass --draft HEAD.gguf")
     return Eagle3Drafter(target, head, n_gpu_layers=n_gpu_layers)

@@ -1,6 +1,6 @@
-"""Write tiny random GGUF models for fast real-llama.cpp tests: llama (or qwen2) targets, EAGLE-3 heads, and the
+"""Write tiny random GGUF models for fast real-llama.cpp tests: llama (or qwen2) targets, EAGLE-3 heads, the
 recurrent/hybrid families mamba (every layer a selective state space) and lfm2 (short convolutions
-beside attention layers).
+beside attention layers), and glm4moe targets with an MTP (nextn) layer.
 
 The tokenizer metadata (gpt2 BPE, 49,152 tokens, chat template) is copied from the SmolLM2 fixture,
 so prompts tokenize like a real model; the weights are random, untied and small (a few MB). Tensor
@@ -263,6 +263,95 @@ def write_tiny_lfm2(
         w.add_uint32("lfm2.shortconv.l_cache", l_cache)
 
     _write(path, "lfm2", f"tiny-lfm2-{seed}", meta, tensors, n_embd, len(layers), hparams)
+    return tensors
+
+
+def write_tiny_glm4moe(
+    path: Path,
+    tokenizer_source: Path,
+    *,
+    seed: int = 0,
+    n_embd: int = 64,
+    n_layer: int = 2,
+    n_head: int = 4,
+    n_head_kv: int = 2,
+    n_ff: int = 128,
+    n_expert: int = 2,
+    n_ff_exp: int = 32,
+    n_mtp: int = 1,
+    mtp_declared: int | None = None,
+    favoured: tuple[int, ...] = (),
+    scale: float = 0.5,
+) -> dict[str, np.ndarray]:
+    """A random GLM-4.5-style model (architecture `glm4moe`, src/models/glm4-moe.cpp), attention only:
+    `n_layer` dense trunk layers (leading_dense_block_count = n_layer), then `n_mtp` MTP blocks, each an
+    MoE decoder layer (`n_expert` experts, one used, one shared expert) with the nextn projections
+    (eh_proj over [enorm(token embedding), hnorm(h)]) and the model's output as its head.
+    `mtp_declared`: the nextn_predict_layers written in the metadata (default n_mtp; a file that
+    declares MTP layers whose weights were dropped, as trunk-only quantizations do).
+    `favoured`: token ids whose output rows are scaled up, so the trunk and the (random) MTP head both put
+    most of their mass on them and drafts get accepted as well as rejected."""
+    meta = dict(read_gguf_header(tokenizer_source).metadata)
+    n_vocab = len(meta["tokenizer.ggml.tokens"])
+    head_dim = n_embd // n_head
+    n_kv = n_head_kv * head_dim
+    shapes: dict[str, tuple[int, ...]] = {
+        "token_embd.weight": (n_vocab, n_embd),
+        "output_norm.weight": (n_embd,),
+        "output.weight": (n_vocab, n_embd),
+    }
+    for i in range(n_layer + n_mtp):
+        b = f"blk.{i}."
+        shapes |= {
+            b + "attn_norm.weight": (n_embd,),
+            b + "attn_q.weight": (n_head * head_dim, n_embd),
+            b + "attn_k.weight": (n_kv, n_embd),
+            b + "attn_v.weight": (n_kv, n_embd),
+            b + "attn_output.weight": (n_embd, n_head * head_dim),
+            b + "post_attention_norm.weight": (n_embd,),
+        }
+        if i < n_layer:
+            shapes |= {
+                b + "ffn_gate.weight": (n_ff, n_embd),
+                b + "ffn_up.weight": (n_ff, n_embd),
+                b + "ffn_down.weight": (n_embd, n_ff),
+            }
+            continue
+        shapes |= {
+            b + "ffn_gate_inp.weight": (n_expert, n_embd),
+            b + "exp_probs_b.bias": (n_expert,),
+            b + "ffn_gate_exps.weight": (n_expert, n_ff_exp, n_embd),
+            b + "ffn_up_exps.weight": (n_expert, n_ff_exp, n_embd),
+            b + "ffn_down_exps.weight": (n_expert, n_embd, n_ff_exp),
+            b + "ffn_gate_shexp.weight": (n_ff_exp, n_embd),
+            b + "ffn_up_shexp.weight": (n_ff_exp, n_embd),
+            b + "ffn_down_shexp.weight": (n_embd, n_ff_exp),
+            b + "nextn.eh_proj.weight": (n_embd, 2 * n_embd),
+            b + "nextn.enorm.weight": (n_embd,),
+            b + "nextn.hnorm.weight": (n_embd,),
+        }
+    tensors = _random_tensors(shapes, seed, scale, None, 0.0, n_embd)
+    declared = n_mtp if mtp_declared is None else mtp_declared
+    if favoured:  # flat logits, but for these tokens: they lead both heads' top-k, without certainty
+        tensors["output.weight"] /= np.float32(8.0)
+        tensors["output.weight"][list(favoured)] *= np.float32(6.0)
+
+    def hparams(w) -> None:  # type: ignore[no-untyped-def]
+        w.add_feed_forward_length(n_ff)
+        w.add_head_count(n_head)
+        w.add_head_count_kv(n_head_kv)
+        w.add_rope_dimension_count(head_dim)
+        w.add_layer_norm_rms_eps(1e-5)
+        w.add_rope_freq_base(10000.0)
+        w.add_uint32("glm4moe.leading_dense_block_count", n_layer)
+        w.add_uint32("glm4moe.expert_count", n_expert)
+        w.add_uint32("glm4moe.expert_used_count", 1)
+        w.add_uint32("glm4moe.expert_shared_count", 1)
+        w.add_uint32("glm4moe.expert_feed_forward_length", n_ff_exp)
+        w.add_uint32("glm4moe.nextn_predict_layers", declared)
+
+    # block_count counts the MTP blocks too (llama.cpp's n_layer_all); the trunk is the first n_layer.
+    _write(path, "glm4moe", f"tiny-glm4moe-{seed}", meta, tensors, n_embd, n_layer + declared, hparams)
     return tensors
 
 

@@ -18,6 +18,7 @@ from typing import Any
 from localspec.errors import UsageError
 from localspec.options import (
     HEAD_METHODS,
+    OWN_HEAD_METHODS,
     ModelOptions,
     add_generation_options,
     add_model_options,
@@ -52,10 +53,11 @@ def read_prompt(arg: str) -> str:
 
 def ignored_options(args: argparse.Namespace, opts: ModelOptions) -> list[str]:
     """Options given that the chosen draft method does not use (said, not silently dropped)."""
-    if args.draft and not opts.uses_draft_model and opts.draft_method not in HEAD_METHODS:
+    reads_draft = opts.uses_draft_model or (opts.draft_method in HEAD_METHODS and opts.draft_method not in OWN_HEAD_METHODS)
+    if args.draft and not reads_draft:
         return [
             f"--draft is not used by --draft-method {opts.draft_method} "
-            "(only model and auto use a draft model, and eagle3 a head)"
+            "(only model and auto use a draft model, and eagle3 a head; mtp drafts with the target's own layers)"
         ]
     return []
 
