@@ -15,7 +15,6 @@ Rollback: the head's cache is cut back to the pairs still true for the new conte
 
 from __future__ import annotations
 
-import ctypes
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import numpy as np
 
 from localspec.backends import llama_ext
 from localspec.backends.base import common_prefix
+from localspec.backends.llama_batch import Batch as _Batch
 from localspec.backends.llama_cpp import LlamaCppBackend, _LOG, _abort_check, _last_error, read_header
 from localspec.decoding.drafters import EMPTY_DRAFT, Draft, sample_draft
 from localspec.decoding.sampling import SamplingParams
@@ -65,39 +65,6 @@ def check_head(head_path: str | Path, target_path: str | Path) -> None:
             f"{name} was made for a target with hidden size {want}, but {Path(target_path).name} has {have}",
             "pick the EAGLE-3 head trained for this target model",
         )
-
-
-class _Batch:
-    """A llama_batch_ext: rows of (token and/or embedding, position, output flag)."""
-
-    def __init__(self, ctx) -> None:  # type: ignore[no-untyped-def]
-        self.ptr = llama_cpp.llama_batch_ext_init(ctx)
-        self.n = 0
-
-    def clear(self) -> None:
-        llama_cpp.llama_batch_ext_clear(self.ptr)
-        self.n = 0
-
-    def add(self, token: int | None, embd: np.ndarray, pos: int, output: bool) -> int:
-        row = np.ascontiguousarray(embd, dtype=np.float32)  # llama.cpp copies it
-        e = llama_cpp.llama_embd(row.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, row.shape[-1])
-        if token is None:
-            idx = llama_cpp.llama_batch_ext_add_embd(self.ptr, 0, e)
-        else:
-            idx = llama_cpp.llama_batch_ext_add_token(self.ptr, 0, token)
-            if idx >= 0 and not llama_cpp.llama_batch_ext_set_embd_token(self.ptr, idx, e):
-                idx = -2
-        if idx < 0:
-            raise GenerationError(f"llama.cpp refused a batch row (code {idx})", "lower --n-ctx or -k")
-        llama_cpp.llama_batch_ext_set_pos(self.ptr, idx, ctypes.byref(llama_cpp.llama_pos(pos)))
-        llama_cpp.llama_batch_ext_set_output_logits(self.ptr, idx, output)
-        self.n += 1
-        return idx
-
-    def free(self) -> None:
-        if self.ptr:
-            llama_cpp.llama_batch_ext_free(self.ptr)
-            self.ptr = None
 
 
 class Eagle3Drafter:

@@ -1,0 +1,53 @@
+"""llama.cpp's extended batch (llama_batch_ext), shared by the drafters that run a head beside the target
+(EAGLE-3, DFlash/DSpark): rows of a token, an embedding or both, each with a position and an output flag."""
+
+from __future__ import annotations
+
+import ctypes
+
+import llama_cpp
+import numpy as np
+
+from localspec.errors import GenerationError
+
+# An embedding row of an M-RoPE model reads four positions (llama_batch_ext::set_token_pos); llama.cpp's own
+# loops pass {p, p, p, 0}. A token row, or a row of any other model, reads only the first.
+_POS4 = llama_cpp.llama_pos * 4
+
+
+class Batch:
+    """A llama_batch_ext for one sequence (0); llama.cpp copies each row's embedding when it is added."""
+
+    def __init__(self, ctx) -> None:  # type: ignore[no-untyped-def]
+        self.ptr = llama_cpp.llama_batch_ext_init(ctx)
+        self.n = 0
+
+    def clear(self) -> None:
+        llama_cpp.llama_batch_ext_clear(self.ptr)
+        self.n = 0
+
+    def add(self, token: int | None, embd: np.ndarray | None, pos: int, output: bool) -> int:
+        """A row of a token, an embedding, or a token with an embedding; its index in the batch."""
+        if token is None and embd is None:
+            raise ValueError("a batch row needs a token or an embedding")
+        e = None
+        if embd is not None:
+            row = np.ascontiguousarray(embd, dtype=np.float32)
+            e = llama_cpp.llama_embd(row.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, row.shape[-1])
+        if token is None:
+            idx = llama_cpp.llama_batch_ext_add_embd(self.ptr, 0, e)
+        else:
+            idx = llama_cpp.llama_batch_ext_add_token(self.ptr, 0, token)
+            if idx >= 0 and e is not None and not llama_cpp.llama_batch_ext_set_embd_token(self.ptr, idx, e):
+                idx = -2
+        if idx < 0:
+            raise GenerationError(f"llama.cpp refused a batch row (code {idx})", "lower --n-ctx or -k")
+        llama_cpp.llama_batch_ext_set_pos(self.ptr, idx, _POS4(pos, pos, pos, 0))
+        llama_cpp.llama_batch_ext_set_output_logits(self.ptr, idx, output)
+        self.n += 1
+        return idx
+
+    def free(self) -> None:
+        if self.ptr:
+            llama_cpp.llama_batch_ext_free(self.ptr)
+            self.ptr = None
