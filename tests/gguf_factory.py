@@ -165,6 +165,7 @@ def write_tiny_dflash(
     d2t_ids: list[int] | None = None,
     mask_token: int | None = -1,
     hidden_size: int | None = None,
+    selector_top_k: int = 0,
 ) -> None:
     """A random DFlash drafter (architecture `dflash`, as llama.cpp's converter writes one; tensors as
     src/models/dflash.cpp loads them): fc over the target layers' inputs, an encoder norm, Qwen3-style
@@ -172,7 +173,8 @@ def write_tiny_dflash(
     target's weights (ctx_other). `dspark`: a Markov head (markov_w1/w2), which makes it DSpark;
     `confidence`: DSpark's confidence head. `d2t_ids`: a reduced draft vocabulary of these target ids,
     with its own lm_head. `mask_token`: the block's mask id (-1: the vocabulary's last id; None: none
-    written). `hidden_size`: the width written in the metadata (default: target_n_embd)."""
+    written). `hidden_size`: the width written in the metadata (default: target_n_embd). `selector_top_k`
+    > 0: a DFlash2 drafter (dynamic convolutions in each layer, a selector lattice of that many candidates)."""
     import gguf
 
     meta = dict(read_gguf_header(tokenizer_source).metadata)
@@ -214,6 +216,16 @@ def write_tiny_dflash(
         d2t = np.array(sorted(d2t_ids), dtype=np.int64)
         n_out = len(d2t)
         tensors["output.weight"] = w_(n_out, n_embd, scale=8.0)  # peaked draft distributions
+    conv_kernel, conv_group, selector_rank = 3, 16, 8
+    if selector_top_k:
+        projected = 2 * conv_kernel * (n_embd // conv_group)
+        for i in range(n_layer):
+            for part in ("attn", "ffn"):
+                tensors[f"blk.{i}.{part}_conv_base"] = w_(2, conv_kernel, n_embd, scale=0.5)
+                tensors[f"blk.{i}.{part}_conv_proj.weight"] = w_(projected, n_embd, scale=0.1)
+        tensors["selector_predecessor.weight"] = w_(n_vocab, selector_rank, scale=4.0)
+        tensors["selector_successor.weight"] = w_(n_vocab, selector_rank, scale=4.0)
+        tensors["selector_hidden.weight"] = w_(selector_rank, n_embd)
     if dspark:
         tensors["markov_w1.weight"] = w_(n_vocab, markov_rank, scale=4.0)
         tensors["markov_w2.weight"] = w_(n_out, markov_rank, scale=4.0)
@@ -238,6 +250,11 @@ def write_tiny_dflash(
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     w.add_array("dflash.target_layers", [int(i) for i in target_layers])
     w.add_uint32("dflash.block_size", block_size)
+    if selector_top_k:
+        w.add_uint32("dflash.conv_kernel_size", conv_kernel)
+        w.add_uint32("dflash.conv_group_size", conv_group)
+        w.add_uint32("dflash.selector_rank", selector_rank)
+        w.add_uint32("dflash.selector_top_k", selector_top_k)
     if dspark:
         w.add_bool("dflash.sample_from_anchor", sample_from_anchor)
         w.add_bool("dflash.has_confidence_head", confidence)

@@ -30,8 +30,13 @@ from test_verify import joint_check
 
 LAYERS = (1, 2, 3)
 BLOCK = 8
-# method -> the drafter file each test drafts with by default ("dspark-bonus": slot 0 is a bonus anchor)
-DRAFTERS = {"dflash": "dflash", "dspark": "dspark", "dspark-bonus": "dspark_bonus"}
+# name -> (drafter file, --draft-method): "dspark-bonus": slot 0 is a bonus anchor; "dflash2": a selector lattice
+DRAFTERS = {
+    "dflash": ("dflash", "dflash"),
+    "dspark": ("dspark", "dspark"),
+    "dspark-bonus": ("dspark_bonus", "dspark"),
+    "dflash2": ("dflash2", "dflash"),
+}
 
 
 @pytest.fixture(scope="module")
@@ -40,13 +45,14 @@ def files(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> dict[
 
     d = tmp_path_factory.mktemp("dflash")
     f = {name: d / f"{name}.gguf" for name in (
-        "target", "qwen2", "dflash", "dspark", "dspark_bonus", "no_mask", "deep", "wide", "eagle3")}  # fmt: skip
+        "target", "qwen2", "dflash", "dspark", "dspark_bonus", "dflash2", "no_mask", "deep", "wide", "eagle3")}  # fmt: skip
     write_tiny_llama(f["target"], smollm2_path, seed=0, n_layer=4)
     write_tiny_llama(f["qwen2"], smollm2_path, seed=0, n_layer=4, arch="qwen2")
     write_tiny_dflash(f["dflash"], smollm2_path, target_layers=LAYERS, block_size=BLOCK)
     write_tiny_dflash(f["dspark"], smollm2_path, target_layers=LAYERS, block_size=BLOCK, dspark=True, confidence=True, seed=21)
     write_tiny_dflash(f["dspark_bonus"], smollm2_path, target_layers=LAYERS, block_size=BLOCK, dspark=True,
                       sample_from_anchor=False, seed=22)  # fmt: skip
+    write_tiny_dflash(f["dflash2"], smollm2_path, target_layers=LAYERS, block_size=BLOCK, selector_top_k=4, seed=23)
     write_tiny_dflash(f["no_mask"], smollm2_path, target_layers=LAYERS, mask_token=None)
     write_tiny_dflash(f["deep"], smollm2_path, target_layers=(2, 16, 29))
     write_tiny_dflash(f["wide"], smollm2_path, target_layers=LAYERS, hidden_size=4096)
@@ -62,7 +68,8 @@ def target(files: dict[str, Path]):  # type: ignore[no-untyped-def]
 
 
 def _drafter(target, files: dict[str, Path], which: str) -> BlockDrafter:  # type: ignore[no-untyped-def]
-    return BlockDrafter(target, files[DRAFTERS[which]], method=which.split("-")[0])
+    file, method = DRAFTERS[which]
+    return BlockDrafter(target, files[file], method=method)
 
 
 def _run(target, drafter, prompt, **cfg) -> Done:  # type: ignore[no-untyped-def]
@@ -83,7 +90,7 @@ def test_greedy_speculative_equals_plain_greedy(files: dict[str, Path], target, 
         for k in (1, 3, 7):
             spec = _run(target, drafter, prompt, max_tokens=40, num_draft=k)
             assert spec.tokens == plain.tokens, k
-            assert spec.stats.n_drafted > 0 and spec.stats.draft_method == which.split("-")[0]
+            assert spec.stats.n_drafted > 0 and spec.stats.draft_method == DRAFTERS[which][1]
     finally:
         drafter.close()
 
@@ -160,7 +167,7 @@ def chi(target, smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory):  
     d = tmp_path_factory.mktemp("chi")
     heads = {"dflash": d / "dflash-near.gguf", "dspark": d / "dspark-near.gguf"}
     write_tiny_dflash(heads["dflash"], smollm2_path, target_layers=LAYERS, d2t_ids=ids, seed=12)
-    write_tiny_dflash(heads["dspark"], smollm2_path, target_layers=LAYERS, d2t_ids=ids, seed=13, dspark=True)
+    write_tiny_dflash(heads["dspark"], smollm2_path, target_layers=LAYERS, d2t_ids=ids, seed=15, dspark=True)
     return prompt, sampling, expected, heads
 
 
@@ -190,11 +197,33 @@ def test_exact_rule_matches_the_target_distribution_through_the_drafter(target, 
         drafter.close()
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["dflash", "dspark"])
+def test_a_drafter_whose_q_is_misreported_fails_the_same_check(target, chi, method: str) -> None:  # type: ignore[no-untyped-def]
+    """The test's own test: the same drafts, but q reported as uniform over its support, must fail."""
+    from dataclasses import replace
+
+    class Misreported(BlockDrafter):
+        def propose(self, context, k, sampling, rng, *, min_confidence=0.0):  # type: ignore[no-untyped-def]
+            d = super().propose(context, k, sampling, rng, min_confidence=min_confidence)
+            if d.q is None:
+                return d
+            flat = (d.q > 0).astype(np.float64)
+            return replace(d, q=flat / flat.sum(axis=1, keepdims=True))
+
+    prompt, sampling, expected, heads = chi
+    drafter = Misreported(target, heads[method], method=method)
+    try:
+        assert joint_check(_draw(target, drafter, prompt, sampling), expected, N_SAMPLES) is not None
+    finally:
+        drafter.close()
+
+
 # -- the drafter's own state ------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-@pytest.mark.parametrize("which", ["dflash", "dspark"])
+@pytest.mark.parametrize("which", ["dflash", "dspark", "dflash2"])
 def test_after_rejected_rounds_the_next_proposal_equals_a_fresh_drafters(
     files: dict[str, Path], target, which: str, temperature: float
 ) -> None:  # type: ignore[no-untyped-def]
@@ -211,7 +240,9 @@ def test_after_rejected_rounds_the_next_proposal_equals_a_fresh_drafters(
         a = used.propose(context, 4, sampling, np.random.default_rng(3))
         b = fresh.propose(context, 4, sampling, np.random.default_rng(3))
         assert a.tokens == b.tokens and len(a.tokens) == 4
-        if temperature > 0:
+        if which == "dflash2":
+            assert a.q is None  # the lattice walk is deterministic: a one-hot draft at any temperature
+        elif temperature > 0:
             assert a.q is not None and b.q is not None
             np.testing.assert_allclose(a.q, b.q, atol=1e-4)  # features injected in other batches
         # A second proposal on the same context (nothing accepted in between) is the same again.
