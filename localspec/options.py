@@ -171,7 +171,8 @@ def add_model_options(p: argparse.ArgumentParser, *, method: bool = True, first_
             help="auto: measure costs and acceptance, pick the draft (suffix lookup, model or none) and its length "
             "each round; model: a draft model; ngram: prompt lookup, no model; suffix: copy what followed the longest "
             "earlier match in this session's text, no model; none: plain decoding; eagle3: an "
-            "EAGLE-3 head given with --draft (llama.cpp); mtp, dflash, dspark: not driven yet (say why) "
+            "EAGLE-3 head given with --draft (llama.cpp); dflash, dspark: a DFlash / DSpark block drafter given with "
+            "--draft (llama.cpp); mtp: not driven yet (says why) "
             f"(default: {DEFAULT_DRAFT_METHOD})",
         )
     g.add_argument("--n-ctx", type=int, default=DEFAULT_N_CTX, help=f"context window in tokens (default: {DEFAULT_N_CTX})")
