@@ -238,6 +238,7 @@ class BlockDrafter:
                 rows = rows[: low[0]]
                 note = f"draft stopped at position {low[0] + 1}: confidence head {conf[low[0]]:.2f} < {min_confidence:.2f}"
             min_confidence = 0.0  # the confidence head is DSpark's stopping rule (llama.cpp's p_min)
+        # Without one (llama.cpp refuses p_min there), the draft's own probability decides, as for DFlash.
         if len(rows) == 0:
             return Draft([], None, note, source=self.method)
         at = iter(rows[1:])
