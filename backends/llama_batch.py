@@ -1,8 +1,6 @@
-"""The batch that drafters reading the target's hidden states feed to llama.cpp (EAGLE-3, MTP).
-
-A llama_batch_ext row carries a token and/or an embedding row, a position and an output flag; one
-`process` call runs a batch through a context and turns llama.cpp's return code into our errors.
-"""
+"""llama.cpp's extended batch (llama_batch_ext), shared by the drafters that run a head beside the target
+(EAGLE-3, MTP, DFlash/DSpark): rows of a token, an embedding or both, each with a position and an output
+flag; one `process` call runs a batch through a context and turns llama.cpp's return code into our errors."""
 
 from __future__ import annotations
 
@@ -14,9 +12,13 @@ import numpy as np
 from localspec.backends.llama_cpp import _LOG, _last_error
 from localspec.errors import GenerationError, Interrupted
 
+# An embedding row of an M-RoPE model reads four positions (llama_batch_ext::set_token_pos); llama.cpp's own
+# loops pass {p, p, p, 0}. A token row, or a row of any other model, reads only the first.
+_POS4 = llama_cpp.llama_pos * 4
+
 
 class ExtBatch:
-    """A llama_batch_ext: rows of (token and/or embedding, position, output flag) on sequence 0."""
+    """A llama_batch_ext for one sequence (0); llama.cpp copies each row's embedding when it is added."""
 
     def __init__(self, ctx) -> None:  # type: ignore[no-untyped-def]
         self.ptr = llama_cpp.llama_batch_ext_init(ctx)
@@ -26,19 +28,23 @@ class ExtBatch:
         llama_cpp.llama_batch_ext_clear(self.ptr)
         self.n = 0
 
-    def add(self, token: int | None, embd: np.ndarray, pos: int, output: bool) -> int:
-        """Append a row; its index in the batch (what llama_get_logits_ith and friends take)."""
-        row = np.ascontiguousarray(embd, dtype=np.float32)  # llama.cpp copies it
-        e = llama_cpp.llama_embd(row.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, row.shape[-1])
+    def add(self, token: int | None, embd: np.ndarray | None, pos: int, output: bool) -> int:
+        """A row of a token, an embedding, or a token with an embedding; its index in the batch."""
+        if token is None and embd is None:
+            raise ValueError("a batch row needs a token or an embedding")
+        e = None
+        if embd is not None:
+            row = np.ascontiguousarray(embd, dtype=np.float32)
+            e = llama_cpp.llama_embd(row.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, row.shape[-1])
         if token is None:
             idx = llama_cpp.llama_batch_ext_add_embd(self.ptr, 0, e)
         else:
             idx = llama_cpp.llama_batch_ext_add_token(self.ptr, 0, token)
-            if idx >= 0 and not llama_cpp.llama_batch_ext_set_embd_token(self.ptr, idx, e):
+            if idx >= 0 and e is not None and not llama_cpp.llama_batch_ext_set_embd_token(self.ptr, idx, e):
                 idx = -2
         if idx < 0:
             raise GenerationError(f"llama.cpp refused a batch row (code {idx})", "lower --n-ctx or -k")
-        llama_cpp.llama_batch_ext_set_pos(self.ptr, idx, ctypes.byref(llama_cpp.llama_pos(pos)))
+        llama_cpp.llama_batch_ext_set_pos(self.ptr, idx, _POS4(pos, pos, pos, 0))
         llama_cpp.llama_batch_ext_set_output_logits(self.ptr, idx, output)
         self.n += 1
         return idx

@@ -85,11 +85,7 @@ _FAMILY_SYMBOLS: dict[str, tuple[str, ...]] = {
     "dspark": ("set_embeddings_layer_inp", "get_embeddings_layer_inp", "model_target_layer_ids",
                "model_target_layer_ids_n", "model_dflash_selector_top_k"),
 }  # fmt: skip
-NOT_DRIVEN: dict[str, str] = {
-    "dflash": "localspec does not drive DFlash block drafts yet (a non-causal block pass with the target's "
-    "features injected as embedding rows)",
-    "dspark": "localspec does not drive DSpark yet (it loads like DFlash, which is not driven either)",
-}
+NOT_DRIVEN: dict[str, str] = {}  # family -> why localspec does not drive it (all four are driven now)
 
 # Architectures whose graph sets the layer-input hook (res->t_layer_inp) in the llama.cpp vendored by
 # llama-cpp-python 0.3.36 (src/models/*.cpp). Capture on any other architecture aborts the process.
@@ -170,7 +166,7 @@ def check_capture_architecture(architecture: str, *, model_name: str, layer_ids:
     if architecture not in CAPTURE_ARCHITECTURES:
         raise UnsupportedModelError(
             f"{model_name} is a {architecture!r} model, whose llama.cpp graph cannot hand its hidden states to "
-            "an EAGLE-3 head (llama.cpp would abort the whole process)",
+            "a head that reads them (EAGLE-3, DFlash, DSpark; llama.cpp would abort the whole process)",
             "use a target of an architecture with the hook (e.g. llama, qwen3, qwen3moe, gpt-oss, gemma4), "
             "or --draft-method model / ngram with this one",
         )
@@ -215,3 +211,8 @@ def target_layer_ids(model) -> list[int]:  # type: ignore[no-untyped-def]
     n = int(_fn("model_target_layer_ids_n")(model))
     ptr = _fn("model_target_layer_ids")(model)
     return [int(ptr[i]) for i in range(n)] if n and ptr else []
+
+
+def dflash_selector_top_k(model) -> int:  # type: ignore[no-untyped-def]
+    """A DFlash2 drafter's candidates per block position (its selector lattice); 0 for DFlash and DSpark."""
+    return int(_fn("model_dflash_selector_top_k")(model))

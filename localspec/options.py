@@ -173,7 +173,7 @@ def add_model_options(p: argparse.ArgumentParser, *, method: bool = True, first_
             "each round; model: a draft model; ngram: prompt lookup, no model; suffix: copy what followed the longest "
             "earlier match in this session's text, no model; none: plain decoding; eagle3: an "
             "EAGLE-3 head given with --draft (llama.cpp); mtp: the target's own MTP layers, for GGUFs that keep "
-            "them (llama.cpp); dflash, dspark: not driven yet (say why) "
+            "them (llama.cpp); dflash, dspark: a DFlash / DSpark block drafter given with --draft (llama.cpp) "
             f"(default: {DEFAULT_DRAFT_METHOD})",
         )
     g.add_argument("--n-ctx", type=int, default=DEFAULT_N_CTX, help=f"context window in tokens (default: {DEFAULT_N_CTX})")

@@ -141,8 +141,8 @@ def check_pair(opts: ModelOptions) -> PairCheck:
 
 def _check_head_method(opts: ModelOptions, backend: str) -> None:
     """A drafter that reads the target's hidden states: llama.cpp only, a family this build and localspec
-    can run, and (EAGLE-3) a head made for this target or (MTP) a target with its own MTP layers, checked
-    from the headers before anything loads."""
+    can run, and (EAGLE-3, DFlash, DSpark) a head made for this target or (MTP) a target with its own MTP
+    layers, checked from the headers before anything loads."""
     method = opts.draft_method
     if backend != "llama":
         raise UsageError(
@@ -160,13 +160,18 @@ def _check_head_method(opts: ModelOptions, backend: str) -> None:
         return
     if not opts.draft:
         raise UsageError(
-            f"--draft-method {method} needs the head's GGUF file", f"pass --draft HEAD.gguf (architecture {method})"
+            f"--draft-method {method} needs the head's GGUF file", f"pass --draft HEAD.gguf (architecture {'dflash' if method == 'dspark' else method})"
         )
-    from localspec.backends.llama_eagle3 import check_head
-
     for path in (opts.target, opts.draft):
         module.check_path(path)
-    check_head(opts.draft, opts.target)
+    if method == "eagle3":
+        from localspec.backends.llama_eagle3 import check_head
+
+        check_head(opts.draft, opts.target)
+    else:
+        from localspec.backends.llama_dflash import check_head as check_block_head
+
+        check_block_head(method, opts.draft, opts.target)
     # The head's logits are over its own tokenizer's ids (the target's, when converted with it).
     check_compatible(module.peek_vocab(opts.target), module.peek_vocab(opts.draft), target_name=opts.target, draft_name=opts.draft)
 
@@ -358,9 +363,8 @@ def make_drafter(
 def _head_drafter(method: str, target: Backend, head: str | None, n_gpu_layers: int) -> Drafter:
     from localspec.backends import llama_ext
 
-    llama_ext.require_family(method)  # eagle3 and mtp get past this for now, with the reason for the others
+    llama_ext.require_family(method)  # the reason, where this build or localspec cannot run the family
     from localspec.backends.llama_cpp import LlamaCppBackend
-    from localspec.backends.llama_eagle3 import Eagle3Drafter
 
     if not isinstance(target, LlamaCppBackend):
         raise UsageError(f"--draft-method {method} runs on llama.cpp only", "use --backend llama with GGUF files")
@@ -370,4 +374,10 @@ def _head_drafter(method: str, target: Backend, head: str | None, n_gpu_layers: 
         return MtpDrafter(target)
     if not head:
         raise UsageError(f"--draft-method {method} needs the head's GGUF file", "pass --draft HEAD.gguf")
-    return Eagle3Drafter(target, head, n_gpu_layers=n_gpu_layers)
+    if method == "eagle3":
+        from localspec.backends.llama_eagle3 import Eagle3Drafter
+
+        return Eagle3Drafter(target, head, n_gpu_layers=n_gpu_layers)
+    from localspec.backends.llama_dflash import BlockDrafter
+
+    return BlockDrafter(target, head, method=method, n_gpu_layers=n_gpu_layers)

@@ -1,6 +1,6 @@
-"""Write tiny random GGUF models for fast real-llama.cpp tests: llama (or qwen2) targets, EAGLE-3 heads, the
-recurrent/hybrid families mamba (every layer a selective state space) and lfm2 (short convolutions
-beside attention layers), and glm4moe targets with an MTP (nextn) layer.
+"""Write tiny random GGUF models for fast real-llama.cpp tests: llama (or qwen2) targets, EAGLE-3 heads, DFlash
+and DSpark block drafters, glm4moe targets with an MTP (nextn) layer, and the recurrent/hybrid families mamba
+(every layer a selective state space) and lfm2 (short convolutions beside attention layers).
 
 The tokenizer metadata (gpt2 BPE, 49,152 tokens, chat template) is copied from the SmolLM2 fixture,
 so prompts tokenize like a real model; the weights are random, untied and small (a few MB). Tensor
@@ -144,6 +144,133 @@ def write_tiny_eagle3(
     w.write_tensors_to_file()
     w.close()
     return d2t
+
+
+
+def write_tiny_dflash(
+    path: Path,
+    tokenizer_source: Path,
+    *,
+    target_layers: tuple[int, ...],
+    target_n_embd: int = 64,
+    seed: int = 20,
+    n_layer: int = 1,
+    n_head: int = 4,
+    n_ff: int = 128,
+    block_size: int = 8,
+    dspark: bool = False,
+    sample_from_anchor: bool = True,
+    confidence: bool = False,
+    markov_rank: int = 16,
+    d2t_ids: list[int] | None = None,
+    mask_token: int | None = -1,
+    hidden_size: int | None = None,
+    selector_top_k: int = 0,
+) -> None:
+    """A random DFlash drafter (architecture `dflash`, as llama.cpp's converter writes one; tensors as
+    src/models/dflash.cpp loads them): fc over the target layers' inputs, an encoder norm, Qwen3-style
+    decoder layers (q/k norms); it embeds tokens, and without `d2t_ids` computes logits, with the
+    target's weights (ctx_other). `dspark`: a Markov head (markov_w1/w2), which makes it DSpark;
+    `confidence`: DSpark's confidence head. `d2t_ids`: a reduced draft vocabulary of these target ids,
+    with its own lm_head. `mask_token`: the block's mask id (-1: the vocabulary's last id; None: none
+    written). `hidden_size`: the width written in the metadata (default: target_n_embd). `selector_top_k`
+    > 0: a DFlash2 drafter (dynamic convolutions in each layer, a selector lattice of that many candidates)."""
+    import gguf
+
+    meta = dict(read_gguf_header(tokenizer_source).metadata)
+    n_vocab = len(meta["tokenizer.ggml.tokens"])
+    n_embd = target_n_embd  # the drafter embeds with the target's token_embd, so the widths agree
+    head_dim = n_embd // n_head
+    rng = np.random.default_rng(seed)
+
+    def w_(*shape: int, scale: float = 1.0) -> np.ndarray:
+        return (rng.standard_normal(shape) * scale / np.sqrt(shape[-1])).astype(np.float32)
+
+    def ones(n: int) -> np.ndarray:
+        return np.ones(n, np.float32)
+
+    # numpy shapes: ggml's reversed ({n_embd_inp, n_embd} is (n_embd, n_embd_inp))
+    tensors = {
+        "fc.weight": w_(n_embd, len(target_layers) * target_n_embd),
+        "enc.output_norm.weight": ones(n_embd),
+        "output_norm.weight": ones(n_embd),
+    }
+    for i in range(n_layer):
+        b = f"blk.{i}."
+        tensors |= {
+            b + "attn_norm.weight": ones(n_embd),
+            b + "attn_q.weight": w_(n_head * head_dim, n_embd),
+            b + "attn_k.weight": w_(n_head * head_dim, n_embd),
+            b + "attn_v.weight": w_(n_head * head_dim, n_embd),
+            b + "attn_output.weight": w_(n_embd, n_head * head_dim),
+            b + "attn_q_norm.weight": ones(head_dim),
+            b + "attn_k_norm.weight": ones(head_dim),
+            b + "ffn_norm.weight": ones(n_embd),
+            b + "ffn_gate.weight": w_(n_ff, n_embd),
+            b + "ffn_up.weight": w_(n_ff, n_embd),
+            b + "ffn_down.weight": w_(n_embd, n_ff),
+        }
+    n_out = n_vocab
+    d2t = None
+    if d2t_ids is not None:
+        d2t = np.array(sorted(d2t_ids), dtype=np.int64)
+        n_out = len(d2t)
+        tensors["output.weight"] = w_(n_out, n_embd, scale=8.0)  # peaked draft distributions
+    conv_kernel, conv_group, selector_rank = 3, 16, 8
+    if selector_top_k:
+        projected = 2 * conv_kernel * (n_embd // conv_group)
+        for i in range(n_layer):
+            for part in ("attn", "ffn"):
+                tensors[f"blk.{i}.{part}_conv_base"] = w_(2, conv_kernel, n_embd, scale=0.5)
+                tensors[f"blk.{i}.{part}_conv_proj.weight"] = w_(projected, n_embd, scale=0.1)
+        tensors["selector_predecessor.weight"] = w_(n_vocab, selector_rank, scale=4.0)
+        tensors["selector_successor.weight"] = w_(n_vocab, selector_rank, scale=4.0)
+        tensors["selector_hidden.weight"] = w_(selector_rank, n_embd)
+    if dspark:
+        tensors["markov_w1.weight"] = w_(n_vocab, markov_rank, scale=4.0)
+        tensors["markov_w2.weight"] = w_(n_out, markov_rank, scale=4.0)
+        if confidence:
+            tensors["conf_proj.weight"] = w_(1, n_embd + markov_rank)
+            tensors["conf_proj.bias"] = np.zeros(1, np.float32)
+
+    w = gguf.GGUFWriter(str(path), "dflash")
+    w.add_name(f"tiny-{'dspark' if dspark else 'dflash'}-{seed}")
+    w.add_context_length(2048)
+    w.add_embedding_length(hidden_size or n_embd)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_dimension_count(head_dim)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    w.add_vocab_size(n_vocab)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_array("dflash.target_layers", [int(i) for i in target_layers])
+    w.add_uint32("dflash.block_size", block_size)
+    if selector_top_k:
+        w.add_uint32("dflash.conv_kernel_size", conv_kernel)
+        w.add_uint32("dflash.conv_group_size", conv_group)
+        w.add_uint32("dflash.selector_rank", selector_rank)
+        w.add_uint32("dflash.selector_top_k", selector_top_k)
+    if dspark:
+        w.add_bool("dflash.sample_from_anchor", sample_from_anchor)
+        w.add_bool("dflash.has_confidence_head", confidence)
+    for key in _TOKENIZER_KEYS:
+        if key in meta:
+            add_metadata(w, key, meta[key])
+    if mask_token is not None:
+        w.add_mask_token_id(n_vocab - 1 if mask_token < 0 else mask_token)
+    for name, t in tensors.items():
+        w.add_tensor(name, t)
+    if d2t is not None:
+        w.add_tensor("d2t", d2t)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
 
 
 def write_tiny_mamba(

@@ -180,7 +180,7 @@ def test_after_rejected_rounds_the_next_proposal_equals_a_fresh_drafters(target,
         assert a.tokens == b.tokens and len(a.tokens) == 4
         if temperature > 0:
             assert a.q is not None and b.q is not None
-            np.testing.assert_allclose(a.q, b.q, atol=1e-4)  # batched vs single-row passes
+            np.testing.assert_allclose(a.q, b.q, atol=2e-3)  # batched vs single-row passes differ in the last bits (seen: 4e-4); a wrong state moves q by far more
         # A second proposal on the same context (nothing accepted in between) is the same again.
         again = used.propose(context, 4, sampling, np.random.default_rng(3))
         assert again.tokens == a.tokens

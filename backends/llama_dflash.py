@@ -1,0 +1,340 @@
+"""DFlash and DSpark block drafting on llama.cpp: one non-causal pass drafts a whole block.
+
+The loop follows llama.cpp's own (common/speculative.cpp, common_speculative_impl_draft_dflash; DSpark is
+the same loop with `is_dspark`):
+- the target keeps the inputs of the drafter's target layers for every cached position
+  (LlamaCppBackend.capture_layers); those features, the layers side by side, are DECODEd into the
+  drafter as embedding rows at the target's positions: the drafter's graph projects them (fc) and writes
+  only their K/V, so its cache holds the context as the target saw it, positions 0..N-2;
+- a draft decodes one block [last token, mask x n] at positions N-1.. with non-causal attention
+  (llama_set_causal_attn) and reads every position's logits; the block's own K/V are dropped after.
+- DFlash reads positions 1..n; DSpark (a Markov head biases each position by the one before it, in the
+  graph) reads 0..n-1 when it samples from the anchor, else 1..n like DFlash; with a confidence head it
+  stops where that head's score falls below the caller's min_confidence (llama.cpp's p_min).
+- DFlash2 (a selector, llama_model_dflash_selector_top_k > 0) walks the lattice of top-k candidates its
+  graph writes to the nextn rows, greedily, as llama.cpp does: a deterministic (one-hot) draft.
+The block holds as many masks as the longest draft of the generation (prepare's max_k, clamped to the
+trained block size), as llama.cpp sizes it by --draft-max: non-causal positions see each other, so a
+block's length changes its logits, and a shorter k only truncates the draft.
+
+q: every block position's logits are computed in one pass from the context alone (DSpark's Markov chain
+follows the argmax inside the graph), so the draft token at position i is drawn from the processed
+softmax of position i, and that row is its q for the exact rule.
+
+Rollback: the drafter's cache is cut back to the features still true for the new context at every
+proposal (the drafter's own state; the target's is the engine's job).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+
+from localspec.backends import llama_ext
+from localspec.backends.base import common_prefix
+from localspec.backends.llama_batch import ExtBatch, process
+from localspec.backends.llama_cpp import LlamaCppBackend, _LOG, _abort_check, _last_error, read_header
+from localspec.decoding.drafters import EMPTY_DRAFT, Draft, sample_draft
+from localspec.decoding.sampling import SamplingParams
+from localspec.decoding.stats import RoundStats
+from localspec.errors import GenerationError, Interrupted, ModelFileError, UnsupportedModelError, UsageError
+
+ARCH = "dflash"  # DFlash, DFlash2 and DSpark drafters all convert to this architecture
+METHODS = ("dflash", "dspark")
+_LABEL = {"dflash": "DFlash", "dspark": "DSpark"}
+
+
+@dataclass(frozen=True)
+class BlockHead:
+    """What a block drafter's header says (llama.cpp reads the same keys)."""
+
+    block_size: int  # dflash.block_size: the trained block (anchor and masks)
+    dspark: bool  # a Markov head (markov_w1): a DSpark drafter
+    sample_from_anchor: bool  # DSpark: slot 0 predicts the first draft token (else it is a bonus anchor)
+    causal: bool  # dflash.attention.causal: attention inside the block (non-causal unless it says so)
+    confidence: bool  # DSpark's confidence head (conf_proj)
+    mask_token: int | None  # tokenizer.ggml.mask_token_id
+    target_layers: tuple[int, ...]  # dflash.target_layers: the target layers whose inputs it reads
+    n_embd: int
+
+    @property
+    def method(self) -> str:
+        return "dspark" if self.dspark else "dflash"
+
+    @property
+    def reads_anchor(self) -> bool:
+        """Whether the block's slot 0 (the last committed token) predicts the first draft token."""
+        return self.dspark and self.sample_from_anchor
+
+    @property
+    def n_draft_max(self) -> int:
+        return self.block_size if self.reads_anchor else self.block_size - 1
+
+    def block_tokens(self, n_draft: int) -> int:
+        return n_draft if self.reads_anchor else n_draft + 1
+
+
+def read_block_head(head_path: str | Path) -> BlockHead:
+    header = read_header(head_path)
+    meta = header.metadata
+    names = {t.name for t in header.tensors}
+    mask = meta.get("tokenizer.ggml.mask_token_id")
+    return BlockHead(
+        block_size=int(meta.get(f"{ARCH}.block_size", 16)),
+        dspark="markov_w1.weight" in names,
+        sample_from_anchor=bool(meta.get(f"{ARCH}.sample_from_anchor", True)),
+        causal=bool(meta.get(f"{ARCH}.attention.causal", False)),
+        confidence="conf_proj.weight" in names,
+        mask_token=None if mask is None else int(mask),
+        target_layers=tuple(int(i) for i in meta.get(f"{ARCH}.target_layers") or ()),
+        n_embd=int(meta.get(f"{ARCH}.embedding_length") or 0),
+    )
+
+
+def check_head(method: str, head_path: str | Path, target_path: str | Path) -> BlockHead:
+    """From the two headers alone: the file is a block drafter of this method, made for a target of this
+    width, and the target's architecture can hand over its hidden states (llama.cpp aborts the process
+    when it cannot). Raises ModelFileError, UsageError or UnsupportedModelError."""
+    header = read_header(head_path)
+    name = Path(head_path).name
+    label = _LABEL[method]
+    if header.architecture != ARCH:
+        raise ModelFileError(
+            f"{name} is a {header.architecture!r} model, not a {label} drafter (architecture 'dflash')",
+            f"--draft-method {method} needs a {label} drafter GGUF; for a small draft model use --draft-method model",
+        )
+    head = read_block_head(head_path)
+    if head.method != method:
+        has = "has a Markov head (markov_w1), so it is a DSpark" if head.dspark else "has no Markov head, so it is a DFlash"
+        raise UsageError(f"{name} {has} drafter", f"use --draft-method {head.method} with it")
+    if head.mask_token is None:
+        raise ModelFileError(
+            f"{name} names no mask token (tokenizer.ggml.mask_token_id), which a {label} block is made of",
+            "convert the drafter again with llama.cpp's convert_hf_to_gguf.py",
+        )
+    if head.block_size < 2 or not head.target_layers:
+        raise ModelFileError(
+            f"{name} has no usable {ARCH}.block_size / {ARCH}.target_layers metadata", "the file may be damaged"
+        )
+    target = read_header(target_path)
+    t_meta, arch = target.metadata, target.architecture
+    n_layer = int(t_meta.get(f"{arch}.block_count") or 0)
+    llama_ext.check_capture_architecture(
+        arch, model_name=Path(target_path).name, layer_ids=head.target_layers, n_layer=n_layer
+    )
+    have = t_meta.get(f"{arch}.embedding_length")
+    if have is not None and head.n_embd and int(have) != head.n_embd:
+        raise UnsupportedModelError(
+            f"{name} was made for a target with hidden size {head.n_embd}, but {Path(target_path).name} has {have}",
+            f"pick the {label} drafter trained for this target model",
+        )
+    return head
+
+
+class BlockDrafter:
+    """Drafts a block at a time with a DFlash or DSpark drafter on a llama.cpp target. Owns the drafter
+    (model and context); borrows the target, whose layer capture it turns on."""
+
+    def __init__(self, target: LlamaCppBackend, head_path: str | Path, *, method: str = "dflash", n_gpu_layers: int = -1) -> None:
+        if method not in METHODS:
+            raise ValueError(f"not a block draft method: {method!r}")
+        llama_ext.require_family(method)
+        self.head = check_head(method, head_path, target.info.path)
+        self.method = method
+        self.target = target
+        self.name = f"{method}:{Path(head_path).stem}"
+        self._label = _LABEL[method]
+        self._model = None
+        self._ctx = None
+        self._batch: ExtBatch | None = None
+        try:
+            self._model = self._load(Path(head_path), n_gpu_layers)
+            layers = llama_ext.target_layer_ids(self._model)
+            target.capture_layers(layers)  # checks the architecture again before enabling anything
+            self._top_k = llama_ext.dflash_selector_top_k(self._model)  # > 0: DFlash2's selector lattice
+            self._n_ctx = target.n_ctx + self.head.block_size  # a block past the target's last position fits
+            self._ctx = self._context()
+            self._batch = ExtBatch(self._ctx)
+            self._n_ubatch = int(llama_cpp.llama_n_ubatch(self._ctx))
+            self._n_embd = int(llama_cpp.llama_model_n_embd(self._model))
+            vocab = llama_cpp.llama_model_get_vocab(self._model)
+            self._n_vocab = int(llama_cpp.llama_vocab_n_tokens(vocab))
+            self._mask = int(llama_cpp.llama_vocab_mask(vocab))
+            self._memory = llama_cpp.llama_get_memory(self._ctx)
+        except BaseException:
+            self.close()
+            raise
+        self._written: list[int] = []  # the context whose features the cache holds, one per position
+        self._n_draft = self.head.n_draft_max  # drafts per block (prepare's max_k, clamped)
+
+    # -- loading ----------------------------------------------------------------------------------
+
+    def _load(self, p: Path, n_gpu_layers: int):  # type: ignore[no-untyped-def]
+        params = llama_cpp.llama_model_default_params()
+        params.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else n_gpu_layers
+        with _LOG.capture() as log:
+            model = llama_cpp.llama_model_load_from_file(str(p).encode("utf-8"), params)
+        if not model:
+            raise ModelFileError(f"llama.cpp could not load the {self._label} drafter {p}: {_last_error(log)}", "the file may be damaged")
+        return model
+
+    def _context(self):  # type: ignore[no-untyped-def]
+        _, target_ctx = self.target.handle
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = self._n_ctx
+        params.n_batch = params.n_ubatch = 512
+        params.n_seq_max = 1
+        params.n_threads = params.n_threads_batch = self.target.threads
+        params.no_perf = True
+        params.ctx_other = target_ctx  # the drafter embeds tokens (and may read logits) with the target's weights
+        with _LOG.capture() as log:
+            ctx = llama_cpp.llama_init_from_model(self._model, params)
+        if not ctx:
+            raise ModelFileError(f"llama.cpp could not create the {self._label} drafter's context: {_last_error(log)}", "lower --n-ctx")
+        # As llama.cpp: DSpark's confidence and DFlash2's lattice come back as nextn rows (all rows for the lattice).
+        llama_ext.set_nextn_output(ctx, True, masked=self._top_k == 0)
+        llama_cpp.llama_set_causal_attn(ctx, self.head.causal)
+        if _abort_check() is not None:  # the target's abort flag stops the drafter's passes too (Ctrl-C, Esc)
+            llama_cpp.llama_set_abort_callback(ctx, _abort_check(), self.target.abort_flag_pointer)
+        return ctx
+
+    # -- Drafter protocol -------------------------------------------------------------------------
+
+    def prepare(self, context: Sequence[int], max_k: int) -> None:
+        self._n_draft = max(1, min(max_k, self.head.n_draft_max))
+        self._written = []
+        llama_cpp.llama_memory_seq_rm(self._memory, 0, 0, -1)
+        self.catch_up(context)
+
+    def lag(self, context: Sequence[int]) -> int:
+        return max(0, self._n_features(context) - self._n_valid(context))
+
+    def catch_up(self, context: Sequence[int]) -> None:
+        self._sync(context)
+
+    def propose(
+        self, context: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator, *, min_confidence: float = 0.0
+    ) -> Draft:
+        pos = len(context) - 1  # the block's anchor (the last committed token) goes here
+        k = min(k, self._n_draft)
+        if k <= 0 or len(context) < 2 or self._n_features(context) < pos:
+            return EMPTY_DRAFT  # no features for a position before the anchor (the target did not take it in)
+        self._sync(context)
+        logits, nextn = self._block(context[-1], pos)
+        if self._top_k > 0:
+            tokens, note = self._walk_lattice(nextn, k, min_confidence)
+            return Draft(tokens, None, note, source=self.method)
+        first = 1 - int(self.head.reads_anchor)  # the block slot of the first draft token
+        rows = logits[first : first + k]
+        note = ""
+        if self.head.dspark and self.head.confidence and min_confidence > 0:
+            conf = nextn[first : first + k, 0]
+            low = np.flatnonzero(conf < min_confidence)
+            if len(low):
+                rows = rows[: low[0]]
+                note = f"draft stopped at position {low[0] + 1}: confidence head {conf[low[0]]:.2f} < {min_confidence:.2f}"
+            min_confidence = 0.0  # the confidence head is DSpark's stopping rule (llama.cpp's p_min)
+        # Without one (llama.cpp refuses p_min there), the draft's own probability decides, as for DFlash.
+        if len(rows) == 0:
+            return Draft([], None, note, source=self.method)
+        at = iter(rows[1:])
+        tokens, q, stop = sample_draft(rows[0], lambda _token: next(at), len(rows), sampling, rng, min_confidence, self.target.eog_ids)
+        return Draft(tokens, q, note or stop, source=self.method)
+
+    def observe(self, stats: RoundStats) -> None:
+        pass
+
+    def close(self) -> None:
+        if self._batch is not None:
+            self._batch.free()
+            self._batch = None
+        if self._ctx is not None:
+            llama_cpp.llama_free(self._ctx)
+            self._ctx = None
+        if self._model is not None:
+            llama_cpp.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self) -> None:
+        self.close()
+
+    # -- the drafter's cache ----------------------------------------------------------------------
+
+    def _n_features(self, context: Sequence[int]) -> int:
+        """Positions whose features the draft may use: before the anchor, and held by the target."""
+        have = common_prefix(self.target.cached_tokens, context, limit=len(context))
+        return max(0, min(len(context) - 1, have))
+
+    def _n_valid(self, context: Sequence[int]) -> int:
+        """Positions in the drafter's cache still true for `context`: position p needs context[0..p] unchanged."""
+        return common_prefix(self._written, context, limit=len(context))
+
+    def _sync(self, context: Sequence[int]) -> None:
+        """Cut the cache back to the features still true for `context`, inject the missing ones."""
+        n = self._n_features(context)
+        keep = min(self._n_valid(context), n)
+        llama_cpp.llama_memory_seq_rm(self._memory, 0, keep, -1)
+        self._written = list(context[:keep])
+        if keep >= n:
+            return
+        features = self.target.features(keep, n)  # [n - keep, layers * E_target], a view: used at once
+        for start in range(keep, n, self._n_ubatch):
+            stop = min(start + self._n_ubatch, n)
+            self._batch.clear()  # type: ignore[union-attr]
+            for p in range(start, stop):
+                self._batch.add(None, features[p - keep], p, False)  # type: ignore[union-attr]
+            try:
+                self._process()
+            except BaseException:
+                llama_cpp.llama_memory_seq_rm(self._memory, 0, start, -1)  # nothing half-written stays
+                raise
+            self._written = list(context[:stop])
+
+    def _block(self, anchor: int, pos: int) -> tuple[np.ndarray, np.ndarray]:
+        """Decode [anchor, mask x n] from `pos`; (logits [rows, V], nextn rows [rows, E]) copies. The
+        block's K/V leave the cache again: it holds the target's features only."""
+        n_block = self.head.block_tokens(self._n_draft)
+        outputs = self._top_k == 0  # DFlash2 reads its lattice from the nextn rows, not logits
+        self._batch.clear()  # type: ignore[union-attr]
+        for i in range(n_block):
+            self._batch.add(anchor if i == 0 else self._mask, None, pos + i, outputs)  # type: ignore[union-attr]
+        try:
+            self._process()
+            logits = np.empty((0, self._n_vocab), np.float32)
+            if outputs:
+                ptr = llama_cpp.llama_get_logits(self._ctx)
+                logits = np.ctypeslib.as_array(ptr, shape=(n_block, self._n_vocab)).copy()
+            nextn = np.empty((0, self._n_embd), np.float32)
+            if self._top_k > 0 or (self.head.dspark and self.head.confidence):
+                nextn = np.ctypeslib.as_array(llama_ext.nextn_rows(self._ctx), shape=(n_block, self._n_embd)).copy()
+        finally:
+            llama_cpp.llama_memory_seq_rm(self._memory, 0, pos, -1)
+        return logits, nextn
+
+    def _walk_lattice(self, lattice: np.ndarray, k: int, min_confidence: float) -> tuple[list[int], str]:
+        """DFlash2: from the anchor, take the best-scoring successor candidate at each block position
+        (row i: top_k candidate ids, then top_k x top_k scores, one row of successors per predecessor)."""
+        top_k = self._top_k
+        tokens: list[int] = []
+        pred = 0
+        for i in range(1, min(k + 1, len(lattice))):
+            row = lattice[i]
+            scores = row[top_k + pred * top_k : top_k + (pred + 1) * top_k]
+            pred = int(np.argmax(scores))
+            if min_confidence > 0:
+                conf = float(1.0 / np.exp(scores - scores[pred]).sum())
+                if conf < min_confidence:
+                    return tokens, f"draft stopped at position {i}: confidence {conf:.2f} < {min_confidence:.2f}"
+            tokens.append(int(row[pred]))
+            if tokens[-1] in self.target.eog_ids:
+                break
+        return tokens, ""
+
+    def _process(self) -> None:
+        assert self._batch is not None
+        process(self._ctx, llama_cpp.LLAMA_PROCESS_TYPE_DECODE, self._batch, what=f"the {self._label} drafter",
+                hint="lower --n-ctx or -k, or use --draft-method model")  # fmt: skip
