@@ -480,6 +480,42 @@ def test_pull_fetches_the_drafter_sidecars_llama_cpp_would(
     assert "  mtp " in out and "--draft-method mtp" in out and "eagle3-Model-F16.gguf --draft-method eagle3" in out
 
 
+def test_a_head_pair_pulls_its_head_and_runs_its_method(
+    hub: FakeHub, eagle3_pair: tuple[Path, Path], hf_env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A catalog pair whose draft is an EAGLE-3 head: pulled like any pair (the head carries the target's
+    tokenizer, so the header check passes), and `--pair` runs eagle3 where auto was left as the default."""
+    from localspec.cli import build_parser
+    from localspec.hub import pull_pair
+    from localspec.options import model_options_from_args
+
+    target, head = eagle3_pair
+    hub.add_repo("test-org/tiny-llama-GGUF", {"tiny-llama-F32.gguf": target.read_bytes()})
+    hub.add_repo("test-org/tiny-llama-eagle3-GGUF", {head.name: head.read_bytes()})
+    cat = tmp_path / "catalog.toml"
+    cat.write_text(USER_CATALOG + """
+[[pair]]
+name = "tiny-eagle3"
+method = "eagle3"
+description = "generated EAGLE-3 pair"
+num_draft = 3
+hardware = "tests"
+[pair.llama]
+target = { repo = "test-org/tiny-llama-GGUF", file = "tiny-llama-F32.gguf" }
+draft = { repo = "test-org/tiny-llama-eagle3-GGUF", file = "%s" }
+size_gb = 0.01
+""" % head.name)  # noqa: UP031
+    r = pull_pair("tiny-eagle3", "llama", endpoint=hub.url)
+    assert r.compat_checked and Path(r.draft).read_bytes() == head.read_bytes()
+    opts = model_options_from_args(build_parser().parse_args(["run", "--pair", "tiny-eagle3", "hi"]))
+    assert (opts.draft_method, opts.draft) == ("eagle3", r.draft)
+    explicit = model_options_from_args(build_parser().parse_args(["run", "--pair", "tiny-eagle3", "--draft-method", "ngram", "hi"]))
+    assert explicit.draft_method == "ngram"
+    from localspec.pipeline import check_pair
+
+    assert check_pair(opts).backend == "llama"  # the head fits its target, from the headers
+
+
 def test_incompatible_pair_is_refused_from_the_headers_alone(
     hub: FakeHub, ggufs: dict[str, bytes], hf_env: Path
 ) -> None:
