@@ -5,7 +5,7 @@ API (used by `localspec run --pair`, `localspec models`, `localspec pull` and th
     load_catalog(*, user_path=None, include_user=True) -> Catalog
         Catalog.pairs: dict[str, Pair]; Catalog.get(name) -> Pair (CatalogError listing the known names)
         Catalog.default: the name of the pair used when no model is given (`default = true` in a file)
-        Pair.name, .description, .num_draft, .hardware, .backends: dict[str, BackendPair]
+        Pair.name, .description, .num_draft, .hardware, .method, .backends: dict[str, BackendPair]
         BackendPair.target / .draft: ModelRef(repo, file, revision); .size_gb (approximate download)
     resolve_pair(name: str, backend: str, *, cache_dir=None) -> tuple[str, str]
         Local paths of (target, draft) from the Hugging Face cache only, no network: llama -> the GGUF
@@ -31,7 +31,10 @@ from typing import Any
 from localspec.errors import CatalogError, NotDownloadedError
 
 BACKENDS = ("llama", "mlx")
-_PAIR_KEYS = {"name", "default", "description", "num_draft", "hardware", "notes", "base", "llama", "mlx"}
+_PAIR_KEYS = {"name", "default", "description", "num_draft", "hardware", "notes", "base", "method", "llama", "mlx"}
+# What a pair's draft file is: a draft model, or a drafter that reads the target's hidden states (the head
+# GGUF; for MTP the file holding the MTP layers, which is the target itself in "-MTP-GGUF" releases).
+PAIR_METHODS = ("model", "eagle3", "mtp", "dflash", "dspark")
 _BACKEND_KEYS = {"target", "draft", "size_gb"}
 _REF_KEYS = {"repo", "file", "revision"}
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -80,6 +83,7 @@ class Pair:
     source: str = "built-in"  # "built-in" or the user file's path
     default: bool = False  # marked `default = true` in its file (Catalog.default says which one wins)
     base: BaseModels | None = None  # the original Hub models (for vLLM, which serves those)
+    method: str = "model"  # PAIR_METHODS: how the draft file drafts (--draft-method when auto is asked for)
 
     def backend(self, backend: str) -> BackendPair:
         if backend not in self.backends:
@@ -208,12 +212,17 @@ def _parse_pair(raw: Any, *, where: str, source: str) -> Pair:
     num_draft = raw.get("num_draft", 4)
     if not isinstance(num_draft, int) or isinstance(num_draft, bool) or not 1 <= num_draft <= 64:
         raise CatalogError(f"{where}: num_draft must be an integer from 1 to 64, got {num_draft!r}", _FORMAT_HINT)
+    method = raw.get("method", "model")
+    if method not in PAIR_METHODS:
+        raise CatalogError(f"{where}: method must be one of {', '.join(PAIR_METHODS)}, got {method!r}", _FORMAT_HINT)
     backends: dict[str, BackendPair] = {}
     for backend in BACKENDS:
         if backend in raw:
             backends[backend] = _parse_backend(raw[backend], backend=backend, where=f"{where} [{backend}]")
     if not backends:
         raise CatalogError(f"{where}: a pair needs a [pair.llama] and/or [pair.mlx] table", _FORMAT_HINT)
+    if method != "model" and set(backends) != {"llama"}:
+        raise CatalogError(f"{where}: a {method} drafter runs on llama.cpp only: remove [pair.mlx]", _FORMAT_HINT)
     return Pair(
         name=name,
         description=_str(raw, "description", where),
@@ -224,6 +233,7 @@ def _parse_pair(raw: Any, *, where: str, source: str) -> Pair:
         source=source,
         default=default,
         base=_parse_base(raw.get("base"), where=f"{where} base"),
+        method=method,
     )
 
 
@@ -327,7 +337,8 @@ def _pair_line(text: str, name: object, index: int) -> int:
 
 
 _FORMAT_HINT = (
-    "each pair is a [[pair]] table with name, description, num_draft, hardware, optionally default = true, and a [pair.llama] "
+    "each pair is a [[pair]] table with name, description, num_draft, hardware, optionally default = true and "
+    "method = model|eagle3|mtp|dflash|dspark, and a [pair.llama] "
     "and/or [pair.mlx] table holding target = { repo = ..., file = ... } and draft = { ... }; "
     "see the built-in models.toml for examples"
 )

@@ -243,6 +243,9 @@ def model_options_from_args(args: argparse.Namespace) -> ModelOptions:
             backend = local.backend  # e.g. a pair with MLX models only, off Apple silicon
     if not target:
         raise UsageError("no target model given", "pass --pair NAME (see `localspec models`) or --target PATH")
+    head = pair_method(pair) if pair else "model"
+    if head != "model" and method == "auto":
+        method = head  # a catalog pair whose draft is a head (EAGLE-3, MTP, DFlash): auto does not drive heads
     k = getattr(args, "num_draft", None)
     if k is None or not 0 <= k <= MAX_K:  # a bad -k is refused with the generation options
         k = default_k(method, pair_num_draft(args.pair) if args.pair else None)
@@ -274,6 +277,14 @@ def generation_config_from_args(args: argparse.Namespace) -> GenerationConfig:
         seed=args.seed,
         max_tokens=args.max_tokens,
     )
+
+
+def pair_method(name: str) -> str:
+    """How a catalog pair's draft file drafts (models.toml `method`): "model", or a head method."""
+    from localspec.catalog import load_catalog
+
+    pair = load_catalog().pairs.get(name)
+    return pair.method if pair is not None else "model"
 
 
 def pair_num_draft(name: str) -> int | None:

@@ -82,3 +82,16 @@ def hybrid_ggufs(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -
         write(draft, smollm2_path, seed=1, base=base, noise=noise)
         out[family] = (target, draft)
     return out
+
+
+@pytest.fixture(scope="session")
+def eagle3_pair(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> tuple[Path, Path]:
+    """(target, EAGLE-3 head made for it): a tiny random 4-layer llama and a head reading layers 0, 2, 3.
+    The head's name starts with `eagle3-`, as llama.cpp's sidecar files do."""
+    from gguf_factory import write_tiny_eagle3, write_tiny_llama
+
+    d = tmp_path_factory.mktemp("eagle3-pair")
+    target, head = d / "tiny-target-4l.gguf", d / "eagle3-tiny-head.gguf"
+    write_tiny_llama(target, smollm2_path, seed=0, n_layer=4)
+    write_tiny_eagle3(head, smollm2_path, target_layers=(0, 2, 3))
+    return target, head

@@ -47,6 +47,20 @@ def test_parse_methods() -> None:
     assert parse_methods("suffix,auto", has_draft=False) == [Method("none", 0), Method("suffix", 32), Method("auto", 32)]
 
 
+def test_parse_methods_with_heads() -> None:
+    heads = {"eagle3": "", "mtp": "this target has no MTP layers", "dflash": "not driven", "dspark": "not driven"}
+    ms = parse_methods("eagle3:3,ngram:2", has_draft=False, heads=heads)
+    assert ms == [Method("none", 0), Method("eagle3", 3), Method("ngram", 2)] and ms[1].label == "eagle3 k=3"
+    # A head method that cannot run is refused with its reason when named, and left out of a default list.
+    with pytest.raises(UsageError, match="mtp:2, which cannot run here: this target has no MTP layers") as info:
+        parse_methods("none,mtp:2", has_draft=False, heads=heads)
+    assert "--draft HEAD.gguf" in info.value.hint
+    assert parse_methods("none,mtp:2,eagle3", has_draft=False, explicit=False, heads=heads) == [
+        Method("none", 0), Method("eagle3", 4)]  # fmt: skip
+    with pytest.raises(UsageError, match="no head was given"):
+        parse_methods("eagle3:2", has_draft=True)
+
+
 def test_builtin_suites() -> None:
     s = suites()
     assert list(s) == ["code-gen", "code-edit", "chat", "agentic", "long-summary"]
@@ -338,6 +352,31 @@ def test_bench_command_json_on_tiny_models(tiny_ggufs, tmp_path) -> None:  # typ
     data = json.loads(out_file.read_text())
     assert {row["method"] for row in data["summary"]} == {"none", "ngram k=2", "model k=2", "auto k<=3"}
     assert len(data["runs"]) == 2 * 4 and set(data["costs"]) == {"chat", "code-edit"}
+
+
+def test_bench_command_runs_eagle3_rows_with_the_head_as_draft(eagle3_pair, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    target, head = eagle3_pair
+    out_file = tmp_path / "bench.json"
+    r = _cli("bench", "--target", str(target), "--draft", str(head), "--suites", "chat", "--prompts", "1", "--reps", "1",
+             "--max-tokens", "8", "--methods", "none,eagle3:3,ngram:2", "--threads", "1", "--cost-reps", "1",
+             "--n-ctx", "1024", "--json-out", str(out_file))  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "eagle3 k=3" in r.stdout
+    data = json.loads(out_file.read_text())
+    assert data["draft"] == head.name and data["methods"] == ["none", "eagle3 k=3", "ngram k=2"]
+    run = next(x for x in data["runs"] if x["method"] == "eagle3 k=3")
+    assert run["stats"]["draft_method"] == "eagle3" and run["stats"]["n_drafted"] > 0
+    assert max(int(n) for n in run["drafted_per_round"]) == 3
+
+
+def test_bench_command_refuses_head_methods_that_do_not_fit(eagle3_pair, tiny_ggufs) -> None:  # type: ignore[no-untyped-def]
+    target, head = eagle3_pair
+    common = ("--suites", "chat", "--prompts", "1", "--reps", "1", "--max-tokens", "4", "--threads", "1")
+    # A draft model is no EAGLE-3 head; a head of one family does not run another.
+    for draft, method, words in ((tiny_ggufs[1], "eagle3:2", "not an EAGLE-3 head"), (head, "dflash:2", "dflash")):
+        r = _cli("bench", "--target", str(target), "--draft", str(draft), "--methods", f"none,{method}", *common)
+        assert r.returncode == 2 and words in r.stderr and "cannot run here" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr
 
 
 def test_bench_command_rejects_unknown_suite(tiny_ggufs) -> None:  # type: ignore[no-untyped-def]

@@ -48,11 +48,22 @@ def test_builtin_catalog_parses_and_every_pair_names_both_roles() -> None:
                     assert ref.file and ref.file.endswith(".gguf"), (pair.name, ref)
                 else:
                     assert ref.file is None, (pair.name, ref)
-            assert bp.target != bp.draft
+            # An MTP head lives in the target's own file ("-MTP-GGUF" releases); every other draft is a file of its own.
+            assert (bp.target == bp.draft) == (pair.method == "mtp"), pair.name
+
+
+def test_builtin_head_pairs_run_on_llama_cpp_with_their_method() -> None:
+    heads = {p.name: p for p in load_catalog(include_user=False).pairs.values() if p.method != "model"}
+    assert {p.method for p in heads.values()} >= {"mtp", "dflash"}
+    for pair in heads.values():
+        assert set(pair.backends) == {"llama"} and pair.base is None  # vLLM's draft_model command would be wrong
+    assert any(p.backends["llama"].target.repo.endswith("-MTP-GGUF") for p in heads.values() if p.method == "mtp")
 
 
 def test_every_builtin_pair_names_its_original_models_for_vllm() -> None:
     for pair in load_catalog(include_user=False).pairs.values():
+        if pair.method != "model":
+            continue  # drafters vLLM serves differently (speculative_config methods); not generated yet
         assert pair.base is not None and "/" in pair.base.target and "/" in pair.base.draft, pair.name
         assert "GGUF" not in pair.base.target + pair.base.draft  # vLLM loads the originals, not conversions
 
@@ -132,6 +143,8 @@ def test_malformed_user_catalog_names_file_and_line(tmp_path: Path, monkeypatch:
         ("", "needs a [pair.llama]"),
         ('base = { target = "a/b" }\n[pair.mlx]\ntarget = "a/b"\ndraft = "a/c"\n', "draft must be a Hub repo id"),
         ('base = { target = "a/b", draft = "c", x = 1 }\n[pair.mlx]\ntarget = "a/b"\ndraft = "a/c"\n', "unknown key 'x'"),
+        ('method = "medusa"\n[pair.llama]\ntarget = "a/b:t.gguf"\ndraft = "a/c:d.gguf"\n', "method must be one of"),
+        ('method = "eagle3"\n[pair.mlx]\ntarget = "a/b"\ndraft = "a/c"\n', "runs on llama.cpp only"),
     ],
 )
 def test_semantic_errors_name_file_and_pair_line(body: str, needle: str) -> None:

@@ -437,6 +437,85 @@ def test_ambiguous_gguf_repo_is_refused_with_the_list(hub: FakeHub) -> None:
     assert Path(pull_model(D_REPO, endpoint=hub.url).path("")).name == D_FILE
 
 
+SIDECAR_REPO = "test-org/with-drafters-GGUF"
+
+
+def _sidecar_repo(hub: FakeHub, gguf: bytes) -> None:
+    """A repo laid out like unsloth's: two quantizations of a model, and beside them MTP, EAGLE-3 and
+    DFlash drafter files in several quantizations (one in a subfolder, which llama.cpp does not take)."""
+    small = gguf[:4096]  # sidecars are fetched as files; their content is not read here
+    hub.add_repo(SIDECAR_REPO, {
+        "Model-Q4_K_M.gguf": gguf, "Model-Q8_0.gguf": gguf,
+        "mtp-Model-Q8_0.gguf": small + b"8", "mtp-Model-Q4_K_M.gguf": small + b"4", "extra/mtp-Model-Q4_0.gguf": small,
+        "eagle3-Model-F16.gguf": small + b"e", "dflash-Model-Q8_0.gguf": small + b"d", "dflash-Model-Q4_0.gguf": small,
+        "README.md": b"# with drafters\n",
+    })  # fmt: skip
+
+
+def test_pull_fetches_the_drafter_sidecars_llama_cpp_would(
+    hub: FakeHub, ggufs: dict[str, bytes], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from localspec.hub import pull_model
+
+    _sidecar_repo(hub, ggufs["draft"])
+    r = pull_model(f"{SIDECAR_REPO}:Model-Q4_K_M.gguf", endpoint=hub.url)
+    m = r.models[0]
+    # Per family the one in the model's folder whose quantization is closest to the model's (4 bits).
+    assert {f: Path(p).name for f, p in m.sidecars.items()} == {
+        "mtp": "mtp-Model-Q4_K_M.gguf", "eagle3": "eagle3-Model-F16.gguf", "dflash": "dflash-Model-Q4_0.gguf"}  # fmt: skip
+    assert Path(m.sidecars["mtp"]).read_bytes().endswith(b"4") and Path(m.path).name == "Model-Q4_K_M.gguf"
+    got = {p.name for p in Path(m.path).parent.rglob("*.gguf")}
+    assert got == {"Model-Q4_K_M.gguf", "mtp-Model-Q4_K_M.gguf", "eagle3-Model-F16.gguf", "dflash-Model-Q4_0.gguf"}
+    assert {f: Path(p).name for f, p in pull_model(f"{SIDECAR_REPO}:Model-Q8_0.gguf", endpoint=hub.url)
+            .models[0].sidecars.items()}["mtp"] == "mtp-Model-Q8_0.gguf"  # fmt: skip
+    # A drafter pulled itself brings no second file of its own family.
+    assert set(pull_model(f"{SIDECAR_REPO}:dflash-Model-Q8_0.gguf", endpoint=hub.url).models[0].sidecars) == {"mtp", "eagle3"}
+    # Sidecars are no models: the repo holds two, and the list offers only those.
+    with pytest.raises(PullError, match="2 GGUF models") as ei:
+        pull_model(SIDECAR_REPO, endpoint=hub.url)
+    assert "mtp-" not in ei.value.hint and "Model-Q8_0.gguf" in ei.value.hint
+    # The CLI names each sidecar and how to run it.
+    assert _main(["pull", f"{SIDECAR_REPO}:Model-Q4_K_M.gguf", "--endpoint", hub.url]) == 0
+    out = capsys.readouterr().out
+    assert "  mtp " in out and "--draft-method mtp" in out and "eagle3-Model-F16.gguf --draft-method eagle3" in out
+
+
+def test_a_head_pair_pulls_its_head_and_runs_its_method(
+    hub: FakeHub, eagle3_pair: tuple[Path, Path], hf_env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A catalog pair whose draft is an EAGLE-3 head: pulled like any pair (the head carries the target's
+    tokenizer, so the header check passes), and `--pair` runs eagle3 where auto was left as the default."""
+    from localspec.cli import build_parser
+    from localspec.hub import pull_pair
+    from localspec.options import model_options_from_args
+
+    target, head = eagle3_pair
+    hub.add_repo("test-org/tiny-llama-GGUF", {"tiny-llama-F32.gguf": target.read_bytes()})
+    hub.add_repo("test-org/tiny-llama-eagle3-GGUF", {head.name: head.read_bytes()})
+    cat = tmp_path / "catalog.toml"
+    cat.write_text(USER_CATALOG + """
+[[pair]]
+name = "tiny-eagle3"
+method = "eagle3"
+description = "generated EAGLE-3 pair"
+num_draft = 3
+hardware = "tests"
+[pair.llama]
+target = { repo = "test-org/tiny-llama-GGUF", file = "tiny-llama-F32.gguf" }
+draft = { repo = "test-org/tiny-llama-eagle3-GGUF", file = "%s" }
+size_gb = 0.01
+""" % head.name)  # noqa: UP031
+    r = pull_pair("tiny-eagle3", "llama", endpoint=hub.url)
+    assert r.compat_checked and Path(r.draft).read_bytes() == head.read_bytes()
+    opts = model_options_from_args(build_parser().parse_args(["run", "--pair", "tiny-eagle3", "hi"]))
+    assert (opts.draft_method, opts.draft) == ("eagle3", r.draft)
+    explicit = model_options_from_args(build_parser().parse_args(["run", "--pair", "tiny-eagle3", "--draft-method", "ngram", "hi"]))
+    assert explicit.draft_method == "ngram"
+    from localspec.pipeline import check_pair
+
+    assert check_pair(opts).backend == "llama"  # the head fits its target, from the headers
+
+
 def test_incompatible_pair_is_refused_from_the_headers_alone(
     hub: FakeHub, ggufs: dict[str, bytes], hf_env: Path
 ) -> None:

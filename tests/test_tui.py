@@ -710,3 +710,53 @@ async def test_final_stats_in_the_app_equal_run_json(tiny_ggufs: tuple[Path, Pat
             k: v for k, v in expected["stats"].items() if k not in timings
         }
         assert turn.reply == expected["text"] and app.chat.query_one(ReplyMessage).text == expected["text"]
+
+
+@pytest.mark.asyncio
+async def test_picker_offers_head_methods_only_when_the_files_fit(
+    eagle3_pair: tuple[Path, Path], tiny_ggufs: tuple[Path, Path, Path], smollm2_path: Path, tmp_path: Path
+) -> None:
+    from gguf_factory import write_tiny_llama
+
+    target, head = eagle3_pair
+    qwen2 = tmp_path / "qwen2-target.gguf"  # an architecture whose graph cannot hand over hidden states
+    write_tiny_llama(qwen2, smollm2_path, seed=0, n_layer=4, arch="qwen2")
+    app = ChatApp(settings=ChatSettings(max_tokens=6), save_dir=tmp_path, load_defaults=ModelOptions("", threads=1))
+    async with app.run_test(size=SIZE) as pilot:
+        setup = app.screen
+        assert isinstance(setup, SetupScreen)
+        await until(pilot, lambda: setup.query_one("#backends", OptionList).option_count == 2, what="backend probe")
+        method = setup.query_one("#method", Select)
+        note = setup.query_one("#method-note", Static)
+
+        async def offered_for(t: Path, d: Path) -> tuple[str, ...]:
+            setup.query_one("#target", Input).value = str(t)
+            setup.query_one("#draft", Input).value = str(d)
+            await until(pilot, lambda: setup.offer_key == ("llama", str(t), str(d)), what="the offer to start")
+            await app.workers.wait_for_complete()
+            await pilot.pause()
+            return setup.offered
+
+        # A draft model: the plain methods only, and nothing to explain.
+        assert await offered_for(target, tiny_ggufs[1]) == tui_models.PLAIN_METHODS
+        assert text_of(note) == "" and not note.display
+        # The head made for this target: eagle3 joins the list (the other families do not run yet).
+        assert await offered_for(target, head) == (*tui_models.PLAIN_METHODS, "eagle3")
+        method.value = "eagle3"
+        await until(pilot, lambda: setup.check is not None and setup.check.key[3] == "eagle3", what="pair check")
+        assert setup.check.ok  # type: ignore[union-attr]
+        # The same head on a qwen2 target: held back with the reason, and the choice falls back to auto.
+        assert await offered_for(qwen2, head) == tui_models.PLAIN_METHODS
+        assert note.display and "eagle3 not offered" in text_of(note) and "'qwen2' model" in text_of(note)
+        assert method.value == "auto"
+
+        # Back on the fitting pair, eagle3 starts a chat whose drafter is the head.
+        await offered_for(target, head)
+        method.value = "eagle3"
+        await pilot.press("ctrl+s")
+        await until(pilot, lambda: app.pipeline is not None, what="models to load")
+        assert app.pipeline.drafter.method == "eagle3"  # type: ignore[union-attr]
+        await send(pilot, "Hi")
+        await settle(app, pilot)
+        stats = app.chat.transcript.turns[0].stats
+        assert stats is not None and stats.draft_method == "eagle3" and stats.n_drafted > 0

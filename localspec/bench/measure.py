@@ -21,6 +21,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from localspec.backends.base import Backend, ChatMessage, chat_prompt_tokens
@@ -33,12 +34,12 @@ from localspec.decoding.policy import CostModel
 from localspec.decoding.sampling import SamplingParams
 from localspec.decoding.stats import SpecStats, format_choices
 from localspec.errors import UsageError
-from localspec.options import MAX_K, default_k
+from localspec.options import HEAD_METHODS, MAX_K, default_k
 
 
 @dataclass(frozen=True)
 class Method:
-    method: str  # none | ngram | model | auto
+    method: str  # none | ngram | suffix | model | auto | a head method (eagle3, mtp, dflash, dspark)
     k: int  # draft length (auto: the most it may choose)
 
     @property
@@ -48,16 +49,25 @@ class Method:
         return f"{self.method} k<={self.k}" if self.method == "auto" else f"{self.method} k={self.k}"
 
 
-def parse_methods(spec: str, *, has_draft: bool, explicit: bool = True) -> list[Method]:
-    """`none,ngram:4,suffix:32,model:2,model:4,auto:32` -> methods; `none` is always included (the baseline).
+def parse_methods(
+    spec: str, *, has_draft: bool, explicit: bool = True, heads: dict[str, str] | None = None
+) -> list[Method]:
+    """`none,ngram:4,suffix:32,model:2,model:4,auto:32,eagle3:4` -> methods; `none` is always included (the
+    baseline).
 
     Model methods without a draft model are refused when the user named them (explicit), and left out
-    of the default list."""
+    of the default list. `heads`: for each head method (eagle3, mtp, dflash, dspark), "" when it can run
+    on the given files, else why not (localspec.heads.head_methods_fitting); a head method that cannot
+    run is refused with that reason when named, and left out of the default list."""
+    heads = heads or {}
     out: list[Method] = []
     for part in (p.strip() for p in spec.split(",") if p.strip()):
         name, _, k = part.partition(":")
-        if name not in ("none", "ngram", "suffix", "model", "auto"):
-            raise UsageError(f"unknown method {name!r} in --methods", "use none, ngram:K, suffix:K, model:K, auto:K")
+        if name not in ("none", "ngram", "suffix", "model", "auto", *HEAD_METHODS):
+            raise UsageError(
+                f"unknown method {name!r} in --methods",
+                "use none, ngram:K, suffix:K, model:K, auto:K, or a head method: " + ", ".join(f"{m}:K" for m in HEAD_METHODS),
+            )
         try:
             kk = int(k) if k else (0 if name == "none" else default_k(name))
         except ValueError:
@@ -70,6 +80,13 @@ def parse_methods(spec: str, *, has_draft: bool, explicit: bool = True) -> list[
             raise UsageError(
                 f"--methods asks for {part} but no draft model was given",
                 "pass --draft PATH (or --pair NAME), or leave the model methods out of --methods",
+            )
+        if name in HEAD_METHODS and heads.get(name, "no head was given") != "":
+            if not explicit:
+                continue
+            raise UsageError(
+                f"--methods asks for {part}, which cannot run here: {heads.get(name, 'no head was given')}",
+                f"pass the {name} head as --draft HEAD.gguf (made for this target), or leave {name} out of --methods",
             )
         out.append(Method(name, 0 if name == "none" else kk))
     if Method("none", 0) not in out:
@@ -181,12 +198,15 @@ def run_bench(
     clock: Callable[[], float] = time.perf_counter,
     store: CostStore | None = None,
     cost_reps: int = 5,
+    head: str | None = None,
 ) -> BenchResult:
-    """`store`: where auto finds its remembered costs (as in `localspec run`); None: auto measures afresh."""
+    """`store`: where auto finds its remembered costs (as in `localspec run`); None: auto measures afresh.
+    `head`: the GGUF of a head that reads the target's hidden states, for the head methods (each run's
+    drafter loads it afresh, as `localspec run` does)."""
     t_start = time.perf_counter()
     result = BenchResult(
         target=target.info.name,
-        draft=draft.info.name if draft else None,
+        draft=draft.info.name if draft else (Path(head).name if head else None),
         backend=target.info.backend,
         device=target.info.device,
         threads=threads,
@@ -198,7 +218,8 @@ def run_bench(
     )
     try:
         _measure_all(
-            target, draft, suites, methods, result, reps, max_tokens, sampling, n_prompts, progress, clock, store, cost_reps
+            target, draft, suites, methods, result, reps, max_tokens, sampling, n_prompts, progress, clock, store, cost_reps,
+            head,
         )
     except KeyboardInterrupt:
         result.interrupted = True
@@ -221,6 +242,7 @@ def _measure_all(
     clock: Callable[[], float],
     store: CostStore | None,
     cost_reps: int,
+    head: str | None,
 ) -> None:
     from localspec.pipeline import make_drafter
 
@@ -254,7 +276,7 @@ def _measure_all(
                         f"({time.perf_counter() - t0:.0f} s)"
                     )
                     # A fresh drafter per run (a session: per conversation), as `localspec run` (`chat`) builds one.
-                    drafter = make_drafter(m.method, target, draft, clock=clock, store=store)
+                    drafter = make_drafter(m.method, target, draft, clock=clock, store=store, head=head)
                     config = GenerationConfig(max_tokens=max_tokens, num_draft=m.k, sampling=sampling)
                     try:
                         if suite.session:
@@ -270,7 +292,16 @@ def _measure_all(
                             result.runs.append(replace(run, suite=suite.name, prompt=pi, method=m.label, rep=rep))
                     finally:
                         drafter.close()
+                        if m.method in HEAD_METHODS:
+                            _stop_capture(target)
 
+
+def _stop_capture(target: Backend) -> None:
+    """A head drafter turned on the target's hidden-state capture; turn it off, so that the methods run
+    after it are not charged for it."""
+    capture = getattr(target, "capture_layers", None)
+    if capture is not None:
+        capture([])
 
 def _one_run(
     target: Backend, drafter: Drafter, prompt: list[int], config: GenerationConfig, clock: Callable[[], float]

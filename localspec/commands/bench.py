@@ -8,9 +8,10 @@ import sys
 from dataclasses import replace
 
 from localspec.errors import UsageError
-from localspec.options import add_model_options
+from localspec.options import ModelOptions, add_model_options
 
 DEFAULT_METHODS = "none,ngram:4,ngram:8,suffix:32,model:2,model:4,model:6,auto:32"
+HEAD_DEFAULT_METHODS = "none,ngram:4,suffix:32,{m}:2,{m}:4,{m}:6,auto:32"  # --draft is a head of family m
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -27,7 +28,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     g.add_argument(
         "--methods",
         default=None,
-        help=f"comma-separated METHOD[:K] (default: {DEFAULT_METHODS}; model ones are skipped without a draft)",
+        help=f"comma-separated METHOD[:K] (default: {DEFAULT_METHODS}; model ones are skipped without a draft). "
+        "With a head as --draft (an EAGLE-3, DFlash, DSpark or MTP GGUF made for the target) the model methods "
+        f"give way to the head's: e.g. eagle3:2,eagle3:4 (default then: {HEAD_DEFAULT_METHODS.format(m='HEAD')})",
     )
     g.add_argument("--reps", type=int, default=2, help="repetitions of every run, interleaved (default: 2)")
     g.add_argument("--cost-reps", type=int, default=5, help="timings per batch size for the cost curve (default: 5)")
@@ -55,10 +58,14 @@ def run(args: argparse.Namespace) -> int:
     unknown = [n for n in names if n not in available]
     if unknown:
         raise UsageError(f"unknown suite(s): {', '.join(unknown)}", f"choose from: {', '.join(available)}")
-    # The draft model (if given) is loaded once; every method then runs over the same loaded models.
+    # The draft model (if given) is loaded once; every method then runs over the same loaded models. A head
+    # (--draft HEAD.gguf) is no draft model: the head methods' drafters load it themselves.
     opts = model_options_from_args(args)  # no model given: the default pair (pulled on first use)
-    opts = opts.with_method("model" if opts.draft else "none")
-    methods = parse_methods(args.methods or DEFAULT_METHODS, has_draft=opts.uses_draft_model, explicit=bool(args.methods))
+    family, heads = _heads(opts)
+    head = opts.draft if family else None
+    opts = opts.with_method("model" if opts.draft and not family else "none")
+    default = HEAD_DEFAULT_METHODS.format(m=family) if family else DEFAULT_METHODS
+    methods = parse_methods(args.methods or default, has_draft=opts.uses_draft_model, explicit=bool(args.methods), heads=heads)
     opts = replace(opts, max_draft=max([m.k for m in methods] + [0]))  # a recurrent target's snapshot window
     log = (lambda s: None) if args.json else (lambda s: print(s, file=sys.stderr, flush=True))
     _sigterm_interrupts()
@@ -80,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
             progress=log,
             store=pipeline.cost_store,
             cost_reps=max(args.cost_reps, 1),
+            head=head,
         )
     finally:
         pipeline.close()
@@ -92,6 +100,17 @@ def run(args: argparse.Namespace) -> int:
     else:
         print("\n".join(bench_lines(result)))
     return 0
+
+
+def _heads(opts: ModelOptions) -> tuple[str | None, dict[str, str]]:
+    """(the head family --draft is made for, or None for a draft model; for each head method "" when it can
+    run on these files, else why not). Head methods run on llama.cpp GGUF files only."""
+    from localspec.heads import head_family, head_methods_fitting
+    from localspec.pipeline import resolve_backend
+
+    if resolve_backend(opts.backend, opts.target)[0] != "llama":
+        return None, {}
+    return head_family(opts.draft), head_methods_fitting(opts.target, opts.draft)
 
 
 def _sigterm_interrupts() -> None:

@@ -47,6 +47,7 @@ def model_states(backend: str | None = None) -> list[dict]:
                     "bytes_on_disk": sum(r["bytes"] for r in roles.values()),
                     "size_gb": bp.size_gb,
                     "num_draft": pair.num_draft,
+                    "method": pair.method,
                     "description": pair.description,
                     "hardware": pair.hardware,
                     "source": pair.source,
@@ -82,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
         downloaded = r["status"].startswith("ready")
         size = f"~{r['size_gb']:g} GB download" if r["size_gb"] and not downloaded else ""
         out.write(f"  {r['backend']:<5}  {r['status']:<19} {disk:<18} {size}\n")
-        out.write(f"         target {r['target']['ref']}\n         draft  {r['draft']['ref']}\n")
+        drafter = "draft " if r["method"] == "model" else f"{r['method']} head in"  # e.g. "mtp head in"
+        out.write(f"         target {r['target']['ref']}\n         {drafter:<6} {r['draft']['ref']}\n")
     out.write(
         f"\ncache: {hub_cache_dir()}\n"
         f"your pairs: {user_catalog_path()}\n"

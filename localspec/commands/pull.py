@@ -136,6 +136,8 @@ def _print_result(result: PullResult, pair: str | None) -> None:
     print(ready_line(result, pair))
     for m in result.models:
         print(f"  {m.role or 'model':<7} {m.path}")
+        for family, path in m.sidecars.items():  # drafter files shipped beside the model (llama.cpp's -hf rule)
+            print(f"  {family:<7} {path}  (a drafter beside it: --draft {path} --draft-method {family})")
     if pair:
         print(f"run it: localspec run --pair {pair} --backend {result.backend}")
     elif len(result.models) == 2 and result.backend in ("llama", "mlx"):

@@ -14,7 +14,7 @@ from localspec.catalog import ModelRef, cached_model_path, hub_cache_dir, split_
 from localspec.errors import BackendUnavailableError, IncompatiblePairError, PullError
 from localspec.formatting import format_bytes
 from localspec.hub.errors import hub_errors, map_error
-from localspec.hub.files import FilePlan, ModelPlan, pinned, select_files
+from localspec.hub.files import FilePlan, ModelPlan, pinned, select_files, sidecars
 from localspec.hub.progress import Tracker
 from localspec.hub.timeouts import hub_timeout, install_timeouts
 from localspec.hub.types import CompatReport, LogFn, ProgressEvent, ProgressFn, PullCancelled, PulledModel, PullResult
@@ -96,6 +96,9 @@ class Hub:
         }
         backend, files = select_files(ref, backend, sizes)
         plan = ModelPlan(role, ref, backend, commit)
+        if backend == "llama":  # the drafter files llama.cpp's -hf would fetch with this model
+            plan.sidecars = sidecars(list(sizes), files[0])
+            files = files + [p for p in plan.sidecars.values() if p not in files]
         for f in files:
             plan.files.append(FilePlan(f, sizes.get(f), self._cached(ref.repo, f, commit)))
         return plan
@@ -170,6 +173,7 @@ class Hub:
             self._model_path(plan),
             plan.downloaded,
             plan.bytes_total,
+            {family: plan.local[p] for family, p in plan.sidecars.items() if p in plan.local},
         )
 
     def _model_path(self, plan: ModelPlan) -> str:

@@ -31,6 +31,7 @@ class ModelPlan:
     commit: str | None
     files: list[FilePlan] = field(default_factory=list)
     local: dict[str, str] = field(default_factory=dict)  # fetched so far: repo path -> local path
+    sidecars: dict[str, str] = field(default_factory=dict)  # drafter family -> its sidecar's repo path (in files)
     downloaded: int = 0
 
     @property
@@ -84,16 +85,70 @@ def select_files(ref: ModelRef, backend: str | None, sizes: dict[str, int | None
 
 
 def gguf_models(ggufs: list[str]) -> list[str]:
-    """GGUF models in a listing: split sets count once (by their first part); projector files are not models."""
+    """GGUF models in a listing: split sets count once (by their first part); projector files and drafter
+    sidecars (mtp-, eagle3-, dflash-, dspark-) are not models, as llama.cpp's -hf sees them."""
     out = []
     for p in ggufs:
         name = p.rsplit("/", 1)[-1]
-        if name.startswith("mmproj") or "imatrix" in name.lower():
+        if name.startswith("mmproj") or "imatrix" in name.lower() or any(k in name for k in SIDECAR_KEYWORDS.values()):
             continue
         m = re.match(r"^(.*)-(\d{5})-of-(\d{5})\.gguf$", p)
         if m and m.group(2) != "00001":
             continue
         out.append(p)
+    return out
+
+
+# -- drafter sidecars -----------------------------------------------------------------------------------
+# llama.cpp's -hf (common/download.cpp, find_best_sibling) fetches, next to a GGUF model, the files of the
+# drafters that read its hidden states: a .gguf whose path holds the family's keyword, in the model's own
+# folder or one above it; the deepest such folder wins, then the quantization closest to the model's.
+
+SIDECAR_KEYWORDS = {"mtp": "mtp-", "eagle3": "eagle3-", "dflash": "dflash-", "dspark": "dspark-"}
+_SPLIT_SUFFIX = re.compile(r"^(.+)-([0-9]{5})-of-([0-9]{5})$", re.IGNORECASE)
+_QUANT_TAG = re.compile(r"[-.]([A-Z0-9_]+)$", re.IGNORECASE)
+
+
+def quant_bits(path: str) -> int:
+    """The bits of a GGUF name's quantization tag (Q4_K_M -> 4, F16 -> 16, Q8_0 -> 8), 0 without one."""
+    stem = path[: -len(".gguf")] if path.endswith(".gguf") else path
+    if m := _SPLIT_SUFFIX.match(stem):
+        stem = m[1]
+    tag = m[1] if (m := _QUANT_TAG.search(stem)) else ""
+    digits = re.match(r"\D*(\d+)", tag)
+    return int(digits[1]) if digits else 0
+
+
+def best_sidecar(paths: list[str], model: str, keyword: str) -> str | None:
+    """llama.cpp's choice of the sidecar holding `keyword` for the GGUF `model`, among a repo's `paths`."""
+    model_dir = model.split("/")[:-1]
+    bits = quant_bits(model)
+    best: tuple[int, int] | None = None  # (depth, -bit difference): larger is better
+    chosen = None
+    for p in paths:
+        if not p.endswith(".gguf") or keyword not in p:
+            continue
+        sib_dir = p.split("/")[:-1]
+        if sib_dir != model_dir[: len(sib_dir)]:
+            continue  # not in the model's folder or one above it
+        score = (len(sib_dir), -abs(quant_bits(p) - bits))
+        if best is None or score > best:
+            best, chosen = score, p
+    return chosen
+
+
+def sidecars(paths: list[str], model: str) -> dict[str, str]:
+    """Family -> the sidecar llama.cpp would fetch with `model`. A family the model file itself belongs
+    to (a drafter pulled as the draft) brings no second file of its own kind."""
+    name = model.rsplit("/", 1)[-1]
+    own = split_gguf_parts(model)
+    out = {}
+    for family, keyword in SIDECAR_KEYWORDS.items():
+        if keyword in name:
+            continue
+        found = best_sidecar([p for p in sorted(paths) if p not in own], model, keyword)
+        if found:
+            out[family] = found
     return out
 
 

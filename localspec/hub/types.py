@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from localspec.catalog import ModelRef
 from localspec.errors import PullError
@@ -35,6 +35,7 @@ class PulledModel:
     path: str  # llama: the GGUF file (first part if split); mlx: the snapshot directory
     bytes_downloaded: int
     bytes_total: int
+    sidecars: dict[str, str] = field(default_factory=dict)  # drafter family -> local path (mtp-, eagle3-, ... files)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,13 @@ class PairChecked(Message):
 
 
 @dataclass
+class MethodsOffered(Message):
+    key: tuple[str, str, str]  # (backend, target, draft) the offer is for
+    methods: tuple[str, ...]  # what the draft-method list holds: the plain methods, then the head methods that fit
+    note: str  # why a head given as draft is not offered ("" when none is held back)
+
+
+@dataclass
 class PipelineLoaded(Message):
     pipeline: Pipeline
     options: ModelOptions

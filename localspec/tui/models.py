@@ -10,7 +10,9 @@ from dataclasses import dataclass
 
 from localspec.errors import IncompatiblePairError, LocalspecError, error_text
 from localspec.formatting import format_bytes
-from localspec.options import ModelOptions
+from localspec.options import DRAFT_METHODS, HEAD_METHODS, ModelOptions
+
+PLAIN_METHODS = tuple(m for m in DRAFT_METHODS if m not in HEAD_METHODS)  # runnable with any target
 
 @dataclass(frozen=True)
 class BackendStatus:
@@ -77,6 +79,23 @@ def check_pair(backend: str, target: str, draft: str, method: str) -> tuple[bool
         return False, error_text(e)
     except Exception as e:  # a file the metadata readers choke on
         return False, error_text(e)
+
+
+def method_choices(backend: str, target: str, draft: str) -> tuple[tuple[str, ...], str]:
+    """The draft methods to offer for these files: the plain ones, then each head method (EAGLE-3, MTP,
+    DFlash, DSpark) only when it can run here on them (llama.cpp, the family runnable by this build, a
+    head of its architecture made for this target). Also a note on why a head given as draft is held
+    back ("" when none is). From file headers only."""
+    target, draft = target.strip(), draft.strip()
+    if backend != "llama" or not target:
+        return PLAIN_METHODS, ""
+    from localspec.heads import head_family, head_methods_fitting
+
+    fits = head_methods_fitting(target, draft or None)
+    offered = PLAIN_METHODS + tuple(m for m, why in fits.items() if not why)
+    family = head_family(draft)
+    note = f"{family} not offered: {fits[family]}" if family in fits and fits[family] else ""
+    return offered, note
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,17 @@ from textual.widgets import Button, Footer, Header, Input, Label, OptionList, Pr
 from textual.widgets.option_list import Option
 
 from localspec.errors import error_text
-from localspec.options import DEFAULT_DRAFT_METHOD, DRAFT_METHODS, ModelOptions
+from localspec.options import DEFAULT_DRAFT_METHOD, ModelOptions
 from localspec.tui import messages as msg
-from localspec.tui.models import BackendStatus, PairEntry, catalog_entries, check_pair, pull_pair_with_progress
+from localspec.tui.models import (
+    PLAIN_METHODS,
+    BackendStatus,
+    PairEntry,
+    catalog_entries,
+    check_pair,
+    method_choices,
+    pull_pair_with_progress,
+)
 
 if TYPE_CHECKING:
     from localspec.tui.app import ChatApp
@@ -45,6 +53,8 @@ class SetupScreen(Screen[None]):
         self._check_timer: Timer | None = None
         self.pulling: str | None = None
         self.pull_cancel = threading.Event()
+        self.offer_key: tuple[str, str, str] | None = None  # the files the method list was last offered for
+        self.offered: tuple[str, ...] = ()  # what the draft-method list holds
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -60,7 +70,8 @@ class SetupScreen(Screen[None]):
                 yield Input(placeholder="draft model path (same tokenizer as the target)", id="draft")
                 with Horizontal(classes="field"):
                     yield Label("draft method")
-                    yield Select([(m, m) for m in DRAFT_METHODS], value=DEFAULT_DRAFT_METHOD, allow_blank=False, id="method")
+                    yield Select([(m, m) for m in self._initial_methods()], value=DEFAULT_DRAFT_METHOD, allow_blank=False, id="method")
+                yield Static("", id="method-note", markup=False)
                 yield Static("", id="pair-status", markup=False)
                 yield ProgressBar(total=None, show_eta=False, id="pull-progress")
                 with Horizontal(classes="buttons"):
@@ -68,9 +79,16 @@ class SetupScreen(Screen[None]):
                     yield Button("Pull pair", id="pull")
         yield Footer()
 
+    def _initial_methods(self) -> tuple[str, ...]:
+        """The plain methods, and a head method asked for on the command line (checked once files are known)."""
+        wanted = (self.app.options or self.app.load_defaults).draft_method
+        self.offered = PLAIN_METHODS if wanted in PLAIN_METHODS else (*PLAIN_METHODS, wanted)
+        return self.offered
+
     def on_mount(self) -> None:
         self.sub_title = "choose a backend and a target/draft pair"
         self.query_one("#pull-progress").display = False
+        self.query_one("#method-note").display = False
         opts = self.app.options
         self.query_one("#method", Select).value = (opts or self.app.load_defaults).draft_method
         if opts is not None:
@@ -180,6 +198,9 @@ class SetupScreen(Screen[None]):
     def _run_check(self) -> None:
         self._check_timer = None
         key = self.current()
+        if key[:3] != self.offer_key:
+            self.offer_key = key[:3]
+            self._offer(key[:3])
         if not key[1] and not key[2]:
             return
         self._check(key, start=False)
@@ -201,6 +222,29 @@ class SetupScreen(Screen[None]):
                 n_gpu_layers=d.n_gpu_layers,
             )
             self.app.call_from_thread(self.app.load, options)
+
+    @work(thread=True, group="offer", exit_on_error=False)
+    def _offer(self, key: tuple[str, str, str]) -> None:
+        try:
+            methods, note = method_choices(*key)
+        except Exception as e:  # a header the readers choke on: the plain methods still run
+            methods, note = PLAIN_METHODS, error_text(e)
+        self.post_message(msg.MethodsOffered(key, methods, note))
+
+    def on_methods_offered(self, message: msg.MethodsOffered) -> None:
+        """Offer the head methods that fit the files; a chosen one that no longer fits falls back to auto."""
+        if message.key != self.current()[:3]:
+            return  # the files changed since; their own offer follows
+        note = self.query_one("#method-note", Static)
+        note.update(message.note)
+        note.display = bool(message.note)  # no room taken when nothing is held back
+        select = self.query_one("#method", Select)
+        if self.offered == message.methods:
+            return
+        chosen = str(select.value)
+        self.offered = message.methods
+        select.set_options([(m, m) for m in message.methods])
+        select.value = chosen if chosen in message.methods else DEFAULT_DRAFT_METHOD
 
     def on_pair_checked(self, message: msg.PairChecked) -> None:
         if message.key != self.current():
