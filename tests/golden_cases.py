@@ -3,8 +3,14 @@
 on the same files): each case writes its tiny random GGUFs with fixed seeds through tests/gguf_factory.py,
 so both sides hold byte-identical models (the golden file keeps their SHA-256 to catch a writer change).
 
-A family joins by adding a case here with its llama.cpp `--spec-type`; families whose tiny writer is not
-written yet are listed in PENDING with the reason, and the test reports them as skipped.
+A family joins by adding a case here with its llama.cpp `--spec-type`; drafters that cannot be
+cross-checked this way are listed in PENDING with the reason, and the test reports them as skipped.
+
+All cases draft with p_min 0, greedy: llama.cpp's head drafters take candidate 0 of a top-10 sampler,
+which is the argmax, as localspec's greedy drafts are. With p_min > 0 they would part: llama.cpp compares
+p_min with that candidate's probability renormalized over the top 10, localspec's min_confidence with its
+full-softmax probability (e.g. 0.372 against 0.321 on the "mtp" case's first draft). localspec passes
+min_confidence to the model drafter only (auto's plans), never to these heads, so no case covers it.
 """
 
 from __future__ import annotations
@@ -63,23 +69,69 @@ def _eagle3(head: str) -> Writer:
     return write
 
 
+def _mtp(near: bool) -> Writer:
+    """A glm4moe target with one MTP layer, drafting for itself (no separate head file). near: the
+    `favoured` tokens' output rows scaled up (tests/test_mtp.py's near-greedy model), so greedy drafts
+    are sometimes accepted."""
+
+    def write(d: Path, tokenizer: Path) -> dict[str, Path]:
+        from gguf_factory import write_tiny_glm4moe
+
+        files = {"target": d / f"glm4moe-mtp{'-near' if near else ''}.gguf"}
+        kw = {"seed": 4, "favoured": MTP_FAVOURED} if near else {"seed": 0}
+        write_tiny_glm4moe(files["target"], tokenizer, **kw)  # type: ignore[arg-type]
+        return files
+
+    return write
+
+
+MTP_FAVOURED = (100, 101, 102, 103)
+DFLASH_LAYERS = (1, 2, 3)
+
+
+def _block(kind: str, near: bool = False) -> Writer:
+    """A DFlash-family drafter over the EAGLE-3 cases' target. kind: "dflash", "dspark" (Markov and
+    confidence heads, slot 0 drafts) or "dspark-bonus" (slot 0 is a bonus anchor, as DFlash). near: a
+    draft vocabulary of NEAR_IDS only (d2t), so some drafts are accepted."""
+
+    def write(d: Path, tokenizer: Path) -> dict[str, Path]:
+        from gguf_factory import write_tiny_dflash, write_tiny_llama
+
+        files = {"target": d / "target.gguf", "draft": d / f"{kind}{'-near' if near else ''}.gguf"}
+        write_tiny_llama(files["target"], tokenizer, seed=0, n_layer=4)
+        kw = {
+            "dflash": {"seed": 20},
+            "dspark": {"seed": 21, "dspark": True, "confidence": True},
+            "dspark-bonus": {"seed": 22, "dspark": True, "sample_from_anchor": False},
+        }[kind]
+        if near:  # seeds picked among 30..41 for the most accepted drafts (a random block rarely hits twice)
+            kw |= {"d2t_ids": list(NEAR_IDS), "seed": {"dflash": 30, "dspark": 33}[kind]}
+        write_tiny_dflash(files["draft"], tokenizer, target_layers=DFLASH_LAYERS, block_size=8, **kw)  # type: ignore[arg-type]
+        return files
+
+    return write
+
+
 CASES: dict[str, GoldenCase] = {
     c.name: c
     for c in (
         GoldenCase("eagle3", "eagle3", "draft-eagle3", _eagle3("random"), NEAR_PROMPT),
         GoldenCase("eagle3-d2t", "eagle3", "draft-eagle3", _eagle3("d2t"), "def fibonacci(n):"),
         GoldenCase("eagle3-near", "eagle3", "draft-eagle3", _eagle3("near"), NEAR_PROMPT, n_predict=16),
+        GoldenCase("mtp", "mtp", "draft-mtp", _mtp(near=False), NEAR_PROMPT),
+        GoldenCase("mtp-near", "mtp", "draft-mtp", _mtp(near=True), NEAR_PROMPT),
+        GoldenCase("dflash", "dflash", "draft-dflash", _block("dflash"), "def fibonacci(n):"),
+        GoldenCase("dflash-near", "dflash", "draft-dflash", _block("dflash", near=True), NEAR_PROMPT, n_predict=16),
+        GoldenCase("dspark", "dspark", "draft-dspark", _block("dspark"), "def fibonacci(n):"),
+        GoldenCase("dspark-bonus", "dspark", "draft-dspark", _block("dspark-bonus"), NEAR_PROMPT),
+        GoldenCase("dspark-near", "dspark", "draft-dspark", _block("dspark", near=True), NEAR_PROMPT, n_predict=16),
     )
 }
 
 # Families with no case yet, and why (the test reports each as a skip with this reason).
 PENDING: dict[str, str] = {
-    "mtp": "no tiny MTP writer in tests/gguf_factory.py yet (a target with nextn layers); add a case "
-    "with spec_type 'draft-mtp' here and run tests/golden/make_goldens.py --case NAME",
-    "dflash": "no tiny DFlash writer in tests/gguf_factory.py yet; add a case with spec_type 'draft-dflash' "
-    "here and run tests/golden/make_goldens.py --case NAME",
-    "dspark": "no tiny DSpark writer in tests/gguf_factory.py yet; add a case with spec_type 'draft-dspark' "
-    "here and run tests/golden/make_goldens.py --case NAME",
+    "dflash2": "llama.cpp logs no draft candidates for a DFlash2 (selector lattice) drafter, so its drafts "
+    "cannot be read from llama-speculative-simple -v; tests/test_dflash.py checks localspec's lattice walk",
 }
 
 

@@ -53,7 +53,7 @@ def test_drafts_per_round_equal_llama_cpp(name: str, smollm2_path: Path, tmp_pat
         "the tiny models differ from those the golden was made with (tests/gguf_factory.py or its seeds "
         "changed): rerun tests/golden/make_goldens.py"
     )
-    target = lb.load(files["target"], n_ctx=case.n_ctx, threads=1)
+    target = lb.load(files["target"], n_ctx=case.n_ctx, threads=1, load_mtp=case.family == "mtp")
     head = str(files["draft"]) if "draft" in files else None
     drafter = make_drafter(case.family, target, None, head=head)
     try:
@@ -103,3 +103,8 @@ def test_the_log_parser_reads_rounds_as_speculative_simple_writes_them() -> None
     assert output_tokens(rounds) == [11, 40, 21, 22, 23, 50]
     with pytest.raises(ValueError, match="ends inside a round"):
         parse_rounds(log + "\n" + cand(0, 0, 5), [1, 2, 3])
+    # DSpark with a bonus anchor logs its draft steps from block slot 1
+    bonus = "\n".join([cand(0, 1, 11), cand(0, 2, 12), "accepted 0/2 draft tokens, the last target token is: (40)"])
+    assert parse_rounds(bonus, [1, 2, 3]) == [Round(2, 3, [11, 12], 2, 0, 40)]
+    with pytest.raises(ValueError, match="draft step 2 logged after 0 steps"):
+        parse_rounds(cand(0, 2, 11), [1, 2, 3])

@@ -50,12 +50,14 @@ def parse_rounds(log: str, prompt: list[int]) -> list[Round]:
     """The rounds of a `llama-speculative-simple -v` log (its stderr)."""
     rounds: list[Round] = []
     steps: list[int] = []
+    first = 0  # the position the round's first draft step is logged at
     n_past, last = len(prompt) - 1, prompt[-1]
     for line in log.splitlines():
         if m := _CANDIDATE.search(line):
             cand, pos, tok = int(m[1]), int(m[2]), int(m[3])
             if cand == 0:
-                if pos != len(steps):
+                first = pos if not steps else first  # DSpark with a bonus anchor numbers its steps from 1
+                if pos != first + len(steps) or first > 1:
                     raise ValueError(f"draft step {pos} logged after {len(steps)} steps: {line!r}")
                 steps.append(tok)
         elif m := _ACCEPTED.search(line):
