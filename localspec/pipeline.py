@@ -6,7 +6,8 @@ through here.
     backend_module(backend) -> BackendModule                llama.cpp or MLX (clear error if missing)
     resolve_pair(name, backend) -> (target, draft)         a catalog pair's local files
     check_pair(opts) -> PairCheck                           from metadata only; raises on a bad pair
-    load_pipeline(opts) -> Pipeline                         both models loaded, the drafter built
+    load_pipeline(opts) -> Pipeline                         the target loaded, the drafter built (a draft
+                                                            model with it, or for auto when first needed)
     Pipeline.generate(prompt, config, stop=...) -> events   the engine's Step/Done stream
     Pipeline.new_drafter(method) -> Drafter                 another drafter on the loaded models (bench)
     cost_store(opts, target) -> CostStore                   where auto's measured costs are remembered
@@ -21,11 +22,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from localspec.backends.base import Backend, BackendModule, ChatMessage, chat_prompt_tokens
 from localspec.backends.chat_template import ChatFormat, choose_chat_format
 from localspec.decoding.cost_cache import CostStore
-from localspec.decoding.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
+from localspec.decoding.drafters import Drafter, LazyModelDrafter, ModelDrafter, NgramDrafter, NoDrafter
 from localspec.decoding.suffix import SuffixDrafter
 from localspec.decoding.engine import Event, GenerationConfig, generate
 from localspec.errors import BackendUnavailableError, UsageError
@@ -192,6 +194,45 @@ def check_vocabularies(
 
 
 @dataclass
+class DraftSlot:
+    """The pipeline's draft model: loaded with the target (method model), or when first needed (auto asks
+    for it only in a round that wants a model draft, or to time one: a run that decodes plainly, or on a
+    machine where the measured costs say a draft model cannot pay, never loads it)."""
+
+    factory: Callable[[threading.Event], Backend] | None = None  # None: no draft model to load
+    backend: Backend | None = None
+    load_s: float = 0.0  # what loading it took (a late load happens inside a round)
+    cancel: threading.Event = field(default_factory=threading.Event, repr=False)  # set: a load in progress stops
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @classmethod
+    def holding(cls, backend: Backend | None) -> DraftSlot:
+        return cls(backend=backend)
+
+    @property
+    def available(self) -> bool:
+        return self.backend is not None or self.factory is not None
+
+    def get(self, cancel: threading.Event | None = None) -> Backend:
+        """The draft model, loaded now if it is not yet; `cancel` (default: the slot's own, which
+        Pipeline.abort sets) stops a load in progress with Interrupted."""
+        with self._lock:
+            if self.backend is None:
+                if self.factory is None:
+                    raise UsageError("no draft model was given", "pass --draft PATH")
+                t0 = time.perf_counter()
+                self.backend = self.factory(cancel or self.cancel)
+                self.load_s = time.perf_counter() - t0
+            return self.backend
+
+    def close(self) -> None:
+        with self._lock:
+            if self.backend is not None:
+                self.backend.close()
+                self.backend = None
+
+
+@dataclass
 class Pipeline:
     """A loaded target (and draft model, if one is used) with the drafter for the chosen method.
 
@@ -201,7 +242,7 @@ class Pipeline:
     options: ModelOptions
     backend: str
     target: Backend
-    draft: Backend | None
+    draft_slot: DraftSlot
     drafter: Drafter
     backend_note: str = ""  # e.g. why `auto` picked this backend
     clock: Callable[[], float] = field(default=time.perf_counter)
@@ -217,15 +258,27 @@ class Pipeline:
         return [n for n in (self.backend_note, self.draft_note, fmt, hybrid) if n]
 
     @property
+    def draft(self) -> Backend | None:
+        """The draft model if it is loaded (auto may not have needed it yet)."""
+        return self.draft_slot.backend
+
+    @property
+    def has_draft_model(self) -> bool:
+        """A draft model is loaded or can be (method model or auto with --draft)."""
+        return self.draft_slot.available
+
+    @property
     def cost_store(self) -> CostStore:
         return cost_store(self.options, self.target)
 
     def new_drafter(self, method: str) -> Drafter:
         """A fresh drafter of `method` over the loaded models (bench runs each method this way)."""
         head = self.options.draft if method in HEAD_METHODS else None
+        draft = self.draft_slot.get() if method == "model" and self.draft_slot.available else self.draft
+        lazy = self.draft_slot.get if self.draft_slot.available and not self.draft_note else None
         return make_drafter(
-            method, self.target, self.draft, clock=self.clock, store=self.cost_store, head=head,
-            n_gpu_layers=self.options.n_gpu_layers,
+            method, self.target, draft, clock=self.clock, store=self.cost_store, head=head,
+            n_gpu_layers=self.options.n_gpu_layers, load_draft=lazy, draft_name=_model_name(self.options.draft),
         )
 
     def prompt_tokens(self, prompt: Prompt, *, raw: bool = False) -> list[int]:
@@ -262,11 +315,14 @@ class Pipeline:
         for backend in (self.target, self.draft):
             if backend is not None:
                 backend.abort(on)
+        if on:
+            self.draft_slot.cancel.set()  # a draft model loading late, inside a round, stops too
+        else:
+            self.draft_slot.cancel.clear()
 
     def close(self) -> None:
         self.drafter.close()
-        if self.draft is not None:
-            self.draft.close()
+        self.draft_slot.close()
         self.target.close()
 
 
@@ -281,24 +337,33 @@ def load_pipeline(
     # Only the target verifies drafts in one batch; a draft model drafts token by token (checkpoints serve it).
     own_head = {"load_mtp": True} if opts.draft_method == "mtp" else {}  # llama.cpp skips those layers otherwise
     target = module.load(opts.target, **load, max_draft=opts.max_draft, **own_head)
-    draft: Backend | None = None
+    slot = DraftSlot()
     try:
         store = cost_store(opts, target)
         skip_note = _draft_cannot_pay(opts, store) if opts.uses_draft_model else ""
-        if opts.uses_draft_model and not skip_note:
-            assert opts.draft is not None
-            draft = module.load(opts.draft, **load)
+        if opts.uses_draft_model:
+            draft_path = opts.draft
+            assert draft_path is not None
+            slot.factory = lambda stop: module.load(draft_path, **{**load, "cancel": stop})
+            if opts.draft_method == "model":
+                slot.get(cancel)  # with the target, stopped by the same cancel
         head = opts.draft if opts.draft_method in HEAD_METHODS else None
+        # auto gets the draft model only where it could pay; it loads it the first time a round needs it.
+        lazy = slot.get if opts.draft_method == "auto" and slot.available and not skip_note else None
         drafter = make_drafter(
-            opts.draft_method, target, draft, clock=clock, store=store, head=head, n_gpu_layers=opts.n_gpu_layers
-        )
+            opts.draft_method, target, slot.backend, clock=clock, store=store, head=head, n_gpu_layers=opts.n_gpu_layers,
+            load_draft=lazy, draft_name=_model_name(opts.draft),
+        )  # fmt: skip
         chat_format = choose_chat_format(target, opts.chat_template)
     except BaseException:
-        if draft is not None:
-            draft.close()
+        slot.close()
         target.close()
         raise
-    return Pipeline(opts, check.backend, target, draft, drafter, check.backend_note, clock, chat_format, skip_note)
+    return Pipeline(opts, check.backend, target, slot, drafter, check.backend_note, clock, chat_format, skip_note)
+
+
+def _model_name(path: str | None) -> str:
+    return Path(path).stem if path else ""
 
 
 def cost_store(opts: ModelOptions, target: Backend) -> CostStore:
@@ -337,10 +402,13 @@ def make_drafter(
     store: CostStore | None = None,
     head: str | None = None,
     n_gpu_layers: int = -1,
+    load_draft: Callable[[], Backend] | None = None,
+    draft_name: str = "",
 ) -> Drafter:
     """The drafter for a method over loaded models: the only place drafters are built.
     `store`: where auto finds and keeps its measured costs (None: measure afresh, keep nothing).
-    `head`: the GGUF of a head that reads the target's hidden states (the drafter loads and owns it)."""
+    `head`: the GGUF of a head that reads the target's hidden states (the drafter loads and owns it).
+    `load_draft`: for auto without a loaded `draft`, how to load the draft model when a round first needs it."""
     check_choice("draft method", method, DRAFT_METHODS)
     if method in HEAD_METHODS:
         return _head_drafter(method, target, head, n_gpu_layers)
@@ -356,7 +424,11 @@ def make_drafter(
         return ModelDrafter(draft)
     from localspec.decoding.auto import AutoDrafter, auto_lookup
 
-    model = ModelDrafter(draft) if draft is not None else None
+    model: Drafter | None = None
+    if draft is not None:
+        model = ModelDrafter(draft)
+    elif load_draft is not None:
+        model = LazyModelDrafter(load_draft, draft_name or "draft")
     return AutoDrafter(ngram=auto_lookup(), model=model, target=target, clock=clock, store=store)
 
 

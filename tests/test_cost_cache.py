@@ -113,32 +113,87 @@ def test_a_run_with_nothing_to_draft_never_calibrates(tmp_path: Path) -> None:
 # -- the pipeline: a draft model that cannot pay is not loaded -------------------------------------------
 
 
-def test_auto_skips_loading_a_draft_that_measured_too_slow(tiny_ggufs) -> None:  # type: ignore[no-untyped-def]
+def test_auto_loads_the_draft_model_only_when_a_round_wants_it(tiny_ggufs) -> None:  # type: ignore[no-untyped-def]
     from localspec.options import ModelOptions
     from localspec.pipeline import load_pipeline
 
     opts = ModelOptions(target=str(tiny_ggufs[0]), draft=str(tiny_ggufs[1]), draft_method="auto", n_ctx=512, threads=1)
+    config = GenerationConfig(max_tokens=8, num_draft=32, sampling=GREEDY)
     cold = load_pipeline(opts)
     try:
-        assert cold.draft is not None and not cold.draft_note  # nothing measured yet: loaded, to be timed
+        # Nothing measured yet: not loaded with the target, but on the first round, to be timed.
+        assert cold.draft is None and cold.has_draft_model and not cold.draft_note
+        *_, done = cold.generate("Say hi", config)
+        assert isinstance(done, Done) and cold.draft is not None and cold.draft_slot.load_s > 0
+        assert done.stats.prompt_s < cold.draft_slot.load_s + done.stats.prompt_s  # (the load came after it)
         store = cold.cost_store
     finally:
         cold.close()
+    assert cold.draft is None  # closed with the pipeline
     store.save(CostModel(target={1: 0.030, 2: 0.054, 5: 0.1, 9: 0.2, 33: 0.45}, draft_token=0.019))
     warm = load_pipeline(opts)
     try:
         assert warm.draft is None
         assert "not loaded" in warm.draft_note and warm.draft_note in warm.notes
-        *_, done = warm.generate("Say hi", GenerationConfig(max_tokens=8, num_draft=32, sampling=GREEDY))
+        *_, done = warm.generate("Say hi", config)
         assert isinstance(done, Done) and done.stats.draft_method == "auto"
+        assert warm.draft is None  # never: the measured costs say it cannot pay
     finally:
         warm.close()
     store.save(CostModel(target={1: 0.030, 2: 0.031, 5: 0.032, 9: 0.033, 33: 0.04}, draft_token=0.002))  # GPU-like
     fast = load_pipeline(opts)
     try:
-        assert fast.draft is not None and not fast.draft_note
+        assert fast.draft is None and not fast.draft_note  # it can pay, but no round has asked yet
+        *_, done = fast.generate("Say hi", config)
+        assert isinstance(done, Done) and fast.draft is not None
+        assert any(s.source == "model" and s.drafted > 0 for s in done.stats.sources)
     finally:
         fast.close()
+
+
+def test_a_draft_model_loaded_late_costs_the_round_nothing_in_auto_s_estimates(tmp_path: Path) -> None:
+    """Loading (5 s here) happens inside the first round that wants the model: it must not count as the
+    draft's per-token cost, or auto would give up on a draft that pays."""
+    from fakes import scripted_draft
+    from localspec.decoding.drafters import LazyModelDrafter
+
+    clock = FakeClock()
+    target_fn = scripted_tokens(list(range(100, 200)))
+    target = CostedBackend(target_fn, clock, lambda n: 0.030 + 0.001 * n, name="target")
+    loads: list[int] = []
+
+    def load():  # type: ignore[no-untyped-def]
+        loads.append(1)
+        clock.advance(5.0)
+        return CostedBackend(scripted_draft(target_fn, lambda n: True), clock, lambda n: 0.003, name="draft")
+
+    costs = CostModel(target={1: 0.031, 2: 0.032, 5: 0.035, 9: 0.039, 33: 0.063}, draft_token=0.003)
+    drafter = AutoDrafter(model=LazyModelDrafter(load, "draft"), target=target, clock=clock, costs=costs)
+    *events, done = generate(target, drafter, list(range(100, 110)), GenerationConfig(max_tokens=40, num_draft=8, sampling=GREEDY), clock=clock)
+    assert isinstance(done, Done) and loads == [1]
+    assert done.stats.n_drafted > 0 and done.stats.n_accepted == done.stats.n_drafted
+    assert drafter.controller.costs.draft_s() == pytest.approx(0.003, rel=0.5)  # not 5 s / k
+    rounds = [e.round for e in events if e.round is not None]
+    assert len(rounds) > 3 and all(r.source == "model" for r in rounds[:-1])  # (the last: one token left)
+
+
+def test_a_draft_model_that_fails_to_load_late_is_dropped_and_said(tmp_path: Path) -> None:
+    from localspec.decoding.drafters import LazyModelDrafter
+    from localspec.errors import ModelFileError
+
+    clock = FakeClock()
+    target = CostedBackend(scripted_tokens(list(range(100, 200))), clock, lambda n: 0.030 + 0.001 * n, name="target")
+
+    def load():  # type: ignore[no-untyped-def]
+        raise ModelFileError("could not load draft.gguf: out of memory", "use a smaller draft")
+
+    costs = CostModel(target={1: 0.031, 2: 0.032, 5: 0.035, 9: 0.039, 33: 0.063}, draft_token=0.003)
+    drafter = AutoDrafter(ngram=auto_lookup(), model=LazyModelDrafter(load, "draft"), target=target, clock=clock, costs=costs)
+    *events, done = generate(target, drafter, list(range(100, 110)), GenerationConfig(max_tokens=20, sampling=GREEDY), clock=clock)
+    assert isinstance(done, Done) and list(done.tokens) == list(range(110, 130))
+    notes = [e.round.note for e in events if e.round is not None]
+    assert sum("draft model dropped" in n and "out of memory" in n for n in notes) == 1
+    assert drafter.model is None
 
 
 def test_an_implausible_curve_is_neither_kept_nor_used(tmp_path: Path) -> None:

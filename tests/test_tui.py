@@ -54,10 +54,12 @@ def fake_loader(
     target: FakeBackend, draft: FakeBackend | None = None, clock: Callable[[], float] | None = None
 ) -> Callable[[ModelOptions], Pipeline]:
     from localspec.decoding.drafters import NgramDrafter
+    from localspec.pipeline import DraftSlot
 
     def load(options: ModelOptions) -> Pipeline:
         drafter = ModelDrafter(draft) if draft is not None else NgramDrafter()
-        return Pipeline(options.with_method(drafter.method), "fake", target, draft, drafter, clock=clock or TickClock())
+        slot = DraftSlot.holding(draft)
+        return Pipeline(options.with_method(drafter.method), "fake", target, slot, drafter, clock=clock or TickClock())
 
     return load
 
@@ -650,11 +652,11 @@ def fake_pipeline_loader(
     target: FakeBackend, draft: FakeBackend, clock: Callable[[], float]
 ) -> Callable[[ModelOptions], Pipeline]:
     """Loads like the real pipeline (the drafter for the chosen method, built by make_drafter) over fakes."""
-    from localspec.pipeline import make_drafter
+    from localspec.pipeline import DraftSlot, make_drafter
 
     def load(options: ModelOptions) -> Pipeline:
         drafter = make_drafter(options.draft_method, target, draft, clock=clock)
-        return Pipeline(options, "fake", target, draft, drafter, clock=clock)
+        return Pipeline(options, "fake", target, DraftSlot.holding(draft), drafter, clock=clock)
 
     return load
 

@@ -26,11 +26,12 @@ import numpy as np
 from localspec.backends.base import Backend
 from localspec.decoding.calibrate import calibrate
 from localspec.decoding.cost_cache import CostStore
-from localspec.decoding.drafters import EMPTY_DRAFT, Draft, Drafter, NgramDrafter
+from localspec.decoding.drafters import EMPTY_DRAFT, Draft, Drafter, LazyModelDrafter, NgramDrafter
 from localspec.decoding.policy import CostModel, Controller, Plan
 from localspec.decoding.suffix import SuffixDrafter
 from localspec.decoding.sampling import SamplingParams
 from localspec.decoding.stats import RoundStats
+from localspec.errors import Interrupted, LocalspecError
 
 SHADOWS = 8  # lookup proposals graded against the text that followed, at most this many pending
 SHADOW_SPAN = 4  # ... each on its first tokens only
@@ -84,6 +85,8 @@ class AutoDrafter:
         self._plan: Plan | None = None
         self._order = 0
         self._catch_up_s = 0.0
+        self._setup_s = 0.0  # this round's one-off seconds (calibration, loading the draft model)
+        self.model_note = ""  # why the draft model was dropped mid-run, if it was
         self._shadows: list[tuple[list[int], int, int]] = []  # (proposal, n-gram order, context length then)
 
     # -- Drafter protocol -------------------------------------------------------------------------
@@ -136,21 +139,29 @@ class AutoDrafter:
             self._grade_shadows(context)
             ng = self.ngram.propose(context, k, sampling, rng)
             self._order = ng.order if ng.tokens else 0
+        self._setup_s = 0.0
         if self._need_calibration and (ng.tokens or (self.model is not None and self.model_can_pay())):
             self._need_calibration = False
+            if self.controller.costs.draft_token is None:
+                self._load_model()  # a lazy draft model is loaded only now, to be timed
+            t0 = self.clock()
             self._calibrate(context, self.max_k)
+            self._setup_s += self.clock() - t0
         gap = self.model.lag(context) if self.model is not None else 0
         plan = self.controller.plan(
             k, model=self.model is not None, ngram_avail=len(ng.tokens), ngram_order=self._order, model_gap=gap
         )
+        if plan.method == "model" and not self._load_model():
+            plan = self.controller.plan(k, model=False, ngram_avail=len(ng.tokens), ngram_order=self._order)
         self._plan = plan
         if ng.tokens and plan.method != "ngram":
             # Not used this round: grade it against the text that follows, for free.
             self._shadows.append((list(ng.tokens), self._order, len(context)))
             del self._shadows[:-SHADOWS]
+        said, self.model_note = self.model_note, ""  # a dropped draft model is said once, in this round's note
         if plan.method == "ngram":
             note = plan.note() + f" {ng.source} match {self._order}"
-            return Draft(ng.tokens[: plan.k], None, note, ng.source, self._order)
+            return Draft(ng.tokens[: plan.k], None, _join(said, note), ng.source, self._order)
         if plan.method == "model":
             assert self.model is not None
             self._catch_up_s = self._catch_up(context) if gap > 0 else 0.0
@@ -159,7 +170,25 @@ class AutoDrafter:
             d = self.model.propose(context, plan.k, sampling, rng, min_confidence=max(min_confidence, plan.min_confidence))
             note = plan.note() + (f"; {d.note}" if d.note else "")
             return Draft(d.tokens, d.q, note, "model")
-        return Draft([], None, plan.note())
+        return Draft([], None, _join(said, plan.note()))
+
+    def _load_model(self) -> bool:
+        """Make sure the draft model is loaded (a lazy one loads now, its seconds kept out of the round's
+        draft cost); False when there is none, or it failed to load (auto then goes on without it)."""
+        if not isinstance(self.model, LazyModelDrafter) or self.model.loaded:
+            return self.model is not None
+        t0 = self.clock()
+        try:
+            self.model.load()
+        except Interrupted:
+            raise
+        except LocalspecError as e:
+            self.model_note = f"auto: draft model dropped: {e}"
+            self.model = None
+            return False
+        finally:
+            self._setup_s += self.clock() - t0
+        return True
 
     def _grade_shadows(self, context: Sequence[int]) -> None:
         """Score earlier unused n-gram proposals against what the target actually wrote.
@@ -186,10 +215,12 @@ class AutoDrafter:
     def observe(self, stats: RoundStats) -> None:
         if self._plan is not None:
             # Catching the draft's cache up after plain rounds is a one-off, not the draft's per-token cost.
-            drafting = replace(stats, draft_s=max(stats.draft_s - self._catch_up_s, 0.0))
+            # So are calibration and loading the draft model.
+            drafting = replace(stats, draft_s=max(stats.draft_s - self._catch_up_s - self._setup_s, 0.0))
             self.controller.observe(self._plan, drafting, self._order)
         self._plan = None
         self._catch_up_s = 0.0
+        self._setup_s = 0.0
 
     def lag(self, context: Sequence[int]) -> int:
         return 0  # auto catches its model draft up itself, when a plan needs it
@@ -209,3 +240,7 @@ class AutoDrafter:
         for d in (self.ngram, self.model):
             if d is not None:
                 d.close()
+
+
+def _join(*notes: str) -> str:
+    return "; ".join(n for n in notes if n)

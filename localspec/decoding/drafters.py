@@ -233,6 +233,53 @@ class ModelDrafter:
         pass
 
 
+class LazyModelDrafter:
+    """A ModelDrafter whose draft model is loaded the first time a draft (or a catch-up) needs it.
+
+    `auto` holds its model draft this way: a run whose rounds never want a model draft never pays for
+    loading one. Until then the drafter has read nothing, so its lag is the whole context.
+    """
+
+    method = "model"
+
+    def __init__(self, load: Callable[[], Backend], name: str) -> None:
+        self._load = load
+        self._drafter: ModelDrafter | None = None
+        self.name = name
+
+    @property
+    def loaded(self) -> bool:
+        return self._drafter is not None
+
+    def load(self) -> ModelDrafter:
+        if self._drafter is None:
+            self._drafter = ModelDrafter(self._load())
+        return self._drafter
+
+    def prepare(self, context: Sequence[int], max_k: int) -> None:
+        if self._drafter is not None:
+            self._drafter.prepare(context, max_k)
+
+    def lag(self, context: Sequence[int]) -> int:
+        return self._drafter.lag(context) if self._drafter is not None else max(len(context) - 1, 0)
+
+    def catch_up(self, context: Sequence[int]) -> None:
+        self.load().catch_up(context)
+
+    def propose(
+        self, context: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator, *, min_confidence: float = 0.0
+    ) -> Draft:
+        return self.load().propose(context, k, sampling, rng, min_confidence=min_confidence)
+
+    def observe(self, stats: RoundStats) -> None:
+        if self._drafter is not None:
+            self._drafter.observe(stats)
+
+    def close(self) -> None:
+        if self._drafter is not None:
+            self._drafter.close()
+
+
 def sample_draft(
     logits: np.ndarray,
     step: Callable[[int], np.ndarray],

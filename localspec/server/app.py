@@ -89,7 +89,7 @@ def create_app(pipeline: Pipeline, settings: ServerSettings) -> FastAPI:
     async def models() -> dict[str, Any]:
         info = pipeline.target.info
         meta = {"backend": pipeline.backend, "target": info.path, "n_ctx": info.n_ctx,
-                "draft": pipeline.draft.info.path if pipeline.draft else None,
+                "draft": pipeline.options.draft if pipeline.has_draft_model else None,
                 "draft_method": settings.defaults.method}  # fmt: skip
         return {"object": "list", "data": [{"id": settings.model_name, "object": "model", "created": CREATED,
                                             "owned_by": "localspec", "meta": meta}]}  # fmt: skip

@@ -134,7 +134,7 @@ def _request(
     if method not in DRAFT_METHODS:
         raise APIError(400, f"unknown speculative.method {method!r} (choose one of: {', '.join(DRAFT_METHODS)})",
                        "speculative.method", "invalid_value")  # fmt: skip
-    if method == "model" and pipeline.draft is None:
+    if method == "model" and not pipeline.has_draft_model:
         raise APIError(400, "speculative.method model needs a draft model, and this server has none loaded",
                        "speculative.method", "invalid_value")  # fmt: skip
     k = spec.k if spec and spec.k is not None else (defaults.k if method == defaults.method else None)
