@@ -96,19 +96,9 @@ def gpu_kind() -> str | None:
     return "Metal" if sys.platform == "darwin" else "GPU"
 
 
-@functools.lru_cache(maxsize=8)
-def _header(path: str, mtime_ns: int, size: int, check_size: bool) -> GGUFHeader:
-    return read_gguf_header(path, check_size=check_size)
-
-
 def read_header(path: str | Path, *, check_size: bool = True) -> GGUFHeader:
-    """Validated GGUF header, cached per file version (peek_vocab and load both need it)."""
-    p = Path(path).expanduser()
-    try:
-        st = p.stat()
-    except OSError:
-        return read_gguf_header(p)  # raises the right ModelFileError
-    return _header(str(p), st.st_mtime_ns, st.st_size, check_size)
+    """Validated GGUF header (parsed once per file version: peek_vocab and load both need it)."""
+    return read_gguf_header(path, check_size=check_size)
 
 
 def peek_vocab(path: str | Path) -> VocabInfo:

@@ -8,6 +8,7 @@ from headers alone.
 
 from __future__ import annotations
 
+import functools
 import mmap
 import struct
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ _SCALARS: dict[int, tuple[str, int]] = {
     6: ("<f", 4), 7: ("<?", 1), 10: ("<Q", 8), 11: ("<q", 8), 12: ("<d", 8),
 }  # fmt: skip
 _STRING, _ARRAY = 8, 9
+_U64 = struct.Struct("<Q")
 
 
 class NeedMoreBytes(Exception):
@@ -92,6 +94,24 @@ class _Reader:
         start = self.take(n)
         return bytes(self.buf[start : start + n]).decode("utf-8", errors="surrogateescape")
 
+    def strings(self, count: int) -> list[str]:
+        """`count` strings in a row (a vocabulary: 150k of them), in one tight loop."""
+        buf, pos, size = self.buf, self.pos, self.size
+        length = _U64.unpack_from
+        out: list[str] = []
+        append = out.append
+        for _ in range(count):
+            if pos + 8 > size:
+                raise NeedMoreBytes(pos + 8)
+            n = length(buf, pos)[0]
+            pos += 8
+            if pos + n > size:
+                raise NeedMoreBytes(pos + n)
+            append(str(buf[pos : pos + n], "utf-8", "surrogateescape"))
+            pos += n
+        self.pos = pos
+        return out
+
     def value(self, vtype: int) -> Any:
         if vtype == _STRING:
             return self.string()
@@ -99,7 +119,7 @@ class _Reader:
             item_type = self.u32()
             count = self.u64()
             if item_type == _STRING:
-                return [self.string() for _ in range(count)]
+                return self.strings(count)
             if item_type in _SCALARS:
                 fmt, n = _SCALARS[item_type]
                 start = self.take(n * count)
@@ -148,35 +168,45 @@ def _tensor_nbytes(t: TensorInfo) -> int:
 
 
 def read_gguf_header(path: str | Path, *, check_size: bool = True) -> GGUFHeader:
-    """Read and validate a local GGUF file's header, with errors a user can act on."""
+    """Read and validate a local GGUF file's header, with errors a user can act on. Parsed once per
+    file version (path, size, mtime): the pair check, the hybrid note and the loader all read it, and a
+    150k-token vocabulary takes a few tenths of a second to parse in Python."""
     p = Path(path).expanduser()
     if not p.exists():
         raise ModelFileError(f"model file not found: {p}", "check the path, or use `localspec pull` to download a model")
     if p.is_dir():
         raise ModelFileError(f"{p} is a directory, not a GGUF file", "pass the .gguf file inside it")
     try:
-        with p.open("rb") as f:
-            size = p.stat().st_size
-            if size < 24:
-                raise ModelFileError(f"{p} is not a GGUF model file ({size} bytes)", _NOT_GGUF_HINT)
-            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-                header = parse_header(mm)
+        st = p.stat()
+    except OSError as e:
+        raise ModelFileError(f"cannot read {p}: {e.strerror or e}", "check the file's permissions") from None
+    header = _parsed(str(p), st.st_size, st.st_mtime_ns)
+    if check_size:
+        try:
+            need = header.required_size()
+        except (KeyError, ValueError):
+            need = 0  # unknown tensor type: let llama.cpp decide
+        if st.st_size < need:
+            raise ModelFileError(
+                f"{p} is truncated: {st.st_size:,} bytes, but its tensor table needs {need:,}", _TRUNCATED_HINT
+            )
+    return header
+
+
+@functools.lru_cache(maxsize=16)
+def _parsed(path: str, size: int, mtime_ns: int) -> GGUFHeader:
+    p = Path(path)
+    if size < 24:
+        raise ModelFileError(f"{p} is not a GGUF model file ({size} bytes)", _NOT_GGUF_HINT)
+    try:
+        with p.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            return parse_header(mm)
     except NeedMoreBytes:
         raise ModelFileError(f"{p} is truncated: it ends inside the GGUF header", _TRUNCATED_HINT) from None
     except ValueError as e:
         raise ModelFileError(f"{p} is not a GGUF model file: {e}", _NOT_GGUF_HINT) from None
     except OSError as e:
         raise ModelFileError(f"cannot read {p}: {e.strerror or e}", "check the file's permissions") from None
-    if check_size:
-        try:
-            need = header.required_size()
-        except (KeyError, ValueError):
-            need = 0  # unknown tensor type: let llama.cpp decide
-        if size < need:
-            raise ModelFileError(
-                f"{p} is truncated: {size:,} bytes, but its tensor table needs {need:,}", _TRUNCATED_HINT
-            )
-    return header
 
 
 _NOT_GGUF_HINT = "llama.cpp reads GGUF files (*.gguf); convert other formats with llama.cpp's convert_hf_to_gguf.py"
