@@ -61,11 +61,43 @@ class ModelOptions:
 
     @property
     def uses_draft_model(self) -> bool:
-        """Whether the draft model gets loaded: model drafting, or auto with a draft given."""
-        return bool(self.draft) and self.draft_method in ("model", "auto")
+        """Whether the draft model gets loaded: model drafting, or auto with a draft model given."""
+        return bool(self.draft) and self.draft_method in ("model", "auto") and self.auto_head is None
+
+    @property
+    def auto_head(self) -> str | None:
+        """The head family auto drafts with in place of a draft model (its costs measured, picked per round
+        like one): --draft is an EAGLE-3, DFlash or DSpark head, or the target file itself for its own
+        MTP layers (a catalog MTP pair). None otherwise, or for any other method."""
+        if self.draft_method != "auto" or not self.draft:
+            return None
+        from pathlib import Path
+
+        from localspec.heads import head_family
+
+        family = head_family(self.draft)
+        if family is None and str(self.draft).lower().endswith(".gguf"):
+            try:
+                same = Path(self.draft).expanduser().resolve() == Path(self.target).expanduser().resolve()
+            except OSError:
+                same = False
+            family = "mtp" if same and has_mtp_layers(self.target) else None  # else a self-draft
+        return family
 
     def with_method(self, method: str) -> ModelOptions:
         return replace(self, draft_method=method)
+
+
+def has_mtp_layers(path: str) -> bool:
+    """Whether a GGUF declares MTP (nextn) layers (False when it cannot be read: its loader says why)."""
+    from localspec.errors import LocalspecError
+    from localspec.gguf_meta import read_gguf_header
+
+    try:
+        header = read_gguf_header(path, check_size=False)
+    except LocalspecError:
+        return False
+    return int(header.metadata.get(f"{header.architecture}.nextn_predict_layers", 0) or 0) > 0
 
 
 # -- checks shared by every front end ----------------------------------------------------------------

@@ -125,6 +125,8 @@ def check_pair(opts: ModelOptions) -> PairCheck:
     module = backend_module(backend)
     if opts.draft_method in HEAD_METHODS:
         _check_head_method(opts, backend)
+    elif opts.auto_head is not None:
+        _check_head_method(opts.with_method(opts.auto_head), backend)
     tv = module.peek_vocab(opts.target)
     dv = None
     if opts.uses_draft_model:
@@ -273,12 +275,14 @@ class Pipeline:
 
     def new_drafter(self, method: str) -> Drafter:
         """A fresh drafter of `method` over the loaded models (bench runs each method this way)."""
-        head = self.options.draft if method in HEAD_METHODS else None
+        auto_head = self.options.auto_head if method == "auto" and not self.draft_note else None
+        head = self.options.draft if method in HEAD_METHODS or auto_head else None
         draft = self.draft_slot.get() if method == "model" and self.draft_slot.available else self.draft
         lazy = self.draft_slot.get if self.draft_slot.available and not self.draft_note else None
         return make_drafter(
             method, self.target, draft, clock=self.clock, store=self.cost_store, head=head,
             n_gpu_layers=self.options.n_gpu_layers, load_draft=lazy, draft_name=_model_name(self.options.draft),
+            auto_head=auto_head,
         )
 
     def prompt_tokens(self, prompt: Prompt, *, raw: bool = False) -> list[int]:
@@ -335,24 +339,25 @@ def load_pipeline(
     module = backend_module(check.backend)
     load = dict(n_ctx=opts.n_ctx, threads=opts.threads, n_gpu_layers=opts.n_gpu_layers, cancel=cancel)
     # Only the target verifies drafts in one batch; a draft model drafts token by token (checkpoints serve it).
-    own_head = {"load_mtp": True} if opts.draft_method == "mtp" else {}  # llama.cpp skips those layers otherwise
+    head_family = opts.draft_method if opts.draft_method in HEAD_METHODS else opts.auto_head
+    own_head = {"load_mtp": True} if head_family == "mtp" else {}  # llama.cpp skips those layers otherwise
     target = module.load(opts.target, **load, max_draft=opts.max_draft, **own_head)
     slot = DraftSlot()
     try:
         store = cost_store(opts, target)
-        skip_note = _draft_cannot_pay(opts, store) if opts.uses_draft_model else ""
+        skip_note = _draft_cannot_pay(opts, store) if opts.uses_draft_model or opts.auto_head else ""
         if opts.uses_draft_model:
             draft_path = opts.draft
             assert draft_path is not None
             slot.factory = lambda stop: module.load(draft_path, **{**load, "cancel": stop})
             if opts.draft_method == "model":
                 slot.get(cancel)  # with the target, stopped by the same cancel
-        head = opts.draft if opts.draft_method in HEAD_METHODS else None
+        head = opts.draft if head_family is not None else None
         # auto gets the draft model only where it could pay; it loads it the first time a round needs it.
         lazy = slot.get if opts.draft_method == "auto" and slot.available and not skip_note else None
         drafter = make_drafter(
             opts.draft_method, target, slot.backend, clock=clock, store=store, head=head, n_gpu_layers=opts.n_gpu_layers,
-            load_draft=lazy, draft_name=_model_name(opts.draft),
+            load_draft=lazy, draft_name=_model_name(opts.draft), auto_head=None if skip_note else opts.auto_head,
         )  # fmt: skip
         chat_format = choose_chat_format(target, opts.chat_template)
     except BaseException:
@@ -387,8 +392,9 @@ def _draft_cannot_pay(opts: ModelOptions, store: CostStore) -> str:
     if Controller(costs).model_can_pay(max(top - 1, 1)):
         return ""
     ratio = costs.draft_token / costs.target[1]
+    what, kind = (f"the {opts.auto_head} head", "its drafts") if opts.auto_head else ("draft model", "model drafts")
     return (
-        f"auto: draft model not loaded: a draft token costs {ratio:.2f} of a target token here, so model drafts "
+        f"auto: {what} not loaded: a draft token costs {ratio:.2f} of a target token here, so {kind} "
         "cannot pay on this machine (measured earlier; lookup drafts stay on)"
     )
 
@@ -404,11 +410,13 @@ def make_drafter(
     n_gpu_layers: int = -1,
     load_draft: Callable[[], Backend] | None = None,
     draft_name: str = "",
+    auto_head: str | None = None,
 ) -> Drafter:
     """The drafter for a method over loaded models: the only place drafters are built.
     `store`: where auto finds and keeps its measured costs (None: measure afresh, keep nothing).
     `head`: the GGUF of a head that reads the target's hidden states (the drafter loads and owns it).
-    `load_draft`: for auto without a loaded `draft`, how to load the draft model when a round first needs it."""
+    `load_draft`: for auto without a loaded `draft`, how to load the draft model when a round first needs it.
+    `auto_head`: for auto, a head family (`head`'s, or mtp) that drafts in the draft model's place."""
     check_choice("draft method", method, DRAFT_METHODS)
     if method in HEAD_METHODS:
         return _head_drafter(method, target, head, n_gpu_layers)
@@ -425,7 +433,9 @@ def make_drafter(
     from localspec.decoding.auto import AutoDrafter, auto_lookup
 
     model: Drafter | None = None
-    if draft is not None:
+    if auto_head is not None:
+        model = _head_drafter(auto_head, target, head, n_gpu_layers)  # capture starts now: not lazy
+    elif draft is not None:
         model = ModelDrafter(draft)
     elif load_draft is not None:
         model = LazyModelDrafter(load_draft, draft_name or "draft")

@@ -285,6 +285,49 @@ def test_pipeline_builds_the_eagle3_drafter(files: dict[str, Path]) -> None:
         pipe.close()
 
 
+def test_auto_drafts_with_a_head_given_as_draft_where_its_measured_costs_can_pay(files: dict[str, Path]) -> None:
+    """`--draft-method auto --draft HEAD.gguf`: the head takes the draft model's place in auto (its costs
+    measured and remembered, picked per round); where the remembered costs say it cannot pay, it is not
+    built at all (the target then captures nothing)."""
+    from localspec.decoding.auto import AutoDrafter
+    from localspec.decoding.policy import CostModel
+
+    opts = ModelOptions(target=str(files["target"]), draft=str(files["head"]), draft_method="auto", n_ctx=512, threads=1)
+    assert opts.auto_head == "eagle3" and not opts.uses_draft_model
+    greedy = GenerationConfig(max_tokens=16, num_draft=4, sampling=SamplingParams(temperature=0.0))
+    plain = load_pipeline(opts.with_method("none"))
+    try:
+        *_, want = plain.generate("Hello there", greedy)
+    finally:
+        plain.close()
+    pipe = load_pipeline(opts)
+    try:
+        store = pipe.cost_store
+        store.save(CostModel(target={1: 0.030, 2: 0.031, 5: 0.032, 9: 0.033, 33: 0.04}, draft_token=0.002))  # GPU-like
+    finally:
+        pipe.close()
+    pipe = load_pipeline(opts)
+    try:
+        assert isinstance(pipe.drafter, AutoDrafter) and isinstance(pipe.drafter.model, Eagle3Drafter)
+        *_, done = pipe.generate("Hello there", greedy)
+        assert isinstance(done, Done) and done.tokens == want.tokens
+        assert any(s.source == "eagle3" and s.drafted > 0 for s in done.stats.sources), done.stats.sources
+        other = pipe.new_drafter("auto")  # the server's per-request drafter gets the head too
+        assert isinstance(other, AutoDrafter) and isinstance(other.model, Eagle3Drafter)
+        other.close()
+    finally:
+        pipe.close()
+    store.save(CostModel(target={1: 0.030, 2: 0.054, 5: 0.1, 9: 0.2, 33: 0.45}, draft_token=0.019))  # CPU-like
+    pipe = load_pipeline(opts)
+    try:
+        assert isinstance(pipe.drafter, AutoDrafter) and pipe.drafter.model is None
+        assert "the eagle3 head not loaded" in pipe.draft_note
+        *_, done = pipe.generate("Hello there", greedy)
+        assert isinstance(done, Done) and done.tokens == want.tokens
+    finally:
+        pipe.close()
+
+
 @pytest.mark.parametrize(
     ("head", "error", "words"),
     [

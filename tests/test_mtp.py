@@ -341,3 +341,36 @@ def test_a_draft_file_given_with_mtp_is_said_to_be_unused(files: dict[str, Path]
     assert len(notes) == 1 and "--draft is not used by --draft-method mtp" in notes[0]
     eagle = ModelOptions(target=str(files["target"]), draft=str(files["llama"]), draft_method="eagle3")
     assert ignored_options(argparse.Namespace(draft=str(files["llama"])), eagle) == []
+
+
+def test_auto_drafts_with_the_targets_own_mtp_layers_given_as_its_draft(files: dict[str, Path], smollm2_path: Path) -> None:
+    """A catalog MTP pair names the target file as its draft: auto then drafts with the MTP head in the draft
+    model's place (costs measured and remembered); the same file without MTP layers is a self-draft."""
+    from localspec.decoding.auto import AutoDrafter
+    from localspec.decoding.policy import CostModel
+
+    t = str(files["near_greedy"])
+    opts = ModelOptions(target=t, draft=t, draft_method="auto", n_ctx=512, threads=1)
+    assert opts.auto_head == "mtp" and not opts.uses_draft_model
+    assert ModelOptions(target=str(smollm2_path), draft=str(smollm2_path), draft_method="auto").auto_head is None
+    greedy = GenerationConfig(max_tokens=24, num_draft=3, sampling=SamplingParams(temperature=0.0))
+    plain = load_pipeline(opts.with_method("none"))
+    try:
+        *_, want = plain.generate("The capital of France", greedy)
+    finally:
+        plain.close()
+    pipe = load_pipeline(opts)
+    try:
+        # Costs where a draft token is free and batches cost one token's time, so that auto drafts and does
+        # not cut drafts at a token the (random, unsure) head doubts.
+        pipe.cost_store.save(CostModel(target={1: 0.030, 2: 0.030, 5: 0.030, 9: 0.030, 33: 0.030}, draft_token=1e-6))
+    finally:
+        pipe.close()
+    pipe = load_pipeline(opts)
+    try:
+        assert isinstance(pipe.drafter, AutoDrafter) and isinstance(pipe.drafter.model, MtpDrafter)
+        *_, done = pipe.generate("The capital of France", greedy)
+        assert isinstance(done, Done) and done.tokens == want.tokens
+        assert any(s.source == "mtp" and s.drafted > 0 for s in done.stats.sources), done.stats.sources
+    finally:
+        pipe.close()

@@ -53,7 +53,8 @@ def read_prompt(arg: str) -> str:
 
 def ignored_options(args: argparse.Namespace, opts: ModelOptions) -> list[str]:
     """Options given that the chosen draft method does not use (said, not silently dropped)."""
-    reads_draft = opts.uses_draft_model or (opts.draft_method in HEAD_METHODS and opts.draft_method not in OWN_HEAD_METHODS)
+    own_head = opts.draft_method in OWN_HEAD_METHODS
+    reads_draft = opts.uses_draft_model or opts.auto_head is not None or (opts.draft_method in HEAD_METHODS and not own_head)
     if args.draft and not reads_draft:
         return [
             f"--draft is not used by --draft-method {opts.draft_method} "

@@ -169,7 +169,7 @@ class AutoDrafter:
                 self.controller.costs.observe_catch_up(gap, self._catch_up_s)
             d = self.model.propose(context, plan.k, sampling, rng, min_confidence=max(min_confidence, plan.min_confidence))
             note = plan.note() + (f"; {d.note}" if d.note else "")
-            return Draft(d.tokens, d.q, note, "model")
+            return Draft(d.tokens, d.q, note, d.source if d.source != "none" else "model")  # a head says its family
         return Draft([], None, _join(said, plan.note()))
 
     def _load_model(self) -> bool:
