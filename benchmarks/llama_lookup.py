@@ -4,15 +4,15 @@
         [--max-tokens 96] [--draft-max 8] [--suites code-edit,agentic,code-gen,chat] [--reps 1]
 
 For every prompt (every turn of a session suite) it runs, interleaved, with the order rotated per prompt:
-llama.cpp plain decoding (`llama-lookup --draft-max 0`), `llama-lookup` (n-gram lookup, --draft-max N),
+llama.cpp plain decoding (`llama-lookup --spec-draft-n-max 0`), `llama-lookup` (n-gram lookup, --spec-draft-n-max N),
 and localspec `none` and `auto` in this process (models loaded once; auto with the pipeline's
 remembered costs, one drafter per session as `localspec chat` has). The prompt text is rendered with
 localspec's chat template and handed to llama.cpp with special tokens parsed, so both read the same
 tokens. Session suites: each turn's history holds localspec `none`'s answers (the same for all four at
 temperature 0), and llama-lookup keeps a dynamic n-gram cache file per conversation (`-lcd`), its own
 way to remember earlier turns. Decode tokens/s: llama.cpp's "decoded N tokens in S seconds" line;
-localspec's SpecStats.decode_tps. Build the tools first, e.g. `cmake --build build --target llama-lookup`
-in llama.cpp's source (the vendored copy in the llama-cpp-python sdist, for the same ggml).
+localspec's SpecStats.decode_tps. Build the tools first: `benchmarks/build_llama_tools.sh` (llama.cpp's
+source vendored in the llama-cpp-python sdist, for the same ggml; binaries in /work/tools/llama.cpp/build/bin).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def llama_lookup(binary: Path, args: argparse.Namespace, prompt: str, draft_max:
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False, encoding="utf-8") as fh:
         fh.write(prompt)
     cmd = [str(binary), "-m", args.target, "-f", fh.name, "-n", str(args.max_tokens), "-t", str(args.threads),
-           "-tb", str(args.threads), "--temp", "0", "--draft-max", str(draft_max), "-c", "4096", "--no-warmup"]  # fmt: skip
+           "-tb", str(args.threads), "--temp", "0", "--spec-draft-n-max", str(draft_max), "-c", "4096"]  # fmt: skip
     if cache is not None:
         cmd += ["-lcd", str(cache)]
     out = subprocess.run(cmd, capture_output=True, text=True)
@@ -116,7 +116,7 @@ def main() -> None:
                     drafter.close()
     finally:
         pipe.close()
-    print(f"\n{args.max_tokens} tokens, greedy, {args.threads} threads; llama-lookup --draft-max {args.draft_max}")
+    print(f"\n{args.max_tokens} tokens, greedy, {args.threads} threads; llama-lookup --spec-draft-n-max {args.draft_max}")
     print(f"{'suite':<11}{'llama plain':>12}{'llama-lookup':>14}{'ls none':>9}{'ls auto':>9}{'auto/lookup':>13}")
     for name in args.suites.split(","):
         med = {}
