@@ -10,6 +10,9 @@ current prompt and generation and every earlier prompt and output of the session
 2. draft: among the occurrences of that longest match, follow the most frequent next token step by
    step (the others drop out); stop when the draft's empirical probability (the product of each
    step's share) falls below MIN_PROB, or at `limit` tokens, which grows with the match length.
+3. resync (localspec.decoding.resync): where the match is shorter than ANCHOR_MIN, right after an edit,
+   the copy the last long match followed is resumed after the edit when the text since confirms it;
+   such drafts carry Draft.order RESYNC + confirmed tokens (their own acceptance buckets).
 
 Memory is bounded: at most `max_tokens` tokens are kept (the oldest session documents go first; the
 current one always stays), each indexed once per key length, at most MAX_CANDIDATES positions per
@@ -17,7 +20,8 @@ key. Cost per round: indexing the new tokens (len(KEY_LENGTHS) dict updates per 
 MAX_CANDIDATES backward comparisons of at most MAX_MATCH tokens and `limit` counting steps over the
 surviving candidates. benchmarks/suffix_cost.py measures it in CPython on a 65k-token session: a
 median of about 0.15 ms per round with 32-token drafts (under 1% of a 1.5B target's 30-40 ms token on
-a CPU); evicting an old document costs about 15 us per token of it, once.
+a CPU); evicting an old document costs about 15 us per token of it, once. Resync adds one anchor of state and
+at most (MAX_EDIT + 1)**2 comparisons of at most WINDOW tokens per round.
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ import numpy as np
 
 from localspec.backends.base import common_prefix
 from localspec.decoding.drafters import EMPTY_DRAFT, Draft, Stateless
-from localspec.decoding.policy import NGRAM_PRIOR, Acceptance, match_bucket
+from localspec.decoding.policy import NGRAM_PRIOR, RESYNC, Acceptance, match_bucket
+from localspec.decoding.resync import ANCHOR_MIN, WINDOW, Anchor, Resync, advance, align
 from localspec.decoding.sampling import SamplingParams
 from localspec.decoding.stats import RoundStats
 
@@ -210,15 +215,23 @@ class SuffixDrafter(Stateless):
     name = "suffix"
 
     def __init__(
-        self, *, max_tokens: int = MAX_TOKENS, spec_factor: int = SPEC_FACTOR, min_prob: float = MIN_PROB, gate: bool = True
+        self,
+        *,
+        max_tokens: int = MAX_TOKENS,
+        spec_factor: int = SPEC_FACTOR,
+        min_prob: float = MIN_PROB,
+        gate: bool = True,
+        resync: bool = True,
     ) -> None:
         self.index = SuffixIndex(max_tokens=max_tokens)
         self.spec_factor = spec_factor
         self.min_prob = min_prob
         self.gate = gate
+        self.resync = resync  # resume a copy after an edit (localspec.decoding.resync)
         self.accept = {b: Acceptance(p) for b, p in NGRAM_PRIOR.items()}
         self._last_bucket = 0
         self._shadows: list[tuple[list[int], int, int]] = []  # (proposal, bucket, context length then)
+        self._anchor: Anchor | None = None  # where the last long match copied from (resync)
 
     def acceptance(self, length: int) -> float:
         return self.accept[match_bucket(length)].alpha
@@ -233,6 +246,7 @@ class SuffixDrafter(Stateless):
         else:
             idx.start(context)
         self._shadows = []
+        self._anchor = None
         for a in self.accept.values():
             a.soften(0.5)
 
@@ -253,12 +267,35 @@ class SuffixDrafter(Stateless):
             return EMPTY_DRAFT
         self._sync(context)
         m = self.index.match()
+        cur = self.index.docs[self.index.current]
+        if self.resync and m.length >= ANCHOR_MIN:
+            self._anchor = Anchor(m.positions[0][0], m.positions[0][1], len(cur))
+        elif self.resync and (r := self._resync(cur)) is not None:
+            src = self.index.docs[r.doc]
+            tokens = src[r.start : r.start + min(k, self.spec_factor * ANCHOR_MIN)]
+            note = f"suffix resync +{r.new}/-{r.skipped} ({r.verified} verified)"
+            return Draft(tokens, None, note, "suffix", RESYNC + r.verified)
         if m.length == 0:
             return EMPTY_DRAFT
         tokens = self.index.draft(m, min(k, self.spec_factor * m.length), min_prob=self.min_prob)
         if not tokens:
             return EMPTY_DRAFT
         return Draft(tokens, None, f"suffix match {m.length}", "suffix", m.length)
+
+    def _resync(self, cur: list[int]) -> Resync | None:
+        """Where the text resumes copying the anchor's source after an edit, if it does (see resync)."""
+        a = self._anchor
+        src = self.index.docs.get(a.doc) if a is not None else None
+        if a is None or src is None:
+            self._anchor = None
+            return None
+        if a.cur > len(cur):  # the text was cut back: so is the alignment (the part before still agrees)
+            a.src, a.cur = a.src - (a.cur - len(cur)), len(cur)
+        advance(a, src, cur)
+        if len(cur) - a.cur > WINDOW:
+            self._anchor = None  # diverged too long ago: a plain match has had room to form
+            return None
+        return align(a, src, cur)
 
     def propose(
         self, context: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator, *, min_confidence: float = 0.0
