@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from fakes import CostedBackend, FakeClock, scripted_tokens  # noqa: E402
 
-from localspec.decoding.auto import AutoDrafter, auto_lookup  # noqa: E402
+from localspec.decoding.auto import AutoDrafter  # noqa: E402
 from localspec.decoding.drafters import Drafter, NoDrafter  # noqa: E402
 from localspec.decoding.engine import Done, GenerationConfig, generate  # noqa: E402
 from localspec.decoding.policy import CostModel  # noqa: E402
@@ -52,10 +52,11 @@ def cost(ms: float) -> Callable[[int], float]:
 def new_drafter(method: str, clock: FakeClock, t: Callable[[int], float]) -> Drafter:
     if method == "none":
         return NoDrafter()
-    if method == "suffix":
-        return SuffixDrafter()
+    resync = not method.endswith("-noresync")
+    if method.startswith("suffix"):
+        return SuffixDrafter(resync=resync)
     known = CostModel(target={n: t(n) for n in range(1, 66)})
-    return AutoDrafter(ngram=auto_lookup(), costs=known, clock=clock)
+    return AutoDrafter(ngram=SuffixDrafter(gate=False, resync=resync), costs=known, clock=clock)
 
 
 def replay(convs: list[list[dict]], method: str, k: int, ids: dict[int, int]) -> Tally:
@@ -69,7 +70,7 @@ def replay(convs: list[list[dict]], method: str, k: int, ids: dict[int, int]) ->
             prompt = [ids[v] for v in turn["prompt"]]
             answer = [ids[v] for v in turn["answer"]]
             target = CostedBackend(
-                scripted_tokens(prompt + answer, n_vocab=eog + 1, fallback=eog), clock, t, eog=frozenset({eog})
+                scripted_tokens(prompt + answer, n_vocab=eog + 1, fallback=eog), clock, t, n_vocab=eog + 1, eog=frozenset({eog})
             )
             cfg = GenerationConfig(max_tokens=len(answer) + 1, num_draft=k, sampling=SamplingParams())
             *_, done = generate(target, drafter, prompt, cfg, clock=clock)
@@ -87,7 +88,7 @@ def replay(convs: list[list[dict]], method: str, k: int, ids: dict[int, int]) ->
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("answers")
-    ap.add_argument("--methods", default="none,suffix,auto")
+    ap.add_argument("--methods", default="none,suffix-noresync,suffix,auto-noresync,auto")
     ap.add_argument("-k", type=int, default=32)
     args = ap.parse_args()
     data = json.loads(Path(args.answers).read_text())
@@ -95,7 +96,7 @@ def main() -> None:
     ids = {v: j for j, v in enumerate(dict.fromkeys(every))}  # a dense vocabulary for the fake
     methods = args.methods.split(",")
     print(f"replayed on T(n)/T(1) {CURVE}; k={args.k}; greedy; speedup = decode tok/s over plain's")
-    print(f"{'suite':<11}" + "".join(f"{m:>22}" for m in methods))
+    print(f"{'suite':<11}" + "".join(f"{m:>24}" for m in methods))
     for name, convs in data["suites"].items():
         out = {m: replay(convs, m, 0 if m == "none" else args.k, ids) for m in methods}
         base = out["none"].tokens / out["none"].seconds
@@ -103,7 +104,7 @@ def main() -> None:
         for m in methods:
             r = out[m]
             cells.append(f"{r.tokens / r.seconds / base:.2f}x {r.accepted:>4}/{r.drafted:<5} {r.rounds:>4}r")
-        print(f"{name:<11}" + "".join(f"{c:>22}" for c in cells))
+        print(f"{name:<11}" + "".join(f"{c:>24}" for c in cells))
 
 
 if __name__ == "__main__":

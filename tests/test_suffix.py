@@ -201,13 +201,27 @@ def test_a_rename_resumes_the_copy_right_after_the_substituted_token() -> None:
 def test_an_insertion_resumes_the_copy_where_the_source_left_off() -> None:
     d = _copying(SOURCE[:20])
     got = d.lookup([*SOURCE, 1, 2, *SOURCE[:20], 7, 8, 9, *SOURCE[20:22]], 32)  # three tokens inserted
-    assert got.order == RESYNC + 2 and got.tokens[:8] == SOURCE[22:30] and "+3/-0" in got.note
+    assert got.order == RESYNC + 2 and got.tokens[:8] == SOURCE[22:30]
+    assert d._edits.subs == {}  # an insertion is no rename: nothing to apply later
 
 
 def test_a_deletion_resumes_the_copy_after_the_skipped_source_tokens() -> None:
     d = _copying(SOURCE[:20])
     got = d.lookup([*SOURCE, 1, 2, *SOURCE[:20], *SOURCE[23:26]], 32)  # SOURCE[20:23] left out
-    assert got.order == RESYNC + 3 and got.tokens[:8] == SOURCE[26:34] and "+0/-3" in got.note
+    assert got.order == RESYNC + 3 and got.tokens[:8] == SOURCE[26:34]
+
+
+def test_a_confirmed_rename_is_made_in_later_drafts_and_stepped_over() -> None:
+    source = [1020 if i == 30 else t for i, t in enumerate(SOURCE)]  # SOURCE[20] comes back at 30
+    d = SuffixDrafter(gate=False)
+    d.prepare([*source, 1, 2], 32)
+    d.lookup([*source, 1, 2, *source[:20]], 32)
+    ctx = [*source, 1, 2, *source[:20], 7, *source[21:23]]  # 1020 renamed to 7, confirmed by two tokens
+    got = d.lookup(ctx, 32)
+    assert got.tokens[:10] == [*source[23:30], 7, *source[31:33]]  # the rename made at its next occurrence
+    ctx += [*source[23:30], 7, *source[31:34]]
+    after = d.lookup(ctx, 32)  # the plain match is cut at the rename; the aligned copy runs further back
+    assert d.index.match().length < 6 and after.tokens[:4] == source[34:38] and after.order == RESYNC + 13
 
 
 def test_no_resync_when_the_tail_does_not_agree_with_the_source() -> None:
@@ -229,11 +243,14 @@ def test_the_anchor_is_dropped_past_the_window_and_resync_off_drafts_as_before()
     assert off.lookup([*SOURCE, 1, 2, *SOURCE[:20], 7, SOURCE[21]], 32).tokens == []
 
 
-def test_resync_drafts_have_their_own_acceptance_buckets_below_what_pays() -> None:
+def test_resync_drafts_have_their_own_acceptance_buckets() -> None:
     from localspec.decoding.policy import NGRAM_PRIOR
 
-    assert [match_bucket(RESYNC + v) for v in range(6)] == [RESYNC, RESYNC + 1, RESYNC + 2, RESYNC + 2, RESYNC + 4, RESYNC + 4]
-    assert all(NGRAM_PRIOR[b] < 0.7 for b in (RESYNC, RESYNC + 1, RESYNC + 2, RESYNC + 4))  # graded before drafted
+    assert [match_bucket(RESYNC + v) for v in (0, 1, 2, 3, 4, 7, 8, 16, 40)] == [
+        RESYNC + b for b in (0, 1, 2, 2, 4, 4, 8, 16, 16)
+    ]
+    priors = [NGRAM_PRIOR[RESYNC + b] for b in (0, 1, 2, 4, 8, 16)]
+    assert priors == sorted(priors) and priors[0] < 0.5  # an unconfirmed guess is graded before it is drafted
 
 
 def test_resync_keeps_greedy_output_equal_to_plain_decoding_through_renames() -> None:

@@ -35,7 +35,7 @@ import numpy as np
 from localspec.backends.base import common_prefix
 from localspec.decoding.drafters import EMPTY_DRAFT, Draft, Stateless
 from localspec.decoding.policy import NGRAM_PRIOR, RESYNC, Acceptance, match_bucket
-from localspec.decoding.resync import ANCHOR_MIN, WINDOW, Anchor, Resync, advance, align
+from localspec.decoding.resync import ANCHOR_MIN, WINDOW, Anchor, Edits, Resync, follow
 from localspec.decoding.sampling import SamplingParams
 from localspec.decoding.stats import RoundStats
 
@@ -232,6 +232,7 @@ class SuffixDrafter(Stateless):
         self._last_bucket = 0
         self._shadows: list[tuple[list[int], int, int]] = []  # (proposal, bucket, context length then)
         self._anchor: Anchor | None = None  # where the last long match copied from (resync)
+        self._edits = Edits()  # substitutions this generation made to what it copies
 
     def acceptance(self, length: int) -> float:
         return self.accept[match_bucket(length)].alpha
@@ -247,6 +248,7 @@ class SuffixDrafter(Stateless):
             idx.start(context)
         self._shadows = []
         self._anchor = None
+        self._edits = Edits()
         for a in self.accept.values():
             a.soften(0.5)
 
@@ -268,16 +270,21 @@ class SuffixDrafter(Stateless):
         self._sync(context)
         m = self.index.match()
         cur = self.index.docs[self.index.current]
-        if self.resync and m.length >= ANCHOR_MIN:
-            self._anchor = Anchor(m.positions[0][0], m.positions[0][1], len(cur))
-        elif self.resync and (r := self._resync(cur)) is not None:
+        r = self._resync(cur) if self.resync else None
+        if r is not None and (m.length < ANCHOR_MIN or m.length < min(r.verified, MAX_MATCH)):
+            # Right after an edit, or a copy with known renames made that runs further back than the match.
+            limit = min(k, self.spec_factor * max(ANCHOR_MIN, r.verified))
             src = self.index.docs[r.doc]
-            tokens = src[r.start : r.start + min(k, self.spec_factor * ANCHOR_MIN)]
-            note = f"suffix resync +{r.new}/-{r.skipped} ({r.verified} verified)"
-            return Draft(tokens, None, note, "suffix", RESYNC + r.verified)
+            tokens = [*r.pending, *self._edits.apply(src[r.start : r.start + limit])][:limit]
+            if tokens:
+                note = f"suffix resync +{r.new}/-{r.skipped} ({r.verified} verified)"
+                return Draft(tokens, None, note, "suffix", RESYNC + r.verified)
+        if self.resync and m.length >= ANCHOR_MIN:
+            self._anchor = Anchor(m.positions[0][0], m.positions[0][1], len(cur), len(cur) - m.length)
         if m.length == 0:
             return EMPTY_DRAFT
-        tokens = self.index.draft(m, min(k, self.spec_factor * m.length), min_prob=self.min_prob)
+        limit = min(k, self.spec_factor * m.length)
+        tokens = self._edits.apply(self.index.draft(m, limit, min_prob=self.min_prob))[:limit]
         if not tokens:
             return EMPTY_DRAFT
         return Draft(tokens, None, f"suffix match {m.length}", "suffix", m.length)
@@ -291,11 +298,10 @@ class SuffixDrafter(Stateless):
             return None
         if a.cur > len(cur):  # the text was cut back: so is the alignment (the part before still agrees)
             a.src, a.cur = a.src - (a.cur - len(cur)), len(cur)
-        advance(a, src, cur)
-        if len(cur) - a.cur > WINDOW:
+        r = follow(a, src, cur, self._edits)
+        if r is None and len(cur) - a.cur > WINDOW:
             self._anchor = None  # diverged too long ago: a plain match has had room to form
-            return None
-        return align(a, src, cur)
+        return r
 
     def propose(
         self, context: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator, *, min_confidence: float = 0.0
