@@ -10,9 +10,10 @@ current prompt and generation and every earlier prompt and output of the session
 2. draft: among the occurrences of that longest match, follow the most frequent next token step by
    step (the others drop out); stop when the draft's empirical probability (the product of each
    step's share) falls below MIN_PROB, or at `limit` tokens, which grows with the match length.
-3. resync (localspec.decoding.resync): where the match is shorter than ANCHOR_MIN, right after an edit,
-   the copy the last long match followed is resumed after the edit when the text since confirms it;
-   such drafts carry Draft.order RESYNC + confirmed tokens (their own acceptance buckets).
+3. resync (localspec.decoding.resync): right after an edit (the match shorter than ANCHOR_MIN), the copy
+   the last long match followed is resumed after the edit when the text since confirms it; a confirmed
+   rename is remembered for the generation and made in later drafts. Such drafts carry Draft.order
+   RESYNC + the tokens copied since the edit (their own acceptance buckets in the policy and the gate).
 
 Memory is bounded: at most `max_tokens` tokens are kept (the oldest session documents go first; the
 current one always stays), each indexed once per key length, at most MAX_CANDIDATES positions per
@@ -20,8 +21,9 @@ key. Cost per round: indexing the new tokens (len(KEY_LENGTHS) dict updates per 
 MAX_CANDIDATES backward comparisons of at most MAX_MATCH tokens and `limit` counting steps over the
 surviving candidates. benchmarks/suffix_cost.py measures it in CPython on a 65k-token session: a
 median of about 0.15 ms per round with 32-token drafts (under 1% of a 1.5B target's 30-40 ms token on
-a CPU); evicting an old document costs about 15 us per token of it, once. Resync adds one anchor of state and
-at most (MAX_EDIT + 1)**2 comparisons of at most WINDOW tokens per round.
+a CPU); evicting an old document costs about 15 us per token of it, once. Resync adds one anchor and at
+most MAX_KEPT renames of state, a walk over the round's new tokens and at most (MAX_EDIT + 1)**2
+comparisons of at most VERIFY tokens per edit found (localspec.decoding.resync).
 """
 
 from __future__ import annotations
@@ -293,11 +295,9 @@ class SuffixDrafter(Stateless):
         """Where the text resumes copying the anchor's source after an edit, if it does (see resync)."""
         a = self._anchor
         src = self.index.docs.get(a.doc) if a is not None else None
-        if a is None or src is None:
+        if a is None or src is None or a.cur > len(cur):  # no anchor, its source evicted, or the text cut back
             self._anchor = None
             return None
-        if a.cur > len(cur):  # the text was cut back: so is the alignment (the part before still agrees)
-            a.src, a.cur = a.src - (a.cur - len(cur)), len(cur)
         r = follow(a, src, cur, self._edits)
         if r is None and len(cur) - a.cur > WINDOW:
             self._anchor = None  # diverged too long ago: a plain match has had room to form
