@@ -275,7 +275,7 @@ class SuffixDrafter(Stateless):
         r = self._resync(cur) if self.resync else None
         if r is not None and (m.length < ANCHOR_MIN or m.length < min(r.verified, MAX_MATCH)):
             # Right after an edit, or a copy with known renames made that runs further back than the match.
-            limit = min(k, self.spec_factor * max(ANCHOR_MIN, r.verified))
+            limit = min(k, self.spec_factor * max(2, r.verified))  # the copy since the edit is its evidence
             src = self.index.docs[r.doc]
             tokens = [*r.pending, *self._edits.apply(src[r.start : r.start + limit])][:limit]
             if tokens:
