@@ -43,7 +43,8 @@ def record(target: str, max_tokens: int, threads: int, names: list[str]) -> dict
                     t0 = time.perf_counter()
                     done = next(e for e in pipe.generate(prompt, cfg, drafter=pipe.drafter) if isinstance(e, Done))
                     assert isinstance(done, Done)
-                    print(f"{name}: {len(prompt)} prompt, {len(done.tokens)} answer tokens, {time.perf_counter() - t0:.0f} s", flush=True)
+                    took = time.perf_counter() - t0
+                    print(f"{name}: {len(prompt)} prompt, {len(done.tokens)} answer tokens, {took:.0f} s", flush=True)
                     rec.append({"prompt": list(prompt), "answer": list(done.tokens), "text": done.text})
                     history.append(ChatMessage("assistant", done.text))
                 convs.append(rec)
