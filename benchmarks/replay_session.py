@@ -6,7 +6,8 @@ As replay_costs.py: the target is a scripted fake that writes the recorded answe
 each forward pass of n tokens T(n) from the cost curve measured for the Qwen2.5-Coder 1.5B on a 2-core
 CPU. One drafter per conversation, as `localspec bench` builds one, so a session's drafter sees the earlier
 turns. Drafting, acceptance and auto's choices are the real code's; auto has no draft model here.
-A model of speed, not a measurement: `localspec bench` is the measurement.
+Methods: none, suffix, auto, and suffix-noresync / auto-noresync (the suffix drafter without resync,
+localspec.decoding.resync). A model of speed, not a measurement: `localspec bench` is the measurement.
 """
 
 from __future__ import annotations
