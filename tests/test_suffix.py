@@ -10,7 +10,8 @@ from fakes import FakeBackend, hashed_logits, scripted_tokens, without
 from localspec.decoding.auto import AutoDrafter, auto_lookup
 from localspec.decoding.drafters import NoDrafter
 from localspec.decoding.engine import Done, GenerationConfig, generate
-from localspec.decoding.policy import match_bucket
+from localspec.decoding.policy import RESYNC, match_bucket
+from localspec.decoding.resync import MAX_EDIT, WINDOW
 from localspec.decoding.sampling import SamplingParams
 from localspec.decoding.stats import RoundStats
 from localspec.decoding.suffix import MAX_CANDIDATES, SuffixDrafter, SuffixIndex
@@ -171,6 +172,100 @@ def test_generation_that_rolls_back_in_the_context_resyncs() -> None:
     d.lookup([1, 2, 3, 4, 7], 8)  # not a continuation of what was seen: the document follows the context
     assert d.index.docs[d.index.current] == [1, 2, 3, 4, 7]
     assert d.index.n_entries == _rebuilt_entries(d.index)
+
+
+# -- resync after an edit ------------------------------------------------------------------------------------
+
+SOURCE = list(range(1000, 1060))  # a file shown earlier in the session
+
+
+def _copying(prefix: list[int]) -> SuffixDrafter:
+    """A drafter whose current text copied SOURCE[:20] after a prompt that holds SOURCE (an anchor)."""
+    d = SuffixDrafter(gate=False)
+    d.prepare([*SOURCE, 1, 2], 32)
+    assert d.lookup([*SOURCE, 1, 2, *SOURCE[:20]], 32).order == 20  # a long match: the anchor
+    return d
+
+
+def test_a_rename_resumes_the_copy_right_after_the_substituted_token() -> None:
+    d = _copying(SOURCE[:20])
+    ctx = [*SOURCE, 1, 2, *SOURCE[:20], 7]  # 7 in place of SOURCE[20] (a renamed identifier)
+    guess = d.lookup(ctx, 32)  # nothing verified yet: the one guess, a one-token substitution
+    assert guess.order == RESYNC and guess.tokens == SOURCE[21:25]  # short: little evidence yet
+    ctx.append(SOURCE[21])  # the text does resume copying: now confirmed by one token
+    got = d.lookup(ctx, 32)
+    assert got.order == RESYNC + 1 and got.tokens == SOURCE[22:26]
+    assert d.index.match().length == 0  # the plain suffix match has nothing here
+
+
+def test_an_insertion_resumes_the_copy_where_the_source_left_off() -> None:
+    d = _copying(SOURCE[:20])
+    got = d.lookup([*SOURCE, 1, 2, *SOURCE[:20], 7, 8, 9, *SOURCE[20:22]], 32)  # three tokens inserted
+    assert got.order == RESYNC + 2 and got.tokens == SOURCE[22:26]
+    assert d._edits.subs == {}  # an insertion is no rename: nothing to apply later
+
+
+def test_a_deletion_resumes_the_copy_after_the_skipped_source_tokens() -> None:
+    d = _copying(SOURCE[:20])
+    got = d.lookup([*SOURCE, 1, 2, *SOURCE[:20], *SOURCE[23:26]], 32)  # SOURCE[20:23] left out
+    assert got.order == RESYNC + 3 and got.tokens == SOURCE[26:32]
+
+
+def test_a_confirmed_rename_is_made_in_later_drafts_and_stepped_over() -> None:
+    source = [1020 if i in (30, 40) else t for i, t in enumerate(SOURCE)]  # SOURCE[20] comes back at 30, 40
+    d = SuffixDrafter(gate=False)
+    d.prepare([*source, 1, 2], 32)
+    d.lookup([*source, 1, 2, *source[:20]], 32)
+    ctx = [*source, 1, 2, *source[:20], 7, *source[21:23]]  # 1020 renamed to 7, confirmed by two tokens
+    got = d.lookup(ctx, 32)
+    assert got.tokens == source[23:27] and d._edits.subs == {(1020,): (7,)}
+    ctx += [*source[23:30], 7, *source[31:34]]  # ... and the text renames it again at 30
+    after = d.lookup(ctx, 32)  # the plain match is cut at the rename; the aligned copy runs further back
+    assert d.index.match().length < 6 and after.order == RESYNC + 13
+    assert after.tokens[:8] == [*source[34:40], 7, source[41]]  # the rename made at its next occurrence
+
+
+def test_no_resync_when_the_tail_does_not_agree_with_the_source() -> None:
+    d = _copying(SOURCE[:20])
+    base = [*SOURCE, 1, 2, *SOURCE[:20]]
+    assert d.lookup([*base, 7, 8], 32).tokens == []  # two new tokens: nothing confirms a resumed copy
+    assert d.lookup([*base, 7, SOURCE[20], 8], 32).tokens == []  # a coincidence undone by the next token
+    longer = [*base, *range(1, MAX_EDIT + 2), SOURCE[21]]  # an edit longer than MAX_EDIT
+    assert d.lookup(longer, 32).tokens == []
+
+
+def test_the_anchor_is_dropped_past_the_window_and_resync_off_drafts_as_before() -> None:
+    d = _copying(SOURCE[:20])
+    far = [*SOURCE, 1, 2, *SOURCE[:20], *range(1, WINDOW + 1), SOURCE[30]]
+    assert d.lookup(far, 32).tokens == [] and d._anchor is None
+    off = SuffixDrafter(gate=False, resync=False)
+    off.prepare([*SOURCE, 1, 2], 32)
+    off.lookup([*SOURCE, 1, 2, *SOURCE[:20]], 32)
+    assert off.lookup([*SOURCE, 1, 2, *SOURCE[:20], 7, SOURCE[21]], 32).tokens == []
+
+
+def test_resync_drafts_have_their_own_acceptance_buckets() -> None:
+    from localspec.decoding.policy import NGRAM_PRIOR
+
+    assert [match_bucket(RESYNC + v) for v in (0, 1, 2, 3, 4, 7, 8, 16, 40)] == [
+        RESYNC + b for b in (0, 1, 2, 2, 4, 4, 8, 16, 16)
+    ]
+    priors = [NGRAM_PRIOR[RESYNC + b] for b in (0, 1, 2, 4, 8, 16)]
+    assert priors == sorted(priors) and priors[0] < 0.5  # an unconfirmed guess is graded before it is drafted
+
+
+def test_resync_keeps_greedy_output_equal_to_plain_decoding_through_renames() -> None:
+    source = [int(t) for t in np.random.default_rng(3).integers(300, 400, 120)]
+    edited = [7 if i % 15 == 9 else t for i, t in enumerate(source)]  # every 15th token renamed
+    prompt = [*source, 1, 2]
+    fn = without(scripted_tokens([*prompt, *edited], n_vocab=401, fallback=5), [])
+    outs = {}
+    for name, drafter in (("plain", NoDrafter()), ("auto", AutoDrafter(ngram=auto_lookup())), ("suffix", SuffixDrafter())):
+        cfg = GenerationConfig(max_tokens=len(edited), num_draft=16, sampling=GREEDY)
+        *_, done = generate(FakeBackend(fn, n_vocab=401), drafter, prompt, cfg)
+        assert isinstance(done, Done)
+        outs[name] = list(done.tokens)
+    assert outs["plain"] == edited and outs["auto"] == edited and outs["suffix"] == edited
 
 
 # -- the gate (standalone `suffix`) ----------------------------------------------------------------------

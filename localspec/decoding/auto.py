@@ -160,7 +160,7 @@ class AutoDrafter:
             del self._shadows[:-SHADOWS]
         said, self.model_note = self.model_note, ""  # a dropped draft model is said once, in this round's note
         if plan.method == "ngram":
-            note = plan.note() + f" {ng.source} match {self._order}"
+            note = plan.note() + " " + (ng.note or f"{ng.source} match {self._order}")
             return Draft(ng.tokens[: plan.k], None, _join(said, note), ng.source, self._order)
         if plan.method == "model":
             assert self.model is not None

@@ -48,11 +48,19 @@ CATCH_UP_ROUNDS = 8  # a draft model that fell behind is caught up once: its cos
 # Priors (weight of about two rounds): optimistic enough to try, quickly overruled.
 MODEL_PRIOR = 0.6
 # Lookup drafts (n-gram, suffix) by the length of the match behind them, in buckets (see match_bucket).
+# A suffix draft that resumes a copy after an edit (localspec.decoding.resync) has Draft.order RESYNC + v,
+# v the context tokens since the edit that confirm it: its own buckets (v = 0, 1, 2-3, 4-7, 8-15, 16+). An
+# unconfirmed guess (v = 0) starts below what pays, so it is graded for free (withheld proposals) first.
+RESYNC = 1 << 10
 NGRAM_PRIOR = {1: 0.15, 2: 0.3, 3: 0.45, 4: 0.55, 5: 0.65, 8: 0.8, 16: 0.9, 32: 0.95}
+NGRAM_PRIOR |= {RESYNC: 0.3, RESYNC + 1: 0.6, RESYNC + 2: 0.7, RESYNC + 4: 0.8, RESYNC + 8: 0.85, RESYNC + 16: 0.9}
 
 
 def match_bucket(length: int) -> int:
-    """Lookup acceptance is tracked per match length, in buckets that double: 1, 2, 3, 4, 5-7, 8-15, 16-31, 32+."""
+    """Lookup acceptance is tracked per match length, in buckets that double: 1, 2, 3, 4, 5-7, 8-15, 16-31, 32+
+    (resync drafts: RESYNC + 0, 1, 2-3, 4-7, 8-15, 16+ verified tokens)."""
+    if length >= RESYNC:
+        return RESYNC + next(b for b in (16, 8, 4, 2, 1, 0) if length - RESYNC >= b)
     for b in (32, 16, 8, 5, 4, 3, 2):
         if length >= b:
             return b

@@ -10,6 +10,10 @@ current prompt and generation and every earlier prompt and output of the session
 2. draft: among the occurrences of that longest match, follow the most frequent next token step by
    step (the others drop out); stop when the draft's empirical probability (the product of each
    step's share) falls below MIN_PROB, or at `limit` tokens, which grows with the match length.
+3. resync (localspec.decoding.resync): right after an edit (the match shorter than ANCHOR_MIN), the copy
+   the last long match followed is resumed after the edit when the text since confirms it; a confirmed
+   rename is remembered for the generation and made in later drafts. Such drafts carry Draft.order
+   RESYNC + the tokens copied since the edit (their own acceptance buckets in the policy and the gate).
 
 Memory is bounded: at most `max_tokens` tokens are kept (the oldest session documents go first; the
 current one always stays), each indexed once per key length, at most MAX_CANDIDATES positions per
@@ -17,7 +21,9 @@ key. Cost per round: indexing the new tokens (len(KEY_LENGTHS) dict updates per 
 MAX_CANDIDATES backward comparisons of at most MAX_MATCH tokens and `limit` counting steps over the
 surviving candidates. benchmarks/suffix_cost.py measures it in CPython on a 65k-token session: a
 median of about 0.15 ms per round with 32-token drafts (under 1% of a 1.5B target's 30-40 ms token on
-a CPU); evicting an old document costs about 15 us per token of it, once.
+a CPU); evicting an old document costs about 15 us per token of it, once. Resync adds one anchor and at
+most MAX_KEPT renames of state, a walk over the round's new tokens and at most (MAX_EDIT + 1)**2
+comparisons of at most VERIFY tokens per edit found (localspec.decoding.resync).
 """
 
 from __future__ import annotations
@@ -30,7 +36,8 @@ import numpy as np
 
 from localspec.backends.base import common_prefix
 from localspec.decoding.drafters import EMPTY_DRAFT, Draft, Stateless
-from localspec.decoding.policy import NGRAM_PRIOR, Acceptance, match_bucket
+from localspec.decoding.policy import NGRAM_PRIOR, RESYNC, Acceptance, match_bucket
+from localspec.decoding.resync import ANCHOR_MIN, WINDOW, Anchor, Edits, Resync, follow
 from localspec.decoding.sampling import SamplingParams
 from localspec.decoding.stats import RoundStats
 
@@ -210,15 +217,24 @@ class SuffixDrafter(Stateless):
     name = "suffix"
 
     def __init__(
-        self, *, max_tokens: int = MAX_TOKENS, spec_factor: int = SPEC_FACTOR, min_prob: float = MIN_PROB, gate: bool = True
+        self,
+        *,
+        max_tokens: int = MAX_TOKENS,
+        spec_factor: int = SPEC_FACTOR,
+        min_prob: float = MIN_PROB,
+        gate: bool = True,
+        resync: bool = True,
     ) -> None:
         self.index = SuffixIndex(max_tokens=max_tokens)
         self.spec_factor = spec_factor
         self.min_prob = min_prob
         self.gate = gate
+        self.resync = resync  # resume a copy after an edit (localspec.decoding.resync)
         self.accept = {b: Acceptance(p) for b, p in NGRAM_PRIOR.items()}
         self._last_bucket = 0
         self._shadows: list[tuple[list[int], int, int]] = []  # (proposal, bucket, context length then)
+        self._anchor: Anchor | None = None  # where the last long match copied from (resync)
+        self._edits = Edits()  # substitutions this generation made to what it copies
 
     def acceptance(self, length: int) -> float:
         return self.accept[match_bucket(length)].alpha
@@ -233,6 +249,8 @@ class SuffixDrafter(Stateless):
         else:
             idx.start(context)
         self._shadows = []
+        self._anchor = None
+        self._edits = Edits()
         for a in self.accept.values():
             a.soften(0.5)
 
@@ -253,12 +271,37 @@ class SuffixDrafter(Stateless):
             return EMPTY_DRAFT
         self._sync(context)
         m = self.index.match()
+        cur = self.index.docs[self.index.current]
+        r = self._resync(cur) if self.resync else None
+        if r is not None and (m.length < ANCHOR_MIN or m.length < min(r.verified, MAX_MATCH)):
+            # Right after an edit, or a copy with known renames made that runs further back than the match.
+            limit = min(k, self.spec_factor * max(2, r.verified))  # the copy since the edit is its evidence
+            src = self.index.docs[r.doc]
+            tokens = [*r.pending, *self._edits.apply(src[r.start : r.start + limit])][:limit]
+            if tokens:
+                note = f"suffix resync +{r.new}/-{r.skipped} ({r.verified} verified)"
+                return Draft(tokens, None, note, "suffix", RESYNC + r.verified)
+        if self.resync and m.length >= ANCHOR_MIN:
+            self._anchor = Anchor(m.positions[0][0], m.positions[0][1], len(cur), len(cur) - m.length)
         if m.length == 0:
             return EMPTY_DRAFT
-        tokens = self.index.draft(m, min(k, self.spec_factor * m.length), min_prob=self.min_prob)
+        limit = min(k, self.spec_factor * m.length)
+        tokens = self._edits.apply(self.index.draft(m, limit, min_prob=self.min_prob))[:limit]
         if not tokens:
             return EMPTY_DRAFT
         return Draft(tokens, None, f"suffix match {m.length}", "suffix", m.length)
+
+    def _resync(self, cur: list[int]) -> Resync | None:
+        """Where the text resumes copying the anchor's source after an edit, if it does (see resync)."""
+        a = self._anchor
+        src = self.index.docs.get(a.doc) if a is not None else None
+        if a is None or src is None or a.cur > len(cur):  # no anchor, its source evicted, or the text cut back
+            self._anchor = None
+            return None
+        r = follow(a, src, cur, self._edits)
+        if r is None and len(cur) - a.cur > WINDOW:
+            self._anchor = None  # diverged too long ago: a plain match has had room to form
+        return r
 
     def propose(
         self, context: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator, *, min_confidence: float = 0.0
