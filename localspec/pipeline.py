@@ -116,6 +116,17 @@ def check_pair(opts: ModelOptions) -> PairCheck:
 
     Raises UsageError, ModelFileError, IncompatiblePairError or BackendUnavailableError.
     """
+    backend, note, tv = _check_target(opts)
+    dv, draft_note = _check_draft(opts, backend, tv)
+    backend_module(backend).check_path(opts.target)  # the vocabularies first (headers alone), then whole files
+    from localspec.recurrent import describe_path
+
+    return PairCheck(backend, note, tv, dv, describe_path(opts.target, backend), draft_note)
+
+
+def _check_target(opts: ModelOptions) -> tuple[str, str, VocabInfo]:
+    """The backend, a head method's fit and the target's vocabulary: (backend, why, vocabulary). Whether the
+    target's file is whole comes after the draft's vocabulary check (check_pair; the loader checks it)."""
     if opts.draft_method == "model" and not opts.draft:
         raise UsageError(
             "--draft-method model needs a draft model",
@@ -127,20 +138,21 @@ def check_pair(opts: ModelOptions) -> PairCheck:
         _check_head_method(opts, backend)
     elif opts.auto_head is not None:
         _check_head_method(opts.with_method(opts.auto_head), backend)
-    tv = module.peek_vocab(opts.target)
-    dv = None
-    if opts.uses_draft_model:
-        assert opts.draft is not None
-        dv = module.peek_vocab(opts.draft)
-        check_compatible(tv, dv, target_name=opts.target, draft_name=opts.draft)
-    # The vocabularies first (from headers alone), then whether the files are whole.
-    for path in (opts.target, opts.draft if dv is not None else None):
-        if path:
-            module.check_path(path)
+    return backend, note, module.peek_vocab(opts.target)
+
+
+def _check_draft(opts: ModelOptions, backend: str, tv: VocabInfo) -> tuple[VocabInfo | None, str]:
+    """A draft model's vocabulary against the target's, then whether its file is whole (none used: None)."""
+    if not opts.uses_draft_model:
+        return None, ""
+    assert opts.draft is not None
+    module = backend_module(backend)
+    dv = module.peek_vocab(opts.draft)
+    check_compatible(tv, dv, target_name=opts.target, draft_name=opts.draft)
+    module.check_path(opts.draft)
     from localspec.recurrent import describe_path
 
-    draft_note = describe_path(opts.draft, backend) if dv is not None and opts.draft else ""
-    return PairCheck(backend, note, tv, dv, describe_path(opts.target, backend), draft_note)
+    return dv, describe_path(opts.draft, backend)
 
 
 def _check_head_method(opts: ModelOptions, backend: str) -> None:
@@ -335,13 +347,29 @@ def load_pipeline(
 ) -> Pipeline:
     """Check the pair from metadata, then load the target and (when used) the draft, and build the drafter.
     Setting `cancel` (from another thread) stops a load in progress with Interrupted."""
-    check = check_pair(opts)
-    module = backend_module(check.backend)
+    backend, backend_note, tv = _check_target(opts)
+    module = backend_module(backend)
+    # auto may never load the draft model: its header check runs beside the target's load (a Python
+    # parse of a 150k-token vocabulary; llama.cpp's load releases the GIL) instead of before it.
+    draft_check = _Background(_check_draft, opts, backend, tv) if opts.draft_method == "auto" else None
+    if draft_check is None:
+        _check_draft(opts, backend, tv)
     load = dict(n_ctx=opts.n_ctx, threads=opts.threads, n_gpu_layers=opts.n_gpu_layers, cancel=cancel)
     # Only the target verifies drafts in one batch; a draft model drafts token by token (checkpoints serve it).
     head_family = opts.draft_method if opts.draft_method in HEAD_METHODS else opts.auto_head
     own_head = {"load_mtp": True} if head_family == "mtp" else {}  # llama.cpp skips those layers otherwise
-    target = module.load(opts.target, **load, max_draft=opts.max_draft, **own_head)
+    try:
+        target = module.load(opts.target, **load, max_draft=opts.max_draft, **own_head)
+    except BaseException:
+        if draft_check is not None:
+            draft_check.join()  # a bad pair's error wins over the load's
+        raise
+    if draft_check is not None:
+        try:
+            draft_check.join()
+        except BaseException:
+            target.close()
+            raise
     slot = DraftSlot()
     try:
         store = cost_store(opts, target)
@@ -364,7 +392,27 @@ def load_pipeline(
         slot.close()
         target.close()
         raise
-    return Pipeline(opts, check.backend, target, slot, drafter, check.backend_note, clock, chat_format, skip_note)
+    return Pipeline(opts, backend, target, slot, drafter, backend_note, clock, chat_format, skip_note)
+
+
+class _Background:
+    """A call run on a daemon thread; join() waits for it and raises what it raised."""
+
+    def __init__(self, fn: Callable[..., object], *args: object) -> None:
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(fn, *args), daemon=True)
+        self._thread.start()
+
+    def _run(self, fn: Callable[..., object], *args: object) -> None:
+        try:
+            fn(*args)
+        except BaseException as e:  # handed to join()'s caller
+            self._error = e
+
+    def join(self) -> None:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
 
 
 def _model_name(path: str | None) -> str:
