@@ -157,6 +157,25 @@ def parse_header(buf: bytes | memoryview | mmap.mmap) -> GGUFHeader:
     return GGUFHeader(version, metadata, tuple(tensors), data_start, r.pos)
 
 
+def peek_architecture(path: str | Path) -> str | None:
+    """`general.architecture` of a local GGUF, reading only the metadata before it (writers put it first),
+    without parsing a whole vocabulary; None when the file cannot be read or does not say."""
+    try:
+        with open(Path(path).expanduser(), "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            r = _Reader(mm)
+            if bytes(mm[r.take(4) : 4]) != GGUF_MAGIC or r.u32() not in (2, 3):
+                return None
+            _, n_kv = r.u64(), r.u64()
+            for _ in range(min(n_kv, 1 << 20)):
+                key, vtype = r.string(), r.u32()
+                value = r.value(vtype)
+                if key == "general.architecture":
+                    return str(value)
+    except (OSError, ValueError, NeedMoreBytes, struct.error):
+        return None
+    return None
+
+
 def _tensor_nbytes(t: TensorInfo) -> int:
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 

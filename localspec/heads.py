@@ -33,16 +33,16 @@ def head_family(path: str | Path | None) -> str | None:
     for prefix, family in SIDECAR_PREFIXES.items():
         if prefix in name:
             return family
-    from localspec.gguf_meta import read_gguf_header
+    from localspec.gguf_meta import peek_architecture, read_gguf_header
 
+    family = _ARCHITECTURES.get(peek_architecture(path) or "")  # a draft model's vocabulary is not parsed here
+    if family != "dflash":
+        return family
     try:
         header = read_gguf_header(path, check_size=False)
     except LocalspecError:
         return None
-    family = _ARCHITECTURES.get(header.architecture)
-    if family == "dflash" and any(t.name.startswith("markov_w1") for t in header.tensors):
-        return "dspark"
-    return family
+    return "dspark" if any(t.name.startswith("markov_w1") for t in header.tensors) else family
 
 
 def head_method_fit(target: str, draft: str | None, method: str) -> str:
