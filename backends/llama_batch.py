@@ -64,3 +64,29 @@ def process(ctx, kind: int, batch: ExtBatch, *, what: str, hint: str) -> None:  
         raise Interrupted("stopped during a draft pass")
     if rc != 0:
         raise GenerationError(f"{what} failed (llama_process code {rc}): {_last_error(log) or 'no reason given'}", hint)
+
+
+class HeadResources:
+    """What a drafter beside the target owns in llama.cpp, freed once: its batch, its context and (unless it
+    runs on the target's own model, as MTP does) its model. Such a drafter learns nothing from a round."""
+
+    _batch: ExtBatch | None = None
+    _ctx = None  # llama_context_p
+    _model = None  # llama_model_p
+
+    def observe(self, stats: object) -> None:
+        pass
+
+    def close(self) -> None:
+        if self._batch is not None:
+            self._batch.free()
+            self._batch = None
+        if self._ctx is not None:
+            llama_cpp.llama_free(self._ctx)
+            self._ctx = None
+        if self._model is not None:
+            llama_cpp.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self) -> None:
+        self.close()

@@ -36,11 +36,10 @@ import numpy as np
 
 from localspec.backends import llama_ext
 from localspec.backends.base import common_prefix
-from localspec.backends.llama_batch import ExtBatch, process
+from localspec.backends.llama_batch import ExtBatch, HeadResources, process
 from localspec.backends.llama_cpp import LlamaCppBackend, _LOG, _abort_check, _last_error, read_header
 from localspec.decoding.drafters import EMPTY_DRAFT, Draft, sample_draft
 from localspec.decoding.sampling import SamplingParams
-from localspec.decoding.stats import RoundStats
 from localspec.errors import GenerationError, Interrupted, ModelFileError, UnsupportedModelError, UsageError
 
 ARCH = "dflash"  # DFlash, DFlash2 and DSpark drafters all convert to this architecture
@@ -135,7 +134,7 @@ def check_head(method: str, head_path: str | Path, target_path: str | Path) -> B
     return head
 
 
-class BlockDrafter:
+class BlockDrafter(HeadResources):
     """Drafts a block at a time with a DFlash or DSpark drafter on a llama.cpp target. Owns the drafter
     (model and context); borrows the target, whose layer capture it turns on."""
 
@@ -244,23 +243,6 @@ class BlockDrafter:
         at = iter(rows[1:])
         tokens, q, stop = sample_draft(rows[0], lambda _token: next(at), len(rows), sampling, rng, min_confidence, self.target.eog_ids)
         return Draft(tokens, q, note or stop, source=self.method)
-
-    def observe(self, stats: RoundStats) -> None:
-        pass
-
-    def close(self) -> None:
-        if self._batch is not None:
-            self._batch.free()
-            self._batch = None
-        if self._ctx is not None:
-            llama_cpp.llama_free(self._ctx)
-            self._ctx = None
-        if self._model is not None:
-            llama_cpp.llama_model_free(self._model)
-            self._model = None
-
-    def __del__(self) -> None:
-        self.close()
 
     # -- the drafter's cache ----------------------------------------------------------------------
 

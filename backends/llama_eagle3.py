@@ -23,11 +23,10 @@ import numpy as np
 
 from localspec.backends import llama_ext
 from localspec.backends.base import common_prefix
-from localspec.backends.llama_batch import ExtBatch, process
+from localspec.backends.llama_batch import ExtBatch, HeadResources, process
 from localspec.backends.llama_cpp import LlamaCppBackend, _LOG, _abort_check, _last_error, read_header
 from localspec.decoding.drafters import EMPTY_DRAFT, Draft, sample_draft
 from localspec.decoding.sampling import SamplingParams
-from localspec.decoding.stats import RoundStats
 from localspec.errors import ModelFileError, UnsupportedModelError
 
 ARCH = "eagle3"
@@ -67,7 +66,7 @@ def check_head(head_path: str | Path, target_path: str | Path) -> None:
         )
 
 
-class Eagle3Drafter:
+class Eagle3Drafter(HeadResources):
     """Drafts with an EAGLE-3 head on a llama.cpp target. Owns the head (model and context); borrows
     the target, whose layer capture it turns on."""
 
@@ -160,23 +159,6 @@ class Eagle3Drafter:
         logits, self._state = self._decode_last()
         self._pos += 1
         return logits
-
-    def observe(self, stats: RoundStats) -> None:
-        pass
-
-    def close(self) -> None:
-        if self._batch is not None:
-            self._batch.free()
-            self._batch = None
-        if self._ctx is not None:
-            llama_cpp.llama_free(self._ctx)
-            self._ctx = None
-        if self._model is not None:
-            llama_cpp.llama_model_free(self._model)
-            self._model = None
-
-    def __del__(self) -> None:
-        self.close()
 
     # -- the head's cache -------------------------------------------------------------------------
 

@@ -28,11 +28,10 @@ import numpy as np
 
 from localspec.backends import llama_ext
 from localspec.backends.base import common_prefix
-from localspec.backends.llama_batch import ExtBatch, process
+from localspec.backends.llama_batch import ExtBatch, HeadResources, process
 from localspec.backends.llama_cpp import LlamaCppBackend, _LOG, _abort_check, _last_error, read_header
 from localspec.decoding.drafters import EMPTY_DRAFT, Draft, sample_draft
 from localspec.decoding.sampling import SamplingParams
-from localspec.decoding.stats import RoundStats
 from localspec.errors import ModelFileError, UnsupportedModelError
 
 # Architectures with an MTP graph in the llama.cpp vendored by llama-cpp-python 0.3.36 (src/models/*.cpp,
@@ -81,7 +80,7 @@ def check_target(target_path: str | Path) -> None:
         )
 
 
-class MtpDrafter:
+class MtpDrafter(HeadResources):
     """Drafts with the target's own MTP head on llama.cpp. Owns the head's context (and its cache);
     borrows the target, which must have been loaded with load_mtp, and whose nextn states it turns on."""
 
@@ -166,20 +165,6 @@ class MtpDrafter:
         logits, self._state = self._decode_last()
         self._pos += 1
         return logits
-
-    def observe(self, stats: RoundStats) -> None:
-        pass
-
-    def close(self) -> None:
-        if self._batch is not None:
-            self._batch.free()
-            self._batch = None
-        if self._ctx is not None:
-            llama_cpp.llama_free(self._ctx)
-            self._ctx = None
-
-    def __del__(self) -> None:
-        self.close()
 
     # -- the head's cache -------------------------------------------------------------------------
 
