@@ -170,7 +170,7 @@ def convert(gguf_path: str | Path, out_dir: str | Path, *, dtype: str = "float16
     np_dtype = {"float16": np.float16, "float32": np.float32}.get(dtype)
     if np_dtype is None:
         raise LocalspecError(f"unknown dtype {dtype!r}", "choose float16 or float32")
-    header = read_gguf_header(src)
+    header = read_gguf_header(src, full=True)  # the tokenizer is rebuilt from it, merges included
     meta = header.metadata
     names = {t.name for t in header.tensors}
     embd = next((t for t in header.tensors if t.name == "token_embd.weight"), None)

@@ -112,6 +112,18 @@ class _Reader:
         self.pos = pos
         return out
 
+    def skip_strings(self, count: int) -> None:
+        """Step over `count` strings without decoding them."""
+        buf, pos, size = self.buf, self.pos, self.size
+        length = _U64.unpack_from
+        for _ in range(count):
+            if pos + 8 > size:
+                raise NeedMoreBytes(pos + 8)
+            pos += 8 + length(buf, pos)[0]
+        if pos > size:
+            raise NeedMoreBytes(pos)
+        self.pos = pos
+
     def value(self, vtype: int) -> Any:
         if vtype == _STRING:
             return self.string()
@@ -130,8 +142,32 @@ class _Reader:
         return self.scalar(vtype)
 
 
-def parse_header(buf: bytes | memoryview | mmap.mmap) -> GGUFHeader:
-    """Parse magic, metadata and tensor table. Raises ValueError if not GGUF, NeedMoreBytes if short."""
+UNREAD = frozenset({"tokenizer.ggml.merges"})
+
+
+@dataclass(frozen=True)
+class UnreadArray:
+    """An array parse_header stepped over (see UNREAD): only its length is known."""
+
+    item_type: int
+    count: int
+
+
+def _skip_array(r: _Reader) -> Any:
+    item_type, count = r.u32(), r.u64()
+    if item_type == _STRING:
+        r.skip_strings(count)
+        return UnreadArray(item_type, count)
+    if item_type in _SCALARS:
+        r.take(_SCALARS[item_type][1] * count)
+        return UnreadArray(item_type, count)
+    return [r.value(item_type) for _ in range(count)]
+
+
+def parse_header(buf: bytes | memoryview | mmap.mmap, *, full: bool = False) -> GGUFHeader:
+    """Parse magic, metadata and tensor table. Raises ValueError if not GGUF, NeedMoreBytes if short.
+    Arrays in UNREAD (BPE merges: nothing here needs them, and decoding 150k strings takes a tenth of a
+    second) are stepped over as UnreadArray unless `full` (a tokenizer rebuilt from the header)."""
     r = _Reader(buf)
     magic_at = r.take(4)
     if bytes(buf[magic_at : magic_at + 4]) != GGUF_MAGIC:
@@ -145,7 +181,8 @@ def parse_header(buf: bytes | memoryview | mmap.mmap) -> GGUFHeader:
     metadata: dict[str, Any] = {}
     for _ in range(n_kv):
         key = r.string()
-        metadata[key] = r.value(r.u32())
+        vtype = r.u32()
+        metadata[key] = _skip_array(r) if key in UNREAD and vtype == _ARRAY and not full else r.value(vtype)
     tensors = []
     for _ in range(n_tensors):
         name = r.string()
@@ -186,10 +223,10 @@ def _tensor_nbytes(t: TensorInfo) -> int:
     return n // block * type_size
 
 
-def read_gguf_header(path: str | Path, *, check_size: bool = True) -> GGUFHeader:
+def read_gguf_header(path: str | Path, *, check_size: bool = True, full: bool = False) -> GGUFHeader:
     """Read and validate a local GGUF file's header, with errors a user can act on. Parsed once per
     file version (path, size, mtime): the pair check, the hybrid note and the loader all read it, and a
-    150k-token vocabulary takes a few tenths of a second to parse in Python."""
+    150k-token vocabulary takes a tenth of a second to parse in Python. `full`: see parse_header."""
     p = Path(path).expanduser()
     if not p.exists():
         raise ModelFileError(f"model file not found: {p}", "check the path, or use `localspec pull` to download a model")
@@ -199,7 +236,7 @@ def read_gguf_header(path: str | Path, *, check_size: bool = True) -> GGUFHeader
         st = p.stat()
     except OSError as e:
         raise ModelFileError(f"cannot read {p}: {e.strerror or e}", "check the file's permissions") from None
-    header = _parsed(str(p), st.st_size, st.st_mtime_ns)
+    header = _parsed(str(p), st.st_size, st.st_mtime_ns, full)
     if check_size:
         try:
             need = header.required_size()
@@ -213,13 +250,13 @@ def read_gguf_header(path: str | Path, *, check_size: bool = True) -> GGUFHeader
 
 
 @functools.lru_cache(maxsize=16)
-def _parsed(path: str, size: int, mtime_ns: int) -> GGUFHeader:
+def _parsed(path: str, size: int, mtime_ns: int, full: bool) -> GGUFHeader:
     p = Path(path)
     if size < 24:
         raise ModelFileError(f"{p} is not a GGUF model file ({size} bytes)", _NOT_GGUF_HINT)
     try:
         with p.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            return parse_header(mm)
+            return parse_header(mm, full=full)
     except NeedMoreBytes:
         raise ModelFileError(f"{p} is truncated: it ends inside the GGUF header", _TRUNCATED_HINT) from None
     except ValueError as e:

@@ -43,7 +43,7 @@ def write_tiny_llama(
     similar "draft" model). Weights are float32, so batched and single-token passes agree closely.
     `chatless`: no chat template, and no special token but token 0 as BOS and EOS (a base model of
     an unknown family). `arch`: "llama" or another architecture with the same tensors (e.g. "qwen2")."""
-    meta = dict(read_gguf_header(tokenizer_source).metadata)
+    meta = dict(read_gguf_header(tokenizer_source, full=True).metadata)
     if chatless:
         meta.pop("tokenizer.chat_template", None)
         meta["tokenizer.ggml.bos_token_id"] = meta["tokenizer.ggml.eos_token_id"] = 0  # <|endoftext|> in SmolLM2's
@@ -87,7 +87,7 @@ def write_tiny_eagle3(
     Returns the d2t map (target id per head id), None without one."""
     import gguf
 
-    meta = dict(read_gguf_header(tokenizer_source).metadata)
+    meta = dict(read_gguf_header(tokenizer_source, full=True).metadata)
     n_vocab = len(meta["tokenizer.ggml.tokens"])
     n_embd = target_n_embd  # the head embeds with the target's token_embd, so the widths agree
     rng = np.random.default_rng(seed)
@@ -177,7 +177,7 @@ def write_tiny_dflash(
     > 0: a DFlash2 drafter (dynamic convolutions in each layer, a selector lattice of that many candidates)."""
     import gguf
 
-    meta = dict(read_gguf_header(tokenizer_source).metadata)
+    meta = dict(read_gguf_header(tokenizer_source, full=True).metadata)
     n_vocab = len(meta["tokenizer.ggml.tokens"])
     n_embd = target_n_embd  # the drafter embeds with the target's token_embd, so the widths agree
     head_dim = n_embd // n_head
@@ -289,7 +289,7 @@ def write_tiny_mamba(
 ) -> dict[str, np.ndarray]:
     """A random Mamba (v1) model: recurrent in every layer, and one llama.cpp keeps no snapshots for
     (llm_arch_supports_rs_rollback), so every rollback restores a checkpoint."""
-    meta = dict(read_gguf_header(tokenizer_source).metadata)
+    meta = dict(read_gguf_header(tokenizer_source, full=True).metadata)
     n_vocab = len(meta["tokenizer.ggml.tokens"])
     d_inner = 2 * n_embd  # llama.cpp supports only an expansion factor of 2
     shapes: dict[str, tuple[int, ...]] = {
@@ -347,7 +347,7 @@ def write_tiny_lfm2(
 ) -> dict[str, np.ndarray]:
     """A random LFM2 model: `layers` spells each layer, c a short-convolution (recurrent) layer, a an
     attention layer. A hybrid llama.cpp keeps per-token snapshots for (n_rs_seq)."""
-    meta = dict(read_gguf_header(tokenizer_source).metadata)
+    meta = dict(read_gguf_header(tokenizer_source, full=True).metadata)
     n_vocab = len(meta["tokenizer.ggml.tokens"])
     head_dim = n_embd // n_head
     shapes: dict[str, tuple[int, ...]] = {
@@ -418,7 +418,7 @@ def write_tiny_glm4moe(
     declares MTP layers whose weights were dropped, as trunk-only quantizations do).
     `favoured`: token ids whose output rows are scaled up, so the trunk and the (random) MTP head both put
     most of their mass on them and drafts get accepted as well as rejected."""
-    meta = dict(read_gguf_header(tokenizer_source).metadata)
+    meta = dict(read_gguf_header(tokenizer_source, full=True).metadata)
     n_vocab = len(meta["tokenizer.ggml.tokens"])
     head_dim = n_embd // n_head
     n_kv = n_head_kv * head_dim

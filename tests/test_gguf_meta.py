@@ -10,7 +10,7 @@ import pytest
 
 from fixture_models import fetch
 from localspec.errors import ModelFileError
-from localspec.gguf_meta import GGUF_MAGIC, NeedMoreBytes, parse_header, read_gguf_header
+from localspec.gguf_meta import GGUF_MAGIC, NeedMoreBytes, UnreadArray, parse_header, read_gguf_header
 from localspec.vocab import VocabInfo
 
 HEAD = 4 << 20  # the SmolLM2 header (with its 49k-token vocabulary) ends at about 1.8 MB
@@ -47,13 +47,20 @@ def test_agrees_with_the_gguf_package(smollm2: Path) -> None:
     """Every metadata value and tensor entry matches gguf-py's own reader."""
     gguf = pytest.importorskip("gguf")
     ref = gguf.GGUFReader(str(smollm2))
-    h = read_gguf_header(smollm2)
+    h = read_gguf_header(smollm2, full=True)
     assert h.data_start == ref.data_offset
     assert set(h.metadata) == {k for k in ref.fields if not k.startswith("GGUF.")}
     for key in ("general.name", "llama.embedding_length", "tokenizer.ggml.eos_token_id", "tokenizer.chat_template"):
         assert h.metadata[key] == ref.fields[key].contents()
     assert h.metadata["tokenizer.ggml.merges"] == ref.fields["tokenizer.ggml.merges"].contents()
     assert h.metadata["tokenizer.ggml.token_type"] == ref.fields["tokenizer.ggml.token_type"].contents()
+    # By default the merges are stepped over (only their count kept); everything after them still reads right.
+    light = read_gguf_header(smollm2)
+    assert light.metadata["tokenizer.ggml.merges"] == UnreadArray(8, len(ref.fields["tokenizer.ggml.merges"].contents()))
+    assert {k: v for k, v in light.metadata.items() if k != "tokenizer.ggml.merges"} == {
+        k: v for k, v in h.metadata.items() if k != "tokenizer.ggml.merges"
+    }
+    assert light.tensors == h.tensors and light.data_start == h.data_start
     for mine, theirs in zip(h.tensors, ref.tensors, strict=True):
         assert mine.name == theirs.name
         assert mine.shape == tuple(int(d) for d in theirs.shape)
