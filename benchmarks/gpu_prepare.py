@@ -168,7 +168,7 @@ def write_tokenizer(gguf_path: Path, dst: Path) -> None:
     sys.path.insert(0, str(ROOT))
     from localspec.gguf_meta import read_gguf_header
 
-    meta = read_gguf_header(gguf_path).metadata
+    meta = read_gguf_header(gguf_path, full=True).metadata  # the merges too: the check writes a whole tokenizer
     keep = {k: meta[k] for k in TOKENIZER_KEYS if k in meta}
     with gzip.open(dst, "wt", encoding="utf-8") as f:
         json.dump(keep, f)
