@@ -5,12 +5,14 @@ flag; one `process` call runs a batch through a context and turns llama.cpp's re
 from __future__ import annotations
 
 import ctypes
+from pathlib import Path
 
 import llama_cpp
 import numpy as np
 
-from localspec.backends.llama_cpp import _LOG, _last_error
-from localspec.errors import GenerationError, Interrupted
+from localspec.backends import llama_ext
+from localspec.backends.llama_cpp import _LOG, LlamaCppBackend, _abort_check, _last_error
+from localspec.errors import GenerationError, Interrupted, ModelFileError
 
 # An embedding row of an M-RoPE model reads four positions (llama_batch_ext::set_token_pos); llama.cpp's own
 # loops pass {p, p, p, 0}. A token row, or a row of any other model, reads only the first.
@@ -90,3 +92,39 @@ class HeadResources:
 
     def __del__(self) -> None:
         self.close()
+
+
+def load_head_model(path: Path, n_gpu_layers: int, what: str):  # type: ignore[no-untyped-def]
+    """A head's own GGUF as a llama_model (`what` names it in the error: "the EAGLE-3 head")."""
+    params = llama_cpp.llama_model_default_params()
+    params.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else n_gpu_layers
+    with _LOG.capture() as log:
+        model = llama_cpp.llama_model_load_from_file(str(path).encode("utf-8"), params)
+    if not model:
+        raise ModelFileError(f"llama.cpp could not load {what} {path}: {_last_error(log)}", "the file may be damaged")
+    return model
+
+
+def head_context(  # type: ignore[no-untyped-def]
+    model, target: LlamaCppBackend, *, what: str, n_ctx: int, masked: bool = True, ctx_type: int | None = None
+):
+    """A context for a head beside `target`: one sequence, the target's threads, the target's context as
+    ctx_other, nextn rows out (of output rows when `masked`), stopped by the target's abort flag."""
+    _, target_ctx = target.handle
+    params = llama_cpp.llama_context_default_params()
+    if ctx_type is not None:
+        params.ctx_type = ctx_type
+    params.ctx_other = target_ctx  # the head embeds tokens (and may read logits) with the target's weights
+    params.n_ctx = n_ctx
+    params.n_batch = params.n_ubatch = 512
+    params.n_seq_max = 1
+    params.n_threads = params.n_threads_batch = target.threads
+    params.no_perf = True
+    with _LOG.capture() as log:
+        ctx = llama_cpp.llama_init_from_model(model, params)
+    if not ctx:
+        raise ModelFileError(f"llama.cpp could not create {what}'s context: {_last_error(log)}", "lower --n-ctx")
+    llama_ext.set_nextn_output(ctx, True, masked=masked)
+    if _abort_check() is not None:  # the target's abort flag stops the head's passes too (Ctrl-C, Esc)
+        llama_cpp.llama_set_abort_callback(ctx, _abort_check(), target.abort_flag_pointer)
+    return ctx

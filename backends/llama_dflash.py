@@ -36,11 +36,11 @@ import numpy as np
 
 from localspec.backends import llama_ext
 from localspec.backends.base import common_prefix
-from localspec.backends.llama_batch import ExtBatch, HeadResources, process
-from localspec.backends.llama_cpp import LlamaCppBackend, _LOG, _abort_check, _last_error, read_header
+from localspec.backends.llama_batch import ExtBatch, HeadResources, head_context, load_head_model, process
+from localspec.backends.llama_cpp import LlamaCppBackend, read_header
 from localspec.decoding.drafters import EMPTY_DRAFT, Draft, sample_draft
 from localspec.decoding.sampling import SamplingParams
-from localspec.errors import GenerationError, Interrupted, ModelFileError, UnsupportedModelError, UsageError
+from localspec.errors import ModelFileError, UnsupportedModelError, UsageError
 
 ARCH = "dflash"  # DFlash, DFlash2 and DSpark drafters all convert to this architecture
 METHODS = ("dflash", "dspark")
@@ -151,12 +151,14 @@ class BlockDrafter(HeadResources):
         self._ctx = None
         self._batch: ExtBatch | None = None
         try:
-            self._model = self._load(Path(head_path), n_gpu_layers)
+            self._model = load_head_model(Path(head_path), n_gpu_layers, f"the {self._label} drafter")
             layers = llama_ext.target_layer_ids(self._model)
             target.capture_layers(layers)  # checks the architecture again before enabling anything
             self._top_k = llama_ext.dflash_selector_top_k(self._model)  # > 0: DFlash2's selector lattice
             self._n_ctx = target.n_ctx + self.head.block_size  # a block past the target's last position fits
-            self._ctx = self._context()
+            # As llama.cpp: DSpark's confidence and DFlash2's lattice come back as nextn rows (all rows for the lattice).
+            self._ctx = head_context(self._model, target, what=f"the {self._label} drafter", n_ctx=self._n_ctx, masked=self._top_k == 0)
+            llama_cpp.llama_set_causal_attn(self._ctx, self.head.causal)
             self._batch = ExtBatch(self._ctx)
             self._n_ubatch = int(llama_cpp.llama_n_ubatch(self._ctx))
             self._n_embd = int(llama_cpp.llama_model_n_embd(self._model))
@@ -169,37 +171,6 @@ class BlockDrafter(HeadResources):
             raise
         self._written: list[int] = []  # the context whose features the cache holds, one per position
         self._n_draft = self.head.n_draft_max  # drafts per block (prepare's max_k, clamped)
-
-    # -- loading ----------------------------------------------------------------------------------
-
-    def _load(self, p: Path, n_gpu_layers: int):  # type: ignore[no-untyped-def]
-        params = llama_cpp.llama_model_default_params()
-        params.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else n_gpu_layers
-        with _LOG.capture() as log:
-            model = llama_cpp.llama_model_load_from_file(str(p).encode("utf-8"), params)
-        if not model:
-            raise ModelFileError(f"llama.cpp could not load the {self._label} drafter {p}: {_last_error(log)}", "the file may be damaged")
-        return model
-
-    def _context(self):  # type: ignore[no-untyped-def]
-        _, target_ctx = self.target.handle
-        params = llama_cpp.llama_context_default_params()
-        params.n_ctx = self._n_ctx
-        params.n_batch = params.n_ubatch = 512
-        params.n_seq_max = 1
-        params.n_threads = params.n_threads_batch = self.target.threads
-        params.no_perf = True
-        params.ctx_other = target_ctx  # the drafter embeds tokens (and may read logits) with the target's weights
-        with _LOG.capture() as log:
-            ctx = llama_cpp.llama_init_from_model(self._model, params)
-        if not ctx:
-            raise ModelFileError(f"llama.cpp could not create the {self._label} drafter's context: {_last_error(log)}", "lower --n-ctx")
-        # As llama.cpp: DSpark's confidence and DFlash2's lattice come back as nextn rows (all rows for the lattice).
-        llama_ext.set_nextn_output(ctx, True, masked=self._top_k == 0)
-        llama_cpp.llama_set_causal_attn(ctx, self.head.causal)
-        if _abort_check() is not None:  # the target's abort flag stops the drafter's passes too (Ctrl-C, Esc)
-            llama_cpp.llama_set_abort_callback(ctx, _abort_check(), self.target.abort_flag_pointer)
-        return ctx
 
     # -- Drafter protocol -------------------------------------------------------------------------
 

@@ -23,8 +23,8 @@ import numpy as np
 
 from localspec.backends import llama_ext
 from localspec.backends.base import common_prefix
-from localspec.backends.llama_batch import ExtBatch, HeadResources, process
-from localspec.backends.llama_cpp import LlamaCppBackend, _LOG, _abort_check, _last_error, read_header
+from localspec.backends.llama_batch import ExtBatch, HeadResources, head_context, load_head_model, process
+from localspec.backends.llama_cpp import LlamaCppBackend, read_header
 from localspec.decoding.drafters import EMPTY_DRAFT, Draft, sample_draft
 from localspec.decoding.sampling import SamplingParams
 from localspec.errors import ModelFileError, UnsupportedModelError
@@ -81,10 +81,10 @@ class Eagle3Drafter(HeadResources):
         self._ctx = None
         self._batch: ExtBatch | None = None
         try:
-            self._model = self._load(Path(head_path), n_gpu_layers)
+            self._model = load_head_model(Path(head_path), n_gpu_layers, "the EAGLE-3 head")
             self._layers = llama_ext.target_layer_ids(self._model)
             target.capture_layers(self._layers)  # checks the architecture again before enabling anything
-            self._ctx = self._context()
+            self._ctx = head_context(self._model, target, what="the EAGLE-3 head", n_ctx=target.n_ctx)
             self._batch = ExtBatch(self._ctx)
             self._n_ubatch = int(llama_cpp.llama_n_ubatch(self._ctx))
             self._n_embd = int(llama_cpp.llama_model_n_embd(self._model))
@@ -97,35 +97,6 @@ class Eagle3Drafter(HeadResources):
         self._written: list[int] = []
         self._pos = 0  # while drafting: the next draft token's position, and the head state it pairs with
         self._state = np.empty(0, np.float32)
-
-    # -- loading ----------------------------------------------------------------------------------
-
-    def _load(self, p: Path, n_gpu_layers: int):  # type: ignore[no-untyped-def]
-        params = llama_cpp.llama_model_default_params()
-        params.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else n_gpu_layers
-        with _LOG.capture() as log:
-            model = llama_cpp.llama_model_load_from_file(str(p).encode("utf-8"), params)
-        if not model:
-            raise ModelFileError(f"llama.cpp could not load the EAGLE-3 head {p}: {_last_error(log)}", "the file may be damaged")
-        return model
-
-    def _context(self):  # type: ignore[no-untyped-def]
-        _, target_ctx = self.target.handle
-        params = llama_cpp.llama_context_default_params()
-        params.n_ctx = self.target.n_ctx  # the head holds as many positions as the target
-        params.n_batch = params.n_ubatch = 512
-        params.n_seq_max = 1
-        params.n_threads = params.n_threads_batch = self.target.threads
-        params.no_perf = True
-        params.ctx_other = target_ctx  # the head embeds tokens (and may project) with the target's weights
-        with _LOG.capture() as log:
-            ctx = llama_cpp.llama_init_from_model(self._model, params)
-        if not ctx:
-            raise ModelFileError(f"llama.cpp could not create the EAGLE-3 head's context: {_last_error(log)}", "lower --n-ctx")
-        llama_ext.set_nextn_output(ctx, True, masked=True)  # the pre-norm state of output rows
-        if _abort_check() is not None:  # the target's abort flag stops the head's passes too (Ctrl-C, Esc)
-            llama_cpp.llama_set_abort_callback(ctx, _abort_check(), self.target.abort_flag_pointer)
-        return ctx
 
     # -- Drafter protocol -------------------------------------------------------------------------
 

@@ -28,11 +28,11 @@ import numpy as np
 
 from localspec.backends import llama_ext
 from localspec.backends.base import common_prefix
-from localspec.backends.llama_batch import ExtBatch, HeadResources, process
-from localspec.backends.llama_cpp import LlamaCppBackend, _LOG, _abort_check, _last_error, read_header
+from localspec.backends.llama_batch import ExtBatch, HeadResources, head_context, process
+from localspec.backends.llama_cpp import LlamaCppBackend, read_header
 from localspec.decoding.drafters import EMPTY_DRAFT, Draft, sample_draft
 from localspec.decoding.sampling import SamplingParams
-from localspec.errors import ModelFileError, UnsupportedModelError
+from localspec.errors import UnsupportedModelError
 
 # Architectures with an MTP graph in the llama.cpp vendored by llama-cpp-python 0.3.36 (src/models/*.cpp,
 # LLM_GRAPH_TYPE_DECODER_MTP). Creating an MTP context on any other one fails; on these, a GGUF without
@@ -100,7 +100,9 @@ class MtpDrafter(HeadResources):
         self.name = f"mtp:{Path(target.info.path).stem}"
         try:
             model, _ = target.handle
-            self._ctx = self._context()
+            self._ctx = head_context(
+                model, target, what="the MTP head", n_ctx=target.n_ctx, ctx_type=llama_cpp.LLAMA_CONTEXT_TYPE_MTP
+            )
             self._batch = ExtBatch(self._ctx)
             self._n_batch = int(llama_cpp.llama_n_batch(self._ctx))
             self._n_embd = int(llama_cpp.llama_model_n_embd_out(model))
@@ -114,25 +116,6 @@ class MtpDrafter(HeadResources):
         self._pos = 0  # while drafting: the next draft token's position
         self._state = np.empty(0, np.float32)  # while drafting: the head's nextn state for that position
         self._zeros = np.zeros(self._n_embd, np.float32)  # h[-1], paired with the first token
-
-    def _context(self):  # type: ignore[no-untyped-def]
-        model, target_ctx = self.target.handle
-        params = llama_cpp.llama_context_default_params()
-        params.ctx_type = llama_cpp.LLAMA_CONTEXT_TYPE_MTP
-        params.ctx_other = target_ctx  # as llama.cpp's own MTP setup does (read by archs that share memory)
-        params.n_ctx = self.target.n_ctx  # the head holds as many positions as the target
-        params.n_batch = params.n_ubatch = 512
-        params.n_seq_max = 1
-        params.n_threads = params.n_threads_batch = self.target.threads
-        params.no_perf = True
-        with _LOG.capture() as log:
-            ctx = llama_cpp.llama_init_from_model(model, params)
-        if not ctx:
-            raise ModelFileError(f"llama.cpp could not create the MTP head's context: {_last_error(log)}", "lower --n-ctx")
-        llama_ext.set_nextn_output(ctx, True, masked=True)  # the head's own state, for rows with outputs
-        if _abort_check() is not None:  # the target's abort flag stops the head's passes too (Ctrl-C, Esc)
-            llama_cpp.llama_set_abort_callback(ctx, _abort_check(), self.target.abort_flag_pointer)
-        return ctx
 
     # -- Drafter protocol -------------------------------------------------------------------------
 

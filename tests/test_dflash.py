@@ -11,7 +11,6 @@ import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -21,11 +20,12 @@ from localspec.backends import llama_cpp as lb
 from localspec.backends.base import sync_cache
 from localspec.backends.llama_dflash import BlockDrafter
 from localspec.decoding.drafters import NoDrafter
-from localspec.decoding.engine import Done, GenerationConfig, generate
-from localspec.decoding.sampling import SamplingParams, probabilities
+from localspec.decoding.engine import Done, GenerationConfig
+from localspec.decoding.sampling import SamplingParams
 from localspec.errors import Interrupted, ModelFileError, UnsupportedModelError, UsageError
 from localspec.options import ModelOptions
 from localspec.pipeline import load_pipeline
+from head_chi import CHI_PROMPT, K, N_SAMPLES, TOP_K, WINDOW, draws, expected_joint, run
 from test_verify import joint_check
 
 LAYERS = (1, 2, 3)
@@ -72,23 +72,17 @@ def _drafter(target, files: dict[str, Path], which: str) -> BlockDrafter:  # typ
     return BlockDrafter(target, files[file], method=method)
 
 
-def _run(target, drafter, prompt, **cfg) -> Done:  # type: ignore[no-untyped-def]
-    events = list(generate(target, drafter, prompt, GenerationConfig(**cfg)))
-    assert isinstance(events[-1], Done)
-    return events[-1]
-
-
 # -- exactness ----------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("which", list(DRAFTERS))
 def test_greedy_speculative_equals_plain_greedy(files: dict[str, Path], target, which: str) -> None:  # type: ignore[no-untyped-def]
     prompt = target.tokenize("Write a Python function that returns the n-th Fibonacci number.")
-    plain = _run(target, NoDrafter(), prompt, max_tokens=40)
+    plain = run(target, NoDrafter(), prompt, max_tokens=40)
     drafter = _drafter(target, files, which)
     try:
         for k in (1, 3, 7):
-            spec = _run(target, drafter, prompt, max_tokens=40, num_draft=k)
+            spec = run(target, drafter, prompt, max_tokens=40, num_draft=k)
             assert spec.tokens == plain.tokens, k
             assert spec.stats.n_drafted > 0 and spec.stats.draft_method == DRAFTERS[which][1]
     finally:
@@ -130,30 +124,6 @@ def test_the_draft_reads_the_targets_features(files: dict[str, Path], target) ->
         drafter.close()
 
 
-TOP_K = 2
-K = 2
-WINDOW = K + 2  # the prefill's token, then one full round: k drafts and the bonus
-N_SAMPLES = 1200
-CHI_PROMPT = "The capital of France"
-
-
-def _expected_joint(target, prompt: list[int], sampling: SamplingParams) -> dict[tuple[int, ...], float]:  # type: ignore[no-untyped-def]
-    """Exact P(x1..xn | prompt) from the target's own processed conditionals, over the top-k tree."""
-    out: dict[tuple[int, ...], float] = {}
-
-    def walk(seq: tuple[int, ...], prob: float) -> None:
-        if len(seq) == WINDOW:
-            out[seq] = prob
-            return
-        _, row = sync_cache(target, [*prompt, *seq], logits=True)
-        p = probabilities(row, sampling)
-        for x in np.flatnonzero(p > 0):
-            walk((*seq, int(x)), prob * float(p[x]))
-
-    walk((), 1.0)
-    return out
-
-
 @pytest.fixture(scope="module")
 def chi(target, smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     """(prompt, sampling, expected joint, drafters): drafters whose reduced vocabulary is the tokens the
@@ -162,21 +132,13 @@ def chi(target, smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory):  
 
     sampling = SamplingParams(temperature=1.0, top_k=TOP_K)
     prompt = target.tokenize(CHI_PROMPT)
-    expected = _expected_joint(target, prompt, sampling)
+    expected = expected_joint(target, prompt, sampling)
     ids = sorted({t for seq in expected for t in seq[:3]})  # what the target may emit in the first round
     d = tmp_path_factory.mktemp("chi")
     heads = {"dflash": d / "dflash-near.gguf", "dspark": d / "dspark-near.gguf"}
     write_tiny_dflash(heads["dflash"], smollm2_path, target_layers=LAYERS, d2t_ids=ids, seed=12)
     write_tiny_dflash(heads["dspark"], smollm2_path, target_layers=LAYERS, d2t_ids=ids, seed=15, dspark=True)
     return prompt, sampling, expected, heads
-
-
-def _draw(target, drafter, prompt: list[int], sampling: SamplingParams) -> Callable[[int], tuple[int, ...]]:  # type: ignore[no-untyped-def]
-    def draw(i: int) -> tuple[int, ...]:
-        seeded = SamplingParams(temperature=sampling.temperature, top_k=sampling.top_k, seed=1000 + i)
-        return _run(target, drafter, prompt, max_tokens=WINDOW, num_draft=K, sampling=seeded).tokens
-
-    return draw
 
 
 @pytest.mark.slow  # about 2 minutes per method on a busy 2-core CPU
@@ -186,10 +148,10 @@ def test_exact_rule_matches_the_target_distribution_through_the_drafter(target, 
     assert len(expected) == TOP_K**WINDOW
     drafter = BlockDrafter(target, heads[method], method=method)
     try:
-        failure = joint_check(_draw(target, drafter, prompt, sampling), expected, N_SAMPLES)
+        failure = joint_check(draws(target, drafter, prompt, sampling), expected, N_SAMPLES)
         assert failure is None, failure
         # Both branches of the rule ran: drafts accepted and drafts rejected.
-        runs = [_run(target, drafter, prompt, max_tokens=WINDOW, num_draft=K, sampling=SamplingParams(
+        runs = [run(target, drafter, prompt, max_tokens=WINDOW, num_draft=K, sampling=SamplingParams(
             temperature=1.0, top_k=TOP_K, seed=s)).stats for s in range(60)]  # fmt: skip
         accepted, drafted = sum(s.n_accepted for s in runs), sum(s.n_drafted for s in runs)
         assert 0 < accepted < drafted, (accepted, drafted)
@@ -214,7 +176,7 @@ def test_a_drafter_whose_q_is_misreported_fails_the_same_check(target, chi, meth
     prompt, sampling, expected, heads = chi
     drafter = Misreported(target, heads[method], method=method)
     try:
-        assert joint_check(_draw(target, drafter, prompt, sampling), expected, N_SAMPLES) is not None
+        assert joint_check(draws(target, drafter, prompt, sampling), expected, N_SAMPLES) is not None
     finally:
         drafter.close()
 
@@ -232,7 +194,7 @@ def test_after_rejected_rounds_the_next_proposal_equals_a_fresh_drafters(
     used = _drafter(target, files, which)
     fresh = _drafter(target, files, which)
     try:
-        done = _run(target, used, prompt, max_tokens=30, num_draft=4, sampling=sampling)
+        done = run(target, used, prompt, max_tokens=30, num_draft=4, sampling=sampling)
         assert done.stats.n_accepted < done.stats.n_drafted  # some rounds were rejected (random drafter)
         context = [*prompt, *done.tokens]
         sync_cache(target, context[:-1], logits=False)

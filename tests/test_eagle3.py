@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -23,11 +22,12 @@ from localspec.backends import llama_ext
 from localspec.backends.base import sync_cache
 from localspec.backends.llama_eagle3 import Eagle3Drafter
 from localspec.decoding.drafters import NoDrafter
-from localspec.decoding.engine import Done, GenerationConfig, generate
-from localspec.decoding.sampling import SamplingParams, probabilities
+from localspec.decoding.engine import Done, GenerationConfig
+from localspec.decoding.sampling import SamplingParams
 from localspec.errors import BackendUnavailableError, Interrupted, ModelFileError, UnsupportedModelError
 from localspec.options import ModelOptions
 from localspec.pipeline import load_pipeline
+from head_chi import CHI_PROMPT, K, N_SAMPLES, TOP_K, WINDOW, draws, expected_joint, run
 from test_verify import joint_check
 
 LAYERS = (0, 2, 3)
@@ -63,12 +63,6 @@ def target(files: dict[str, Path]):  # type: ignore[no-untyped-def]
     t.close()
 
 
-def _run(target, drafter, prompt, **cfg) -> Done:  # type: ignore[no-untyped-def]
-    events = list(generate(target, drafter, prompt, GenerationConfig(**cfg)))
-    assert isinstance(events[-1], Done)
-    return events[-1]
-
-
 # -- the library's symbols --------------------------------------------------------------------------
 
 
@@ -102,11 +96,11 @@ def test_a_symbol_missing_from_the_library_disables_its_family(monkeypatch: pyte
 @pytest.mark.parametrize("k", [1, 3, 6])
 def test_greedy_speculative_equals_plain_greedy(files: dict[str, Path], target, k: int) -> None:  # type: ignore[no-untyped-def]
     prompt = target.tokenize("Write a Python function that returns the n-th Fibonacci number.")
-    plain = _run(target, NoDrafter(), prompt, max_tokens=48)
+    plain = run(target, NoDrafter(), prompt, max_tokens=48)
     for head in ("head", "head_d2t"):
         drafter = Eagle3Drafter(target, files[head])
         try:
-            spec = _run(target, drafter, prompt, max_tokens=48, num_draft=k)
+            spec = run(target, drafter, prompt, max_tokens=48, num_draft=k)
         finally:
             drafter.close()
         assert spec.tokens == plain.tokens, head
@@ -132,30 +126,6 @@ def test_a_reduced_head_vocabulary_drafts_only_mapped_target_ids(files: dict[str
         drafter.close()
 
 
-TOP_K = 2
-K = 2
-WINDOW = K + 2  # the prefill's token, then one full round: k drafts and the bonus
-N_SAMPLES = 1200
-CHI_PROMPT = "The capital of France"
-
-
-def _expected_joint(target, prompt: list[int], sampling: SamplingParams) -> dict[tuple[int, ...], float]:  # type: ignore[no-untyped-def]
-    """Exact P(x1..xn | prompt) from the target's own processed conditionals, over the top-k tree."""
-    out: dict[tuple[int, ...], float] = {}
-
-    def walk(seq: tuple[int, ...], prob: float) -> None:
-        if len(seq) == WINDOW:
-            out[seq] = prob
-            return
-        _, row = sync_cache(target, [*prompt, *seq], logits=True)
-        p = probabilities(row, sampling)
-        for x in np.flatnonzero(p > 0):
-            walk((*seq, int(x)), prob * float(p[x]))
-
-    walk((), 1.0)
-    return out
-
-
 @pytest.fixture(scope="module")
 def chi(files: dict[str, Path], target, smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     """(prompt, sampling, expected joint, head): a head whose reduced vocabulary is the tokens the target
@@ -164,19 +134,11 @@ def chi(files: dict[str, Path], target, smollm2_path: Path, tmp_path_factory: py
 
     sampling = SamplingParams(temperature=1.0, top_k=TOP_K)
     prompt = target.tokenize(CHI_PROMPT)
-    expected = _expected_joint(target, prompt, sampling)
+    expected = expected_joint(target, prompt, sampling)
     ids = sorted({t for seq in expected for t in seq[:2]})  # what the target may emit at the first two steps
     head = tmp_path_factory.mktemp("chi") / "eagle3-head-near.gguf"
     write_tiny_eagle3(head, smollm2_path, target_layers=LAYERS, d2t_ids=ids, seed=12)
     return prompt, sampling, expected, head
-
-
-def _draw(target, drafter, prompt: list[int], sampling: SamplingParams) -> Callable[[int], tuple[int, ...]]:  # type: ignore[no-untyped-def]
-    def draw(i: int) -> tuple[int, ...]:
-        seeded = SamplingParams(temperature=sampling.temperature, top_k=sampling.top_k, seed=1000 + i)
-        return _run(target, drafter, prompt, max_tokens=WINDOW, num_draft=K, sampling=seeded).tokens
-
-    return draw
 
 
 @pytest.mark.slow  # about 2 minutes on a busy 2-core CPU
@@ -185,10 +147,10 @@ def test_exact_rule_matches_the_target_distribution_through_the_head(target, chi
     assert len(expected) == TOP_K**WINDOW
     drafter = Eagle3Drafter(target, head)
     try:
-        failure = joint_check(_draw(target, drafter, prompt, sampling), expected, N_SAMPLES)
+        failure = joint_check(draws(target, drafter, prompt, sampling), expected, N_SAMPLES)
         assert failure is None, failure
         # Both branches of the rule ran: drafts accepted and drafts rejected.
-        runs = [_run(target, drafter, prompt, max_tokens=WINDOW, num_draft=K, sampling=SamplingParams(
+        runs = [run(target, drafter, prompt, max_tokens=WINDOW, num_draft=K, sampling=SamplingParams(
             temperature=1.0, top_k=TOP_K, seed=s)).stats for s in range(60)]  # fmt: skip
         accepted, drafted = sum(s.n_accepted for s in runs), sum(s.n_drafted for s in runs)
         assert 0 < accepted < drafted, (accepted, drafted)
@@ -212,7 +174,7 @@ def test_a_head_whose_q_is_misreported_fails_the_same_check(target, chi) -> None
     prompt, sampling, expected, head = chi
     drafter = Misreported(target, head)
     try:
-        assert joint_check(_draw(target, drafter, prompt, sampling), expected, N_SAMPLES) is not None
+        assert joint_check(draws(target, drafter, prompt, sampling), expected, N_SAMPLES) is not None
     finally:
         drafter.close()
 
@@ -229,7 +191,7 @@ def test_after_rejected_rounds_the_next_proposal_equals_a_fresh_drafters(
     used = Eagle3Drafter(target, files["head"])
     fresh = Eagle3Drafter(target, files["head"])
     try:
-        done = _run(target, used, prompt, max_tokens=30, num_draft=4, sampling=sampling)
+        done = run(target, used, prompt, max_tokens=30, num_draft=4, sampling=sampling)
         assert done.stats.n_accepted < done.stats.n_drafted  # some rounds were rejected (random head)
         context = [*prompt, *done.tokens]
         sync_cache(target, context[:-1], logits=False)

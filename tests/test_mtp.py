@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -23,11 +22,12 @@ from localspec.backends import llama_cpp as lb
 from localspec.backends.base import sync_cache
 from localspec.backends.llama_mtp import MtpDrafter, check_target
 from localspec.decoding.drafters import NoDrafter
-from localspec.decoding.engine import Done, GenerationConfig, generate
-from localspec.decoding.sampling import SamplingParams, probabilities
+from localspec.decoding.engine import Done, GenerationConfig
+from localspec.decoding.sampling import SamplingParams
 from localspec.errors import Interrupted, UnsupportedModelError
 from localspec.options import ModelOptions
 from localspec.pipeline import load_pipeline
+from head_chi import CHI_PROMPT, K, N_SAMPLES, TOP_K, WINDOW, draws, expected_joint, run
 from test_verify import joint_check
 
 FAVOURED = (100, 101, 102, 103)
@@ -62,22 +62,16 @@ def target(files: dict[str, Path]):  # type: ignore[no-untyped-def]
     t.close()
 
 
-def _run(target, drafter, prompt, **cfg) -> Done:  # type: ignore[no-untyped-def]
-    events = list(generate(target, drafter, prompt, GenerationConfig(**cfg)))
-    assert isinstance(events[-1], Done)
-    return events[-1]
-
-
 # -- exactness ----------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("k", [1, 2, 3, 4])
 def test_greedy_speculative_equals_plain_greedy(target, k: int) -> None:  # type: ignore[no-untyped-def]
     prompt = target.tokenize("Write a Python function that returns the n-th Fibonacci number.")
-    plain = _run(target, NoDrafter(), prompt, max_tokens=40)
+    plain = run(target, NoDrafter(), prompt, max_tokens=40)
     drafter = MtpDrafter(target)
     try:
-        spec = _run(target, drafter, prompt, max_tokens=40, num_draft=k)
+        spec = run(target, drafter, prompt, max_tokens=40, num_draft=k)
     finally:
         drafter.close()
     assert spec.tokens == plain.tokens
@@ -90,37 +84,13 @@ def test_greedy_with_accepted_drafts_equals_plain_greedy(files: dict[str, Path])
     drafter = MtpDrafter(t)
     try:
         prompt = t.tokenize("The capital of France")
-        plain = _run(t, NoDrafter(), prompt, max_tokens=40)
-        spec = _run(t, drafter, prompt, max_tokens=40, num_draft=3)
+        plain = run(t, NoDrafter(), prompt, max_tokens=40)
+        spec = run(t, drafter, prompt, max_tokens=40, num_draft=3)
         assert spec.tokens == plain.tokens
         assert 0 < spec.stats.n_accepted < spec.stats.n_drafted
     finally:
         drafter.close()
         t.close()
-
-
-TOP_K = 2
-K = 2
-WINDOW = K + 2  # the prefill's token, then one full round: k drafts and the bonus
-N_SAMPLES = 1200
-CHI_PROMPT = "The capital of France"
-
-
-def _expected_joint(target, prompt: list[int], sampling: SamplingParams) -> dict[tuple[int, ...], float]:  # type: ignore[no-untyped-def]
-    """Exact P(x1..xn | prompt) from the target's own processed conditionals, over the top-k tree."""
-    out: dict[tuple[int, ...], float] = {}
-
-    def walk(seq: tuple[int, ...], prob: float) -> None:
-        if len(seq) == WINDOW:
-            out[seq] = prob
-            return
-        _, row = sync_cache(target, [*prompt, *seq], logits=True)
-        p = probabilities(row, sampling)
-        for x in np.flatnonzero(p > 0):
-            walk((*seq, int(x)), prob * float(p[x]))
-
-    walk((), 1.0)
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -129,16 +99,8 @@ def chi(files: dict[str, Path]):  # type: ignore[no-untyped-def]
     t = lb.load(files["near"], n_ctx=512, threads=1, load_mtp=True)
     sampling = SamplingParams(temperature=1.0, top_k=TOP_K)
     prompt = t.tokenize(CHI_PROMPT)
-    yield t, prompt, sampling, _expected_joint(t, prompt, sampling)
+    yield t, prompt, sampling, expected_joint(t, prompt, sampling)
     t.close()
-
-
-def _draw(target, drafter, prompt: list[int], sampling: SamplingParams) -> Callable[[int], tuple[int, ...]]:  # type: ignore[no-untyped-def]
-    def draw(i: int) -> tuple[int, ...]:
-        seeded = SamplingParams(temperature=sampling.temperature, top_k=sampling.top_k, seed=1000 + i)
-        return _run(target, drafter, prompt, max_tokens=WINDOW, num_draft=K, sampling=seeded).tokens
-
-    return draw
 
 
 @pytest.mark.slow  # about a minute on a busy 2-core CPU
@@ -149,10 +111,10 @@ def test_exact_rule_matches_the_target_distribution_through_the_head(chi) -> Non
     assert len(expected) == TOP_K**WINDOW
     drafter = MtpDrafter(target)
     try:
-        failure = joint_check(_draw(target, drafter, prompt, sampling), expected, N_SAMPLES)
+        failure = joint_check(draws(target, drafter, prompt, sampling), expected, N_SAMPLES)
         assert failure is None, failure
         # Both branches of the rule ran: drafts accepted and drafts rejected.
-        runs = [_run(target, drafter, prompt, max_tokens=WINDOW, num_draft=K, sampling=SamplingParams(
+        runs = [run(target, drafter, prompt, max_tokens=WINDOW, num_draft=K, sampling=SamplingParams(
             temperature=1.0, top_k=TOP_K, seed=s)).stats for s in range(60)]  # fmt: skip
         accepted, drafted = sum(s.n_accepted for s in runs), sum(s.n_drafted for s in runs)
         assert 0 < accepted < drafted, (accepted, drafted)
@@ -170,7 +132,7 @@ def test_after_rejected_rounds_the_next_proposal_equals_a_fresh_drafters(target,
     used = MtpDrafter(target)
     fresh = MtpDrafter(target)
     try:
-        done = _run(target, used, prompt, max_tokens=30, num_draft=4, sampling=sampling)
+        done = run(target, used, prompt, max_tokens=30, num_draft=4, sampling=sampling)
         assert done.stats.n_accepted < done.stats.n_drafted  # some rounds were rejected (random head)
         context = [*prompt, *done.tokens]
         sync_cache(target, context[:-1], logits=False)

@@ -1,0 +1,52 @@
+"""The chi-square check shared by the head drafters' tests (EAGLE-3, MTP, DFlash/DSpark): the exact joint
+distribution of the first WINDOW tokens from the target's own conditionals, and seeded draws of the same
+window through the engine with a real drafter (compared by test_verify.joint_check)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from localspec.backends.base import sync_cache
+from localspec.decoding.engine import Done, GenerationConfig, generate
+from localspec.decoding.sampling import SamplingParams, probabilities
+
+TOP_K = 2
+K = 2
+WINDOW = K + 2  # the prefill's token, then one full round: k drafts and the bonus
+N_SAMPLES = 1200
+CHI_PROMPT = "The capital of France"
+
+
+def run(target, drafter, prompt, **cfg) -> Done:  # type: ignore[no-untyped-def]
+    events = list(generate(target, drafter, prompt, GenerationConfig(**cfg)))
+    assert isinstance(events[-1], Done)
+    return events[-1]
+
+
+def expected_joint(target, prompt: list[int], sampling: SamplingParams) -> dict[tuple[int, ...], float]:  # type: ignore[no-untyped-def]
+    """Exact P(x1..xn | prompt) from the target's own processed conditionals, over the top-k tree."""
+    out: dict[tuple[int, ...], float] = {}
+
+    def walk(seq: tuple[int, ...], prob: float) -> None:
+        if len(seq) == WINDOW:
+            out[seq] = prob
+            return
+        _, row = sync_cache(target, [*prompt, *seq], logits=True)
+        p = probabilities(row, sampling)
+        for x in np.flatnonzero(p > 0):
+            walk((*seq, int(x)), prob * float(p[x]))
+
+    walk((), 1.0)
+    return out
+
+
+def draws(target, drafter, prompt: list[int], sampling: SamplingParams) -> Callable[[int], tuple[int, ...]]:  # type: ignore[no-untyped-def]
+    """Draw i: the first WINDOW tokens of a speculative run seeded with 1000 + i."""
+
+    def draw(i: int) -> tuple[int, ...]:
+        seeded = SamplingParams(temperature=sampling.temperature, top_k=sampling.top_k, seed=1000 + i)
+        return run(target, drafter, prompt, max_tokens=WINDOW, num_draft=K, sampling=seeded).tokens
+
+    return draw
