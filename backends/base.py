@@ -189,6 +189,10 @@ class BackendModule(Protocol):
         """Raise ModelFileError when `path` cannot be a model for this backend (cheap: no weights)."""
         ...
 
+    def device_for(self, path: str, *, threads: int | None, n_gpu_layers: int) -> str | None:
+        """ModelInfo.device that load() would give, from metadata alone; None where only loading tells."""
+        ...
+
 
 RollbackRoute = Literal["none", "trim", "snapshot", "restore", "refused"]
 

@@ -111,6 +111,27 @@ def check_path(path: str | Path) -> None:
     read_header(path)
 
 
+def device_for(path: str | Path, *, threads: int | None, n_gpu_layers: int) -> str | None:
+    """ModelInfo.device as load() will give it, from the header alone (None where it cannot tell): auto
+    finds its remembered costs by it before the target loads."""
+    meta = read_header(path, check_size=False).metadata
+    n_layer = meta.get(f"{meta.get('general.architecture')}.block_count")
+    if not isinstance(n_layer, int):
+        return None
+    return _device(n_layer, threads or os.cpu_count() or 1, n_gpu_layers)
+
+
+def _device(n_layer: int, threads: int, n_gpu_layers: int) -> str:
+    gpu = gpu_kind()
+    if gpu is None:
+        return f"CPU ({threads} threads)"
+    if n_gpu_layers < 0 or n_gpu_layers > n_layer:
+        return f"{gpu} (all {n_layer} layers offloaded)"
+    if n_gpu_layers == 0:
+        return f"CPU ({threads} threads; {gpu} available but not used)"
+    return f"{gpu} ({n_gpu_layers} of {n_layer} layers offloaded, rest on CPU)"
+
+
 def load(
     path: str | Path,
     *,
@@ -241,16 +262,7 @@ class LlamaCppBackend:
         return ctx
 
     def _describe(self, p: Path, n_gpu_layers: int) -> ModelInfo:
-        n_layer = llama_cpp.llama_model_n_layer(self._model)
-        gpu = gpu_kind()
-        if gpu is None:
-            device = f"CPU ({self._threads} threads)"
-        elif n_gpu_layers < 0 or n_gpu_layers > n_layer:
-            device = f"{gpu} (all {n_layer} layers offloaded)"
-        elif n_gpu_layers == 0:
-            device = f"CPU ({self._threads} threads; {gpu} available but not used)"
-        else:
-            device = f"{gpu} ({n_gpu_layers} of {n_layer} layers offloaded, rest on CPU)"
+        device = _device(llama_cpp.llama_model_n_layer(self._model), self._threads, n_gpu_layers)
         return ModelInfo(
             backend="llama.cpp",
             path=str(p),

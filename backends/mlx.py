@@ -65,6 +65,11 @@ def check_path(path: str) -> None:
         raise ModelFileError(f"model not found: {path}", _MODEL_DIR_HINT)
 
 
+def device_for(path: str, *, threads: int | None, n_gpu_layers: int) -> str | None:
+    """None: MLX's device names a note on the cache size, known only once the model is built."""
+    return None
+
+
 def load(
     path: str,
     *,

@@ -124,9 +124,10 @@ def check_pair(opts: ModelOptions) -> PairCheck:
     return PairCheck(backend, note, tv, dv, describe_path(opts.target, backend), draft_note)
 
 
-def _check_target(opts: ModelOptions) -> tuple[str, str, VocabInfo]:
+def _check_target(opts: ModelOptions, *, auto_head: bool = True) -> tuple[str, str, VocabInfo]:
     """The backend, a head method's fit and the target's vocabulary: (backend, why, vocabulary). Whether the
-    target's file is whole comes after the draft's vocabulary check (check_pair; the loader checks it)."""
+    target's file is whole comes after the draft's vocabulary check (check_pair; the loader checks it).
+    `auto_head`: check the head auto was given too (False: it will not be used, the costs say so)."""
     if opts.draft_method == "model" and not opts.draft:
         raise UsageError(
             "--draft-method model needs a draft model",
@@ -136,7 +137,7 @@ def _check_target(opts: ModelOptions) -> tuple[str, str, VocabInfo]:
     module = backend_module(backend)
     if opts.draft_method in HEAD_METHODS:
         _check_head_method(opts, backend)
-    elif opts.auto_head is not None:
+    elif opts.auto_head is not None and auto_head:
         _check_head_method(opts.with_method(opts.auto_head), backend)
     return backend, note, module.peek_vocab(opts.target)
 
@@ -347,16 +348,24 @@ def load_pipeline(
 ) -> Pipeline:
     """Check the pair from metadata, then load the target and (when used) the draft, and build the drafter.
     Setting `cancel` (from another thread) stops a load in progress with Interrupted."""
-    backend, backend_note, tv = _check_target(opts)
+    backend, backend_note = resolve_backend(opts.backend, opts.target)
     module = backend_module(backend)
-    # auto may never load the draft model: its header check runs beside the target's load (a Python
-    # parse of a 150k-token vocabulary; llama.cpp's load releases the GIL) instead of before it.
-    draft_check = _Background(_check_draft, opts, backend, tv) if opts.draft_method == "auto" else None
-    if draft_check is None:
+    # auto where the remembered costs say a draft model (or head) cannot pay: never touched, not even its
+    # header (a 150k-token vocabulary is a tenth of a second to parse). Found by the device the target
+    # will load on, which the header tells; checked again against the loaded target below.
+    early = _early_store(opts, module)
+    skip_note = _draft_cannot_pay(opts, early) if early is not None else ""
+    backend, backend_note, tv = _check_target(opts, auto_head=not skip_note)
+    # Otherwise auto may still never load the draft model: its header check runs beside the target's load
+    # (llama.cpp's load releases the GIL) instead of before it.
+    draft_check = None
+    if opts.draft_method == "auto" and not skip_note:
+        draft_check = _Background(_check_draft, opts, backend, tv)
+    elif opts.draft_method != "auto":
         _check_draft(opts, backend, tv)
     load = dict(n_ctx=opts.n_ctx, threads=opts.threads, n_gpu_layers=opts.n_gpu_layers, cancel=cancel)
     # Only the target verifies drafts in one batch; a draft model drafts token by token (checkpoints serve it).
-    head_family = opts.draft_method if opts.draft_method in HEAD_METHODS else opts.auto_head
+    head_family = opts.draft_method if opts.draft_method in HEAD_METHODS else None if skip_note else opts.auto_head
     own_head = {"load_mtp": True} if head_family == "mtp" else {}  # llama.cpp skips those layers otherwise
     try:
         target = module.load(opts.target, **load, max_draft=opts.max_draft, **own_head)
@@ -373,7 +382,11 @@ def load_pipeline(
     slot = DraftSlot()
     try:
         store = cost_store(opts, target)
-        skip_note = _draft_cannot_pay(opts, store) if opts.uses_draft_model or opts.auto_head else ""
+        if early is None or early.key != store.key:
+            late = _draft_cannot_pay(opts, store) if opts.uses_draft_model or opts.auto_head else ""
+            if skip_note and not late:  # the device was foreseen wrongly: the checks skipped above are due
+                late = _late_checks(opts, backend, tv)
+            skip_note = late
         if opts.uses_draft_model:
             draft_path = opts.draft
             assert draft_path is not None
@@ -424,6 +437,29 @@ def cost_store(opts: ModelOptions, target: Backend) -> CostStore:
     return CostStore.for_models(
         target=opts.target, draft=opts.draft, backend=target.info.backend, device=target.info.device, threads=opts.threads
     )
+
+
+def _late_checks(opts: ModelOptions, backend: str, tv: VocabInfo) -> str:
+    """The draft's (or head's) checks skipped before the load on a wrong guess of the device; a note when
+    the head still cannot run (the target was loaded without its MTP layers)."""
+    if opts.auto_head is None:
+        _check_draft(opts, backend, tv)
+        return ""
+    _check_head_method(opts.with_method(opts.auto_head), backend)
+    if opts.auto_head == "mtp":
+        return "auto: the mtp head not loaded: the target was loaded without its MTP layers"
+    return ""
+
+
+def _early_store(opts: ModelOptions, module: BackendModule) -> CostStore | None:
+    """For auto with a draft model or head: where its costs are remembered, found before the target loads
+    (None for other methods, or where the backend cannot name the device before loading)."""
+    if opts.draft_method != "auto" or not (opts.uses_draft_model or opts.auto_head):
+        return None
+    device = module.device_for(opts.target, threads=opts.threads, n_gpu_layers=opts.n_gpu_layers)
+    if device is None:
+        return None
+    return CostStore.for_models(target=opts.target, draft=opts.draft, backend=module.NAME, device=device, threads=opts.threads)
 
 
 def _draft_cannot_pay(opts: ModelOptions, store: CostStore) -> str:

@@ -113,7 +113,8 @@ def test_a_run_with_nothing_to_draft_never_calibrates(tmp_path: Path) -> None:
 # -- the pipeline: a draft model that cannot pay is not loaded -------------------------------------------
 
 
-def test_auto_loads_the_draft_model_only_when_a_round_wants_it(tiny_ggufs) -> None:  # type: ignore[no-untyped-def]
+def test_auto_loads_the_draft_model_only_when_a_round_wants_it(tiny_ggufs, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from localspec import gguf_meta
     from localspec.options import ModelOptions
     from localspec.pipeline import load_pipeline
 
@@ -131,8 +132,20 @@ def test_auto_loads_the_draft_model_only_when_a_round_wants_it(tiny_ggufs) -> No
         cold.close()
     assert cold.draft is None  # closed with the pipeline
     store.save(CostModel(target={1: 0.030, 2: 0.054, 5: 0.1, 9: 0.2, 33: 0.45}, draft_token=0.019))
+    parsed: list[str] = []
+    real_parse = gguf_meta._parsed
+
+    def spy(path: str, *args: object):  # type: ignore[no-untyped-def]
+        parsed.append(path)
+        return real_parse(path, *args)
+
+    monkeypatch.setattr(gguf_meta, "_parsed", spy)
     warm = load_pipeline(opts)
+    monkeypatch.undo()
     try:
+        # Decided before the target loads: the draft's file is not even opened (its header is a tenth of
+        # a second of Python for a 150k-token vocabulary).
+        assert str(tiny_ggufs[0]) in parsed and str(tiny_ggufs[1]) not in parsed
         assert warm.draft is None
         assert "not loaded" in warm.draft_note and warm.draft_note in warm.notes
         *_, done = warm.generate("Say hi", config)
@@ -149,6 +162,18 @@ def test_auto_loads_the_draft_model_only_when_a_round_wants_it(tiny_ggufs) -> No
         assert any(s.source == "model" and s.drafted > 0 for s in done.stats.sources)
     finally:
         fast.close()
+
+
+def test_the_device_foreseen_from_the_header_is_the_loaded_one(tiny_ggufs) -> None:  # type: ignore[no-untyped-def]
+    """auto finds its remembered costs by the device before the target loads: the header must tell it right."""
+    from localspec.backends import llama_cpp
+
+    for threads, layers in ((1, -1), (2, 0), (None, 3)):
+        backend = llama_cpp.load(str(tiny_ggufs[0]), n_ctx=128, threads=threads, n_gpu_layers=layers)
+        try:
+            assert llama_cpp.device_for(str(tiny_ggufs[0]), threads=threads, n_gpu_layers=layers) == backend.info.device
+        finally:
+            backend.close()
 
 
 def test_a_draft_model_loaded_late_costs_the_round_nothing_in_auto_s_estimates(tmp_path: Path) -> None:
