@@ -46,6 +46,7 @@ def main() -> None:
         _, warm = run_once("auto", args)  # fills the cost cache (not counted)
         print(f"warm-up auto run: notes={warm.get('notes')}", flush=True)
     walls: dict[str, list[float]] = {"none": [], "auto": []}
+    rests: dict[str, list[float]] = {"none": [], "auto": []}
     for rep in range(args.reps):
         order = ("none", "auto") if rep % 2 == 0 else ("auto", "none")
         line = []
@@ -53,11 +54,14 @@ def main() -> None:
             wall, out = run_once(method, args)
             walls[method].append(wall)
             s = out["stats"]
-            line.append(f"{method} {wall:.2f} s (prompt {s['prompt_s']:.2f} s, decode {s['decode_tps']:.1f} tok/s, "
-                        f"drafted {s['n_drafted']})")  # fmt: skip
+            rest = wall - s["prompt_s"] - s["decode_s"]  # start-up (imports, loading) and shut-down
+            rests[method].append(rest)
+            line.append(f"{method} {wall:.2f} s (load+exit {rest:.2f} s, prompt {s['prompt_s']:.2f} s, "
+                        f"decode {s['decode_tps']:.1f} tok/s, drafted {s['n_drafted']})")  # fmt: skip
         print(f"rep {rep + 1}: " + "; ".join(line), flush=True)
     m_none, m_auto = statistics.median(walls["none"]), statistics.median(walls["auto"])
     print(f"median wall: none {m_none:.2f} s, auto {m_auto:.2f} s, auto/none {m_auto / m_none:.3f}x")
+    print(f"median load+exit: none {statistics.median(rests['none']):.2f} s, auto {statistics.median(rests['auto']):.2f} s")
     ratios = [a / n for a, n in zip(walls["auto"], walls["none"])]
     print(f"per-pair auto/none: {', '.join(f'{r:.3f}' for r in ratios)} (median {statistics.median(ratios):.3f})")
 

@@ -15,7 +15,7 @@ import numpy as np
 from fakes import N_VOCAB, CostedBackend, FakeBackend, FakeClock, hashed_logits, scripted_draft, without
 from localspec.decoding.auto import AutoDrafter, auto_ngram
 from localspec.decoding.calibrate import calibrate
-from localspec.decoding.policy import Controller, CostModel, expected_tokens
+from localspec.decoding.policy import Controller, CostModel, expected_tokens, match_bucket, survival
 from localspec.decoding.drafters import ModelDrafter, NgramDrafter, NoDrafter
 from localspec.decoding.engine import Done, GenerationConfig, generate
 from localspec.decoding.sampling import SamplingParams
@@ -104,6 +104,40 @@ def test_expected_tokens_is_the_geometric_sum() -> None:
     assert expected_tokens(0.5, 2) == pytest.approx(1.75)
 
 
+def test_a_lookup_draft_counts_each_token_for_the_match_length_it_extends() -> None:
+    """Token i of a draft from a 6-token match extends a copy of 6 + i tokens: its verdict goes to that
+    length's bucket (5-7, 8-15, ...), the first rejected token as the one failure."""
+    c = Controller(CostModel(target={1: 0.03}))
+    before = {b: (a.accepted, a.rejected) for b, a in c.ngram_accept.items()}
+    c.observe_lookup(6, 4, 8)  # lengths 6, 7 (bucket 5) and 8, 9 (bucket 8) held; 10 (bucket 8) broke
+    after = {b: (a.accepted, a.rejected) for b, a in c.ngram_accept.items()}
+    changed = {b for b in after if after[b] != before[b]}
+    assert changed == {5, 8}
+    assert after[5] == (2.0, 0.0) and after[8] == (2.0, 1.0)
+    c.observe_lookup(40, 3, 3)  # all held: no failure anywhere
+    assert c.ngram_accept[match_bucket(40)].accepted == 3.0 and c.ngram_accept[32].rejected == 0.0
+    assert survival([0.5, 0.5, 1.0]) == [0.5, 0.25, 0.25]
+
+
+def test_copies_that_held_earn_long_drafts_from_a_middling_match() -> None:
+    """A match of 9 tokens where copies of 16+ tokens almost never break: the draft runs to the full 32,
+    where one acceptance figure for the whole draft (its first token's, lower) would stop it at the
+    flat part of this CPU-like batch curve (8 to 16 tokens cost about the same)."""
+    curve = {1: 1.0, 2: 1.7, 3: 2.4, 4: 2.8, 5: 3.6, 8: 7.0, 16: 8.0, 32: 14.0}
+    sizes = sorted(curve)
+    t = lambda n: 0.035 * float(np.interp(n, sizes, [curve[s] for s in sizes]))  # noqa: E731
+    c = Controller(CostModel(target={n: t(n) for n in range(1, 34)}))
+    for _ in range(4):
+        c.observe_lookup(16, 24, 24)  # copies of 16 to 39 tokens held, round after round
+        c.observe_lookup(9, 6, 6)
+    c.observe_lookup(9, 6, 7)  # one broke at 15 tokens
+    assert 0.9 < c.ngram_acceptance(9).alpha < 0.96 < c.ngram_acceptance(16).alpha
+    plan = c.plan(32, model=False, ngram_avail=32, ngram_order=9)
+    assert plan.method == "ngram" and plan.k == 32
+    one_alpha = max(range(1, 33), key=lambda j: expected_tokens(plan.alpha, j) / t(j + 1))
+    assert one_alpha <= 16  # what the first token's acceptance alone would have chosen
+
+
 def test_cost_model_interpolates_and_extrapolates() -> None:
     c = CostModel(target={1: 0.010, 3: 0.014})
     assert c.target_s(2) == pytest.approx(0.012)
@@ -127,7 +161,7 @@ def test_plan_follows_costs_and_acceptance() -> None:
     # Free n-gram drafts with a good record win on a CPU-like batch curve where the model would not.
     cpu = Controller(CostModel(target={n: cpu_like(n) for n in range(1, 10)}, draft_token=0.008))
     for _ in range(10):
-        cpu.ngram_acceptance(3).update(5, 5)
+        cpu.observe_lookup(3, 5, 5)
         cpu.model_accept.update(1, 4)
     plan = cpu.plan(8, model=True, ngram_avail=6, ngram_order=3)
     assert plan.method == "ngram" and plan.k >= 4

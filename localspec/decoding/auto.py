@@ -207,7 +207,7 @@ class AutoDrafter:
             while n < len(seen) and seen[n] == tokens[n]:
                 n += 1
             if n < len(seen) or len(seen) == len(tokens):
-                self.controller.ngram_acceptance(order).update(n, len(tokens))
+                self.controller.observe_lookup(order, n, len(tokens))
             else:
                 pending.append((tokens, order, start))
         self._shadows = pending
