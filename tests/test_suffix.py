@@ -14,7 +14,7 @@ from localspec.decoding.policy import RESYNC, match_bucket
 from localspec.decoding.resync import MAX_EDIT, WINDOW
 from localspec.decoding.sampling import SamplingParams
 from localspec.decoding.stats import RoundStats
-from localspec.decoding.suffix import MAX_CANDIDATES, SuffixDrafter, SuffixIndex
+from localspec.decoding.suffix import MAX_CANDIDATES, RESUMED, SuffixDrafter, SuffixIndex
 
 GREEDY = SamplingParams(temperature=0.0)
 RNG = np.random.default_rng(0)
@@ -223,6 +223,9 @@ def test_a_confirmed_rename_is_made_in_later_drafts_and_stepped_over() -> None:
     after = d.lookup(ctx, 32)  # the plain match is cut at the rename; the aligned copy runs further back
     assert d.index.match().length < 6 and after.order == RESYNC + 13
     assert after.tokens[:8] == [*source[34:40], 7, source[41]]  # the rename made at its next occurrence
+    ctx += [*source[34:40], 7, *source[41:44]]  # the copy goes on through the next rename: 23 tokens since
+    sure = d.lookup(ctx, 32)  # ... as sure as a plain match that long: it is ranked as one
+    assert "resync" in sure.note and sure.order == 23 >= RESUMED and sure.tokens[:4] == source[44:48]
 
 
 def test_no_resync_when_the_tail_does_not_agree_with_the_source() -> None:
