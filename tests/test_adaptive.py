@@ -222,6 +222,22 @@ def test_backs_off_when_acceptance_drops_and_returns_when_it_recovers() -> None:
     assert done.tokens == _plain_tokens(600)
 
 
+def test_the_draft_is_timed_more_than_once_so_a_busy_spell_does_not_stick() -> None:
+    """Remembered on disk, a draft cost measured in a busy spell would keep the draft model unloaded on
+    this machine for good (auto skips a draft that cannot pay without looking at it again)."""
+    clock = FakeClock()
+    calls = []
+
+    def spell(n: int) -> float:  # the draft's first few passes run 20x slow (another process had the cores)
+        calls.append(n)
+        return (20.0 if len(calls) <= 6 else 1.0) * 0.3 * gpu_like(n)
+
+    target, drafter = _auto(clock, gpu_like, spell, lambda pos: True)
+    _run(target, drafter, clock, 3)  # the first round calibrates: the prefix, a warm-up token, 3 x 4 tokens
+    measured = drafter.controller.costs.draft_s()
+    assert measured is not None and measured < 3 * 0.3 * gpu_like(1)  # not the 20x of the first timing
+
+
 def test_turns_speculation_off_when_the_draft_is_too_slow() -> None:
     clock = FakeClock()
     # A draft token costs more than a target token: even 100% acceptance cannot pay. Measured on the

@@ -117,9 +117,11 @@ def calibrate(
     reps: int = 2,
     clock: Callable[[], float] = time.perf_counter,
     stat: Stat = min,
+    draft_reps: int | None = None,
 ) -> CostModel:
     """T(n) for n in `sizes` (default 1..max_batch) on the target's current cache, and the drafter's
-    seconds per token on `context` (default: the target's cached tokens)."""
+    seconds per token on `context` (default: the target's cached tokens), timed `draft_reps` times
+    (default: `reps`)."""
     costs = CostModel()
     wanted = [n for n in (sizes or range(1, max_batch + 1)) if n <= max_batch]
     costs.target.update(time_target(target, wanted, reps=reps, clock=clock, stat=stat))
@@ -127,5 +129,5 @@ def calibrate(
         costs.rollback_round = time_rollback(target, max_batch - 1, reps=reps, clock=clock, stat=stat) or 0.0
     if drafter is not None:
         ctx = list(context if context is not None else target.cached_tokens)
-        costs.draft_token = time_drafter(drafter, ctx, tokens_per_draft=max(2, min(max_batch, 4)), reps=reps, clock=clock, stat=stat)
+        costs.draft_token = time_drafter(drafter, ctx, tokens_per_draft=max(2, min(max_batch, 4)), reps=draft_reps or reps, clock=clock, stat=stat)
     return costs
