@@ -7,7 +7,11 @@ each forward pass of n tokens T(n) from the cost curve measured for the Qwen2.5-
 CPU. One drafter per conversation, as `localspec bench` builds one, so a session's drafter sees the earlier
 turns. Drafting, acceptance and auto's choices are the real code's; auto has no draft model here.
 Methods: none, suffix, auto, and suffix-noresync / auto-noresync (the suffix drafter without resync,
-localspec.decoding.resync). A model of speed, not a measurement: `localspec bench` is the measurement.
+localspec.decoding.resync), and oracle: the best any policy could do with the suffix drafter's proposals
+if it knew how many tokens of each would be accepted (each round drafts exactly those, or none, the
+rounds chosen for the least total cost). A model of speed, not a measurement: `localspec bench` is the
+measurement. `--curve 1:1,2:1.79,...` replays on a curve `localspec bench` printed (its "target batch"
+line), interpolated between the sizes given.
 """
 
 from __future__ import annotations
@@ -86,12 +90,44 @@ def replay(convs: list[list[dict]], method: str, k: int, ids: dict[int, int]) ->
     return tally
 
 
+def oracle(convs: list[list[dict]], k: int) -> Tally:
+    """The least decode time the suffix drafter's proposals allow: at each position a round drafts as many
+    tokens as would be accepted (at most k) or none, chosen by dynamic programming over the answer."""
+    t = cost(MS_PER_TOKEN)
+    tally = Tally()
+    for conv in convs:
+        drafter = SuffixDrafter(gate=False)
+        for turn in conv:
+            prompt, answer = turn["prompt"], turn["answer"]
+            drafter.prepare(prompt, k)
+            n = len(answer)
+            good = [0] * n  # at position p (p tokens out): how many of the drafter's tokens match the answer
+            for p in range(1, n):
+                d = drafter.lookup(prompt + answer[:p], k).tokens
+                while good[p] < min(len(d), n - 1 - p) and d[good[p]] == answer[p + good[p]]:
+                    good[p] += 1
+            best = [0.0] * (n + 1)  # best[p]: least seconds to write answer[p:] (the first comes from the prompt pass)
+            for p in range(n - 1, 0, -1):
+                best[p] = min(t(j + 1) + best[p + j + 1] for j in range(good[p] + 1))
+            tally.tokens += n - 1
+            tally.seconds += best[1]
+    return tally
+
+
+def parse_curve(text: str) -> dict[int, float]:
+    return {int(n): float(r.rstrip("x")) for n, r in (item.split(":") for item in text.split(","))}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("answers")
     ap.add_argument("--methods", default="none,suffix-noresync,suffix,auto-noresync,auto")
     ap.add_argument("-k", type=int, default=32)
+    ap.add_argument("--curve", help="T(n)/T(1) as n:ratio pairs, e.g. 1:1,2:1.79,4:3.03,16:10.05,33:16.1")
     args = ap.parse_args()
+    if args.curve:
+        CURVE.clear()
+        CURVE.update(parse_curve(args.curve))
     data = json.loads(Path(args.answers).read_text())
     every = [v for convs in data["suites"].values() for conv in convs for turn in conv for v in turn["prompt"] + turn["answer"]]
     ids = {v: j for j, v in enumerate(dict.fromkeys(every))}  # a dense vocabulary for the fake
@@ -99,7 +135,7 @@ def main() -> None:
     print(f"replayed on T(n)/T(1) {CURVE}; k={args.k}; greedy; speedup = decode tok/s over plain's")
     print(f"{'suite':<11}" + "".join(f"{m:>24}" for m in methods))
     for name, convs in data["suites"].items():
-        out = {m: replay(convs, m, 0 if m == "none" else args.k, ids) for m in methods}
+        out = {m: oracle(convs, args.k) if m == "oracle" else replay(convs, m, 0 if m == "none" else args.k, ids) for m in methods}
         base = out["none"].tokens / out["none"].seconds
         cells = []
         for m in methods:
