@@ -146,6 +146,14 @@ def test_cost_model_interpolates_and_extrapolates() -> None:
     assert 0.010 < c.target_s(1) < 0.020  # moves towards new measurements, smoothed
 
 
+@pytest.mark.parametrize(
+    "target", [{5: 0.1}, {1: 0.03, 4: 0.05}, {2: 0.05, 3: 0.07, 9: 0.1}, {n: cpu_like(n) for n in (1, 2, 4, 8, 16, 33)}]
+)
+def test_the_whole_cost_curve_at_once_is_target_s_at_every_size(target: dict[int, float]) -> None:
+    costs = CostModel(target=dict(target), scale=1.3)  # one size (the prior's slope), below, between, beyond
+    assert costs.target_curve(40) == pytest.approx([costs.target_s(n) for n in range(1, 41)])
+
+
 def test_plan_follows_costs_and_acceptance() -> None:
     gpu = Controller(CostModel(target={n: gpu_like(n) for n in range(1, 10)}, draft_token=0.001))
     for _ in range(10):

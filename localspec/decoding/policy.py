@@ -147,6 +147,23 @@ class CostModel:
         """T(n), interpolated between measured sizes; beyond them, linear in the last measured slope."""
         return self.scale * self._base(n)
 
+    def target_curve(self, n_max: int) -> np.ndarray:
+        """[T(1), ..., T(n_max)] as target_s gives them, in one pass (a round weighs up to 33 sizes)."""
+        ns = np.arange(1, n_max + 1)
+        if not self.target:
+            return np.full(n_max, math.nan)
+        sizes = sorted(self.target)
+        times = [self.target[s] for s in sizes]
+        if len(sizes) == 1:
+            base = times[0] * (1.0 + 0.15 * (ns - sizes[0]))
+            base[ns == sizes[0]] = times[0]
+        else:
+            base = np.interp(ns, sizes, times)
+            slope = max((times[-1] - times[-2]) / (sizes[-1] - sizes[-2]), 0.0)
+            beyond = ns > sizes[-1]
+            base[beyond] = times[-1] + slope * (ns[beyond] - sizes[-1])
+        return self.scale * base
+
     def draft_s(self) -> float | None:
         return None if self.draft_token is None else self.scale * self.draft_token
 
@@ -285,9 +302,10 @@ class Controller:
         alphas = self._alphas(method, order, k_max)
         best = Plan("none", 0, plain, plain)
         expected = 1.0
+        verify = self.costs.target_curve(k_max + 1)  # verify[j] = T(j + 1)
         for j, held in enumerate(survival(alphas), start=1):
             expected += held
-            cost = self._draft_cost(method, j) + self.costs.target_s(j + 1) + self.costs.rollback_s(held, j) + extra
+            cost = self._draft_cost(method, j) + float(verify[j]) + self.costs.rollback_s(held, j) + extra
             rate = expected / cost if cost > 0 else 0.0
             if best.method == "none" or rate > best.rate:
                 best = Plan(method, j, rate, plain, alphas[0])
@@ -355,7 +373,8 @@ class Controller:
     def ceiling(self, method: Method, k_max: int, ngram_avail: int = 0) -> float:
         """The best rate a source could reach if every draft token were accepted."""
         k_top = k_max if method == "model" else min(k_max, max(ngram_avail, 1))
-        rates = [(j + 1) / (self._draft_cost(method, j) + self.costs.target_s(j + 1)) for j in range(1, k_top + 1)]
+        verify = self.costs.target_curve(k_top + 1)
+        rates = [(j + 1) / (self._draft_cost(method, j) + float(verify[j])) for j in range(1, k_top + 1)]
         return max(rates, default=0.0)
 
     def _with_confidence(self, plan: Plan) -> Plan:
