@@ -202,7 +202,23 @@ def test_an_insertion_resumes_the_copy_where_the_source_left_off() -> None:
     d = _copying(SOURCE[:20])
     got = d.lookup([*SOURCE, 1, 2, *SOURCE[:20], 7, 8, 9, *SOURCE[20:22]], 32)  # three tokens inserted
     assert got.order == RESYNC + 2 and got.tokens == SOURCE[22:26]
-    assert d._edits.subs == {}  # an insertion is no rename: nothing to apply later
+    # Remembered with the source token on each side as its context (a type hint after a parameter name).
+    assert d._edits.subs == {(SOURCE[19], SOURCE[20]): (SOURCE[19], 7, 8, 9, SOURCE[20])}
+
+
+def test_a_learned_insertion_is_made_again_in_the_same_context_only() -> None:
+    source = [1019 if i == 40 else 1020 if i in (41, 51) else t for i, t in enumerate(SOURCE)]  # (1019, 1020) again at 40
+    d = SuffixDrafter(gate=False)
+    d.prepare([*source, 1, 2], 32)
+    d.lookup([*source, 1, 2, *source[:20]], 32)
+    ctx = [*source, 1, 2, *source[:20], 7, 8, *source[20:23]]  # 7, 8 inserted between 1019 and 1020
+    assert d.lookup(ctx, 32).tokens[:4] == source[23:27]
+    ctx += source[23:38]
+    ahead = d.lookup(ctx, 32).tokens
+    assert ahead[:5] == [*source[38:41], 7, 8]  # at the next (1019, 1020) the insertion is drafted
+    assert ahead[5:16] == source[41:52]  # ... and not before the 1020 at 51, which follows another token
+    half = d.lookup([*ctx, *source[38:41], 7], 32)  # the text has begun it: the rest of it, then the source
+    assert half.tokens[:3] == [8, 1020, source[42]]
 
 
 def test_a_deletion_resumes_the_copy_after_the_skipped_source_tokens() -> None:

@@ -9,7 +9,9 @@ of δ source tokens (ε, δ <= MAX_EDIT). An edit holds when the context tokens 
 tail, v tokens) equal the source there; the longest verified tail wins (then the edit whose lengths
 are closest). An edit verified by LEARN_MIN tokens moves the anchor past it, and a substitution (a
 rename) is remembered for the rest of the generation (Edits): the walk steps over it, and drafts copied
-from a source get it applied, so a rename does not collapse the match at every later occurrence. The
+from a source get it applied, so a rename does not collapse the match at every later occurrence. An
+insertion (a type hint after a parameter) is remembered with the source token on each side as its
+context, and made again only between those two tokens. The
 draft is the source's continuation from the anchor. With nothing verified (v = 0) one guess is made:
 right after the first differing token, that it replaced one source token.
 
@@ -99,6 +101,9 @@ def follow(anchor: Anchor, src: Sequence[int], cur: Sequence[int], edits: Edits)
             return r if tail <= WINDOW else None
         if r.new and r.skipped:
             edits.learn(src[anchor.src : anchor.src + r.skipped], cur[anchor.cur : anchor.cur + r.new])
+        elif r.new and anchor.src > 0:  # an insertion, kept with the source tokens on both sides as context
+            a, b = src[anchor.src - 1], src[anchor.src]
+            edits.learn((a, b), (a, *cur[anchor.cur : anchor.cur + r.new], b))
         anchor.cur += r.new
         anchor.src += r.skipped
         anchor.since = anchor.cur
@@ -108,15 +113,19 @@ def follow(anchor: Anchor, src: Sequence[int], cur: Sequence[int], edits: Edits)
 def _advance(anchor: Anchor, src: Sequence[int], cur: Sequence[int], edits: Edits) -> None:
     """Walk the anchor over the tokens where the current text copies the source (known substitutions made)."""
     while anchor.cur < len(cur) and anchor.src < len(src):
-        if cur[anchor.cur] == src[anchor.src]:
-            anchor.cur += 1
-            anchor.src += 1
-            continue
         hit = edits.at(src, anchor.src)
-        if hit is None or tuple(cur[anchor.cur : anchor.cur + len(hit[1])]) != hit[1]:
+        if hit is not None:
+            seen = tuple(cur[anchor.cur : anchor.cur + len(hit[1])])
+            if seen == hit[1]:
+                anchor.cur += len(hit[1])
+                anchor.src += len(hit[0])
+                continue
+            if len(seen) < len(hit[1]) and seen == hit[1][: len(seen)]:
+                return  # the text is half way through it: _known drafts the rest
+        if cur[anchor.cur] != src[anchor.src]:
             return
-        anchor.cur += len(hit[1])
-        anchor.src += len(hit[0])
+        anchor.cur += 1
+        anchor.src += 1
 
 
 def _known(anchor: Anchor, src: Sequence[int], cur: Sequence[int], edits: Edits) -> Resync | None:
