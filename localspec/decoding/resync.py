@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-MAX_EDIT = 4  # most tokens an edit inserts (ε) or replaces (δ)
+MAX_EDIT = 6  # most tokens an edit inserts (ε) or replaces (δ): a type hint with a return type is about 6
 WINDOW = 12  # tokens after a divergence within which an edit is sought
 VERIFY = 6  # tokens after an edit compared with the source (enough to confirm it)
 LEARN_MIN = 2  # an edit confirmed by this many tokens moves the anchor past it (a rename is remembered)
