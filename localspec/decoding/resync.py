@@ -101,7 +101,8 @@ def follow(anchor: Anchor, src: Sequence[int], cur: Sequence[int], edits: Edits)
             return r if tail <= WINDOW else None
         if r.new and r.skipped:
             edits.learn(src[anchor.src : anchor.src + r.skipped], cur[anchor.cur : anchor.cur + r.new])
-        elif r.new and anchor.src > 0:  # an insertion, kept with the source tokens on both sides as context
+        elif r.new and anchor.src > 0 and anchor.cur > 0 and cur[anchor.cur - 1] == src[anchor.src - 1]:
+            # An insertion after a copied token: kept with the source tokens on both sides as context.
             a, b = src[anchor.src - 1], src[anchor.src]
             edits.learn((a, b), (a, *cur[anchor.cur : anchor.cur + r.new], b))
         anchor.cur += r.new
