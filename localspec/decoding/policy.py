@@ -35,8 +35,8 @@ when even perfect acceptance could not pay. Model drafts stop early at a token t
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -49,8 +49,6 @@ COST_DECAY = 0.15  # EMA weight of a new n-gram lookup timing
 COMMON_RATE = 0.1  # log-EMA weight of a round's timing on the machine's overall pace
 SHAPE_RATE = 0.15  # ... and on the cost of that batch size (or of a draft token) itself
 ACCEPT_DECAY = 0.85  # per-round decay of acceptance counts: memory of roughly 7 rounds
-LOOKUP_DECAY = 0.85
-LOOKUP_KEEP = 0.25
 CONFIDENCE_SCALE = 0.5  # see Controller._with_confidence
 MARGIN = 0.03  # speculation must beat plain decoding by this much (timing noise)
 EXPLORE = 0.03  # model-draft re-probes may cost at most this share of the plain decoding time between them
@@ -58,10 +56,12 @@ MAX_BACKOFF = 5  # ... and that allowance halves after each probe that does not 
 CATCH_UP_ROUNDS = 8  # a draft model that fell behind is caught up once: its cost is spread over this many rounds
 # Priors (weight of about two rounds): optimistic enough to try, quickly overruled.
 MODEL_PRIOR = 0.6
-# Lookup drafts (n-gram, suffix) by the length of the match behind them, in buckets (see match_bucket).
+# Lookup drafts (n-gram, suffix): the chance that a copy of a given length goes on one more token, in
+# buckets of that length (see match_bucket; a draft's i-th token is a copy of its match + i tokens).
 # A suffix draft that resumes a copy after an edit (localspec.decoding.resync) has Draft.order RESYNC + v,
-# v the context tokens since the edit that confirm it: its own buckets (v = 0, 1, 2-3, 4-7, 8-15, 16+). An
-# unconfirmed guess (v = 0) starts below what pays, so it is graded for free (withheld proposals) first.
+# v the context tokens since the edit that confirm it: its own buckets (v = 0, 1, 2-3, 4-7, 8-15; from
+# suffix.RESUMED on it counts as a plain match). An unconfirmed guess (v = 0) starts below what pays, so
+# it is graded for free (withheld proposals) first.
 RESYNC = 1 << 10
 NGRAM_PRIOR = {1: 0.15, 2: 0.3, 3: 0.45, 4: 0.55, 5: 0.65, 8: 0.85, 16: 0.93, 32: 0.97}
 NGRAM_PRIOR |= {RESYNC: 0.3, RESYNC + 1: 0.6, RESYNC + 2: 0.7, RESYNC + 4: 0.8, RESYNC + 8: 0.85, RESYNC + 16: 0.9}
@@ -220,8 +220,8 @@ def _ratio(observed: float, predicted: float) -> float:
 class Acceptance:
     """Decayed counts of accepted and rejected draft positions: alpha = P(next draft token accepted)."""
 
-    def __init__(self, prior: float, weight: float = 2.0, decay: float = ACCEPT_DECAY) -> None:
-        self.prior, self.weight, self.decay = prior, weight, decay
+    def __init__(self, prior: float, weight: float = 2.0) -> None:
+        self.prior, self.weight = prior, weight
         self.accepted = 0.0
         self.rejected = 0.0
         self.rounds = 0
@@ -232,8 +232,8 @@ class Acceptance:
         return a / (self.accepted + self.rejected + self.weight)
 
     def update(self, n_accepted: int, n_drafted: int) -> None:
-        self.accepted = self.accepted * self.decay + n_accepted
-        self.rejected = self.rejected * self.decay + (1 if n_accepted < n_drafted else 0)
+        self.accepted = self.accepted * ACCEPT_DECAY + n_accepted
+        self.rejected = self.rejected * ACCEPT_DECAY + (1 if n_accepted < n_drafted else 0)
         self.rounds += 1
 
     def soften(self, keep: float) -> None:
@@ -269,7 +269,7 @@ class Controller:
     def __init__(self, costs: CostModel | None = None) -> None:
         self.costs = costs.copy() if costs is not None else CostModel()
         self.model_accept = Acceptance(MODEL_PRIOR)
-        self.ngram_accept = {n: Acceptance(p, decay=LOOKUP_DECAY) for n, p in NGRAM_PRIOR.items()}
+        self.ngram_accept = {n: Acceptance(p) for n, p in NGRAM_PRIOR.items()}
         self.probe_credit = 0.0  # plain decoding seconds since the last model probe
         self.probe_fails = 0  # model probes in a row that left plain decoding ahead
 
@@ -405,6 +405,6 @@ class Controller:
     def new_generation(self) -> None:
         self.model_accept.soften(0.25)
         for a in self.ngram_accept.values():
-            a.soften(LOOKUP_KEEP)
+            a.soften(0.25)
         self.probe_credit, self.probe_fails = 0.0, 0
 
