@@ -10,11 +10,11 @@ from fakes import FakeBackend, hashed_logits, scripted_tokens, without
 from localspec.decoding.auto import AutoDrafter, auto_lookup
 from localspec.decoding.drafters import NoDrafter
 from localspec.decoding.engine import Done, GenerationConfig, generate
-from localspec.decoding.policy import RESYNC, match_bucket
+from localspec.decoding.policy import RESUMED, RESYNC, match_bucket
 from localspec.decoding.resync import MAX_EDIT, WINDOW
 from localspec.decoding.sampling import SamplingParams
 from localspec.decoding.stats import RoundStats
-from localspec.decoding.suffix import MAX_CANDIDATES, RESUMED, SuffixDrafter, SuffixIndex
+from localspec.decoding.suffix import MAX_CANDIDATES, SuffixDrafter, SuffixIndex
 
 GREEDY = SamplingParams(temperature=0.0)
 RNG = np.random.default_rng(0)
@@ -241,7 +241,8 @@ def test_a_confirmed_rename_is_made_in_later_drafts_and_stepped_over() -> None:
     assert after.tokens[:8] == [*source[34:40], 7, source[41]]  # the rename made at its next occurrence
     ctx += [*source[34:40], 7, *source[41:44]]  # the copy goes on through the next rename: 23 tokens since
     sure = d.lookup(ctx, 32)  # ... as sure as a plain match that long: it is ranked as one
-    assert "resync" in sure.note and sure.order == 23 >= RESUMED and sure.tokens[:4] == source[44:48]
+    assert "resync" in sure.note and sure.order == RESYNC + 23 and sure.tokens[:4] == source[44:48]
+    assert match_bucket(sure.order) == match_bucket(23)
 
 
 def test_no_resync_when_the_tail_does_not_agree_with_the_source() -> None:
@@ -266,10 +267,11 @@ def test_the_anchor_is_dropped_past_the_window_and_resync_off_drafts_as_before()
 def test_resync_drafts_have_their_own_acceptance_buckets() -> None:
     from localspec.decoding.policy import NGRAM_PRIOR
 
-    assert [match_bucket(RESYNC + v) for v in (0, 1, 2, 3, 4, 7, 8, 16, 40)] == [
-        RESYNC + b for b in (0, 1, 2, 2, 4, 4, 8, 16, 16)
+    assert [match_bucket(RESYNC + v) for v in (0, 1, 2, 3, 4, 7, 8, 15)] == [
+        RESYNC + b for b in (0, 1, 2, 2, 4, 4, 8, 8)
     ]
-    priors = [NGRAM_PRIOR[RESYNC + b] for b in (0, 1, 2, 4, 8, 16)]
+    assert [match_bucket(RESYNC + v) for v in (RESUMED, 23, 40)] == [16, 16, 32]  # confirmed: a plain match's
+    priors = [NGRAM_PRIOR[RESYNC + b] for b in (0, 1, 2, 4, 8)]
     assert priors == sorted(priors) and priors[0] < 0.5  # an unconfirmed guess is graded before it is drafted
 
 

@@ -60,18 +60,22 @@ MODEL_PRIOR = 0.6
 # buckets of that length (see match_bucket; a draft's i-th token is a copy of its match + i tokens).
 # A suffix draft that resumes a copy after an edit (localspec.decoding.resync) has Draft.order RESYNC + v,
 # v the context tokens since the edit that confirm it: its own buckets (v = 0, 1, 2-3, 4-7, 8-15; from
-# suffix.RESUMED on it counts as a plain match). An unconfirmed guess (v = 0) starts below what pays, so
-# it is graded for free (withheld proposals) first.
+# RESUMED on it counts as a plain match of v tokens). An unconfirmed guess (v = 0) starts below what pays,
+# so it is graded for free (withheld proposals) first.
 RESYNC = 1 << 10
+RESUMED = 16  # a copy resumed after an edit, confirmed by this many tokens, is as sure as a plain match
 NGRAM_PRIOR = {1: 0.15, 2: 0.3, 3: 0.45, 4: 0.55, 5: 0.65, 8: 0.85, 16: 0.93, 32: 0.97}
-NGRAM_PRIOR |= {RESYNC: 0.3, RESYNC + 1: 0.6, RESYNC + 2: 0.7, RESYNC + 4: 0.8, RESYNC + 8: 0.85, RESYNC + 16: 0.9}
+NGRAM_PRIOR |= {RESYNC: 0.3, RESYNC + 1: 0.6, RESYNC + 2: 0.7, RESYNC + 4: 0.8, RESYNC + 8: 0.85}
 
 
 def match_bucket(length: int) -> int:
     """Lookup acceptance is tracked per match length, in buckets that double: 1, 2, 3, 4, 5-7, 8-15, 16-31, 32+
-    (resync drafts: RESYNC + 0, 1, 2-3, 4-7, 8-15, 16+ verified tokens)."""
+    (resync drafts: RESYNC + 0, 1, 2-3, 4-7, 8-15 verified tokens; from RESUMED on, a plain match's)."""
     if length >= RESYNC:
-        return RESYNC + next(b for b in (16, 8, 4, 2, 1, 0) if length - RESYNC >= b)
+        verified = length - RESYNC
+        if verified < RESUMED:
+            return RESYNC + next(b for b in (8, 4, 2, 1, 0) if verified >= b)
+        length = verified
     for b in (32, 16, 8, 5, 4, 3, 2):
         if length >= b:
             return b
@@ -149,39 +153,27 @@ class CostModel:
 
     def target_curve(self, n_max: int) -> np.ndarray:
         """[T(1), ..., T(n_max)] as target_s gives them, in one pass (a round weighs up to 33 sizes)."""
-        ns = np.arange(1, n_max + 1)
-        if not self.target:
-            return np.full(n_max, math.nan)
-        sizes = sorted(self.target)
-        times = [self.target[s] for s in sizes]
-        if len(sizes) == 1:
-            base = times[0] * (1.0 + 0.15 * (ns - sizes[0]))
-            base[ns == sizes[0]] = times[0]
-        else:
-            base = np.interp(ns, sizes, times)
-            slope = max((times[-1] - times[-2]) / (sizes[-1] - sizes[-2]), 0.0)
-            beyond = ns > sizes[-1]
-            base[beyond] = times[-1] + slope * (ns[beyond] - sizes[-1])
-        return self.scale * base
+        return self.scale * self._bases(np.arange(1, n_max + 1))
 
     def draft_s(self) -> float | None:
         return None if self.draft_token is None else self.scale * self.draft_token
 
     def _base(self, n: int) -> float:
-        if n in self.target:
-            return self.target[n]
+        return self.target[n] if n in self.target else float(self._bases(np.array([n]))[0])
+
+    def _bases(self, ns: np.ndarray) -> np.ndarray:
+        """Unscaled T(n) for each n: measured sizes exact, interpolated between them, the first size's cost
+        below them, the last measured slope beyond them (one size: a CPU-like 15% per extra token)."""
         if not self.target:
-            return math.nan
+            return np.full(len(ns), math.nan)
         sizes = sorted(self.target)
         times = [self.target[s] for s in sizes]
         if len(sizes) == 1:
-            return times[0] * (1.0 + 0.15 * (n - sizes[0]))  # prior: a CPU-like 15% per extra token
-        if n < sizes[0]:
-            return times[0]
-        if n > sizes[-1]:
-            slope = max((times[-1] - times[-2]) / (sizes[-1] - sizes[-2]), 0.0)
-            return times[-1] + slope * (n - sizes[-1])
-        return float(np.interp(n, sizes, times))
+            base = times[0] * (1.0 + 0.15 * (ns - sizes[0]))
+            return np.where(ns == sizes[0], times[0], base)
+        base = np.interp(ns, sizes, times)
+        slope = max((times[-1] - times[-2]) / (sizes[-1] - sizes[-2]), 0.0)
+        return np.where(ns > sizes[-1], times[-1] + slope * (ns - sizes[-1]), base)
 
     def observe_target(self, n: int, seconds: float) -> None:
         if not self.target:

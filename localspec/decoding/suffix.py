@@ -13,8 +13,8 @@ current prompt and generation and every earlier prompt and output of the session
 3. resync (localspec.decoding.resync): right after an edit (the match shorter than ANCHOR_MIN), the copy
    the last long match followed is resumed after the edit when the text since confirms it; a confirmed
    rename is remembered for the generation and made in later drafts. Such drafts carry Draft.order
-   RESYNC + the tokens copied since the edit (their own acceptance buckets in the policy and the gate),
-   until RESUMED tokens confirm the copy: from then on it counts as a plain match that long.
+   RESYNC + the tokens copied since the edit (their own acceptance buckets in the policy and the gate,
+   until policy.RESUMED tokens confirm the copy: from then on it counts as a plain match that long).
 
 Memory is bounded: at most `max_tokens` tokens are kept (the oldest session documents go first; the
 current one always stays), each indexed once per key length, at most MAX_CANDIDATES positions per
@@ -50,7 +50,6 @@ SPEC_FACTOR = 2  # a match of L tokens earns a draft of at most SPEC_FACTOR * L 
 MAX_TOKENS = 1 << 16  # tokens kept in a session's index
 MIN_ALPHA = 0.5  # standalone `suffix`: propose only where this match length's acceptance is at least this
 SHADOWS = 8  # withheld proposals graded against the text that followed, at most this many pending
-RESUMED = 16  # a copy resumed after an edit, confirmed by this many tokens, is as sure as a plain match
 RETOKENIZE_SLACK = 8  # a next chat turn holds the last answer re-tokenized: its last few tokens may differ
 
 Position = tuple[int, int]  # (document id, end): a key occurrence ends at `end`; its continuation starts there
@@ -282,7 +281,7 @@ class SuffixDrafter(Stateless):
             tokens = [*r.pending, *self._edits.apply(src[r.start : r.start + limit])][:limit]
             if tokens:
                 note = f"suffix resync +{r.new}/-{r.skipped} ({r.verified} verified)"
-                return Draft(tokens, None, note, "suffix", r.verified if r.verified >= RESUMED else RESYNC + r.verified)
+                return Draft(tokens, None, note, "suffix", RESYNC + r.verified)
         if self.resync and m.length >= ANCHOR_MIN:
             self._anchor = Anchor(m.positions[0][0], m.positions[0][1], len(cur), len(cur) - m.length)
         if m.length == 0:
