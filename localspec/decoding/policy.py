@@ -354,19 +354,21 @@ class Controller:
             k = min(k_max, 2)
             probe_cost = k * (self.costs.draft_s() or 0.0) + self.costs.target_s(k + 1) - self.costs.target_s(1)
             allowance = self.probe_credit * EXPLORE / 2 ** min(self.probe_fails, MAX_BACKOFF)
-            # (Catching the draft up is left out: it grows with every plain round, and pays off if the probe does.)
-            if allowance >= probe_cost and self.ceiling("model", k_max) > plain * (1.0 + MARGIN):
+            # The catch-up a probe entails is not charged to the allowance (it grows with every plain round,
+            # and pays off if the probe does), but a probe must be able to win with it, spread as a plan
+            # spreads it: after a long plain stretch on a CPU the draft's catch-up alone rules a probe out.
+            if allowance >= probe_cost and self.ceiling("model", k_max, extra=catch_up) > plain * (1.0 + MARGIN):
                 self.probe_credit = 0.0
                 self.probe_fails += 1
                 m = next(p for p in options if p.method == "model")
                 return Plan("model", k, m.rate, plain, m.alpha, probe=True)
         return Plan("none", 0, top.rate, plain, top.alpha)
 
-    def ceiling(self, method: Method, k_max: int, ngram_avail: int = 0) -> float:
-        """The best rate a source could reach if every draft token were accepted."""
+    def ceiling(self, method: Method, k_max: int, ngram_avail: int = 0, extra: float = 0.0) -> float:
+        """The best rate a source could reach if every draft token were accepted (`extra`: seconds added per round)."""
         k_top = k_max if method == "model" else min(k_max, max(ngram_avail, 1))
         verify = self.costs.target_curve(k_top + 1)
-        rates = [(j + 1) / (self._draft_cost(method, j) + float(verify[j])) for j in range(1, k_top + 1)]
+        rates = [(j + 1) / (self._draft_cost(method, j) + float(verify[j]) + extra) for j in range(1, k_top + 1)]
         return max(rates, default=0.0)
 
     def _with_confidence(self, plan: Plan) -> Plan:
