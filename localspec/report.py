@@ -14,11 +14,14 @@ def advice(stats: SpecStats) -> str | None:
         return None
     if stats.draft_method == "auto":  # it adapts by itself; say plainly when speculation did not pay here
         plain = 1 - stats.drafting_share
-        if plain < 0.5:
+        # Long copies write many tokens in few rounds: a run can be mostly plain rounds and still mostly drafts.
+        from_drafts = stats.n_accepted / stats.n_generated if stats.n_generated else 0.0
+        if plain < 0.5 or from_drafts >= 0.5:
             return None
+        wrote = f" (drafts wrote {from_drafts:.0%} of the text)" if stats.n_accepted else ""
         return (
-            f"auto decoded {plain:.0%} of rounds without drafts: on this machine and text speculation was "
-            "measured not to pay. `localspec bench` shows why; `localspec doctor` checks the setup."
+            f"auto decoded {plain:.0%} of rounds without drafts{wrote}: there, on this machine and text, speculation "
+            "was measured not to pay. `localspec bench` shows why; `localspec doctor` checks the setup."
         )
     if stats.mean_accepted_length < POOR_MATCH_LENGTH:
         if stats.draft_method == "model":

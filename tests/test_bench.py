@@ -423,8 +423,14 @@ def test_run_summary_tells_when_auto_found_speculation_does_not_pay() -> None:
         drafted_by_position=(5, 3, 2), accepted_by_position=(5, 3, 1), stop_reason="max_tokens",
     )
     tip = advice(base)
-    assert tip is not None and "83% of rounds without drafts" in tip
+    assert tip is not None and "83% of rounds without drafts" in tip and "drafts wrote 22% of the text" in tip
     assert advice(dc_replace(base, drafted_by_position=(20, 10), accepted_by_position=(18, 9))) is None
+    # A code edit: most rounds plain, but a few long copies wrote most of the text. Speculation paid.
+    copies = dc_replace(base, n_generated=92, n_rounds=24, n_drafted=70, n_accepted=68, drafted_by_position=(7,) * 15,
+                        accepted_by_position=(7,) * 15)
+    assert 1 - copies.drafting_share > 0.5 and advice(copies) is None
+    none_used = dc_replace(base, n_drafted=0, n_accepted=0, drafted_by_position=(), accepted_by_position=())
+    assert (tip := advice(none_used)) is not None and tip.startswith("auto decoded 100% of rounds without drafts:")
     # A suffix run that found nothing worth drafting says so, and does not blame n-gram lookup.
     quiet = dc_replace(base, draft="suffix", draft_method="suffix", n_drafted=0, n_accepted=0, drafted_by_position=(),
                        accepted_by_position=())
