@@ -430,7 +430,8 @@ def test_run_summary_tells_when_auto_found_speculation_does_not_pay() -> None:
                         accepted_by_position=(7,) * 15)
     assert 1 - copies.drafting_share > 0.5 and advice(copies) is None
     none_used = dc_replace(base, n_drafted=0, n_accepted=0, drafted_by_position=(), accepted_by_position=())
-    assert (tip := advice(none_used)) is not None and tip.startswith("auto decoded 100% of rounds without drafts:")
+    tip = advice(none_used)
+    assert tip is not None and tip.startswith("auto decoded 100% of rounds without drafts:")
     # A suffix run that found nothing worth drafting says so, and does not blame n-gram lookup.
     quiet = dc_replace(base, draft="suffix", draft_method="suffix", n_drafted=0, n_accepted=0, drafted_by_position=(),
                        accepted_by_position=())
