@@ -38,8 +38,8 @@ from localspec.backends import llama_ext
 from localspec.backends.base import common_prefix
 from localspec.backends.llama_batch import ExtBatch, HeadResources, head_context, load_head_model, process
 from localspec.backends.llama_cpp import LlamaCppBackend, read_header
-from localspec.decoding.drafters import EMPTY_DRAFT, Draft, sample_draft
-from localspec.decoding.sampling import SamplingParams
+from localspec.draft import EMPTY_DRAFT, Draft, sample_draft
+from localspec.sampling import SamplingParams
 from localspec.errors import ModelFileError, UnsupportedModelError, UsageError
 
 ARCH = "dflash"  # DFlash, DFlash2 and DSpark drafters all convert to this architecture

@@ -30,8 +30,8 @@ from localspec.backends import llama_ext
 from localspec.backends.base import common_prefix
 from localspec.backends.llama_batch import ExtBatch, HeadResources, head_context, process
 from localspec.backends.llama_cpp import LlamaCppBackend, read_header
-from localspec.decoding.drafters import EMPTY_DRAFT, Draft, sample_draft
-from localspec.decoding.sampling import SamplingParams
+from localspec.draft import EMPTY_DRAFT, Draft, sample_draft
+from localspec.sampling import SamplingParams
 from localspec.errors import UnsupportedModelError
 
 # Architectures with an MTP graph in the llama.cpp vendored by llama-cpp-python 0.3.36 (src/models/*.cpp,

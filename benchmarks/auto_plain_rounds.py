@@ -15,7 +15,7 @@ import argparse
 import statistics
 
 from localspec.decoding.engine import Done, GenerationConfig
-from localspec.decoding.sampling import SamplingParams
+from localspec.sampling import SamplingParams
 from localspec.decoding.stats import RoundStats
 from localspec.options import ModelOptions
 from localspec.pipeline import load_pipeline

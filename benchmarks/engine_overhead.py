@@ -23,7 +23,7 @@ PROMPT = (
 def engine_tps(target, tokens: list[int], n: int) -> tuple[float, int]:  # type: ignore[no-untyped-def]
     from localspec.decoding.drafters import NoDrafter
     from localspec.decoding.engine import Done, GenerationConfig, generate
-    from localspec.decoding.sampling import SamplingParams
+    from localspec.sampling import SamplingParams
 
     done = None
     for ev in generate(target, NoDrafter(), tokens, GenerationConfig(max_tokens=n, num_draft=0, sampling=SamplingParams())):

@@ -528,7 +528,7 @@ def spec_rounds(s: Settings, target: Any, self_draft: Any, prompt: list[int], k:
     per round, the time inside both models' forward passes and the rest, localspec's overhead."""
     from localspec.decoding.drafters import ModelDrafter
     from localspec.decoding.engine import Done, GenerationConfig, generate
-    from localspec.decoding.sampling import SamplingParams
+    from localspec.sampling import SamplingParams
 
     runs = []
     for _ in range(s.reps):

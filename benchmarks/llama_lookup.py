@@ -30,7 +30,7 @@ from localspec.backends.base import ChatMessage
 from localspec.backends.chat_template import choose_chat_format, conversation_text
 from localspec.bench.suites import suites
 from localspec.decoding.engine import Done, GenerationConfig, generate
-from localspec.decoding.sampling import SamplingParams
+from localspec.sampling import SamplingParams
 from localspec.options import AUTO_MAX_K, ModelOptions
 from localspec.pipeline import load_pipeline
 

@@ -8,7 +8,7 @@ exact rule. This script times, per round, with the backend's own model and cache
   forward      the verify pass itself (k+1 tokens, evaluated on the device)
   to_host      np.asarray(logits): the transfer the engine pays now
   greedy_host  numpy argmax on the host copy           greedy_dev   mx.argmax + .tolist()
-  sample_host  localspec.decoding.sampling.probabilities (float64, temperature + top-p) on p and q,
+  sample_host  localspec.sampling.probabilities (float64, temperature + top-p) on p and q,
                then verify_exact
   sample_dev   the same processing in MLX on the device (float32), pulling only the k ratios
                p_i(d_i)/q_i(d_i) and one sampled id
@@ -85,7 +85,7 @@ def main() -> int:
     import mlx.core as mx
 
     from localspec.backends import mlx as backend
-    from localspec.decoding.sampling import SamplingParams, probabilities
+    from localspec.sampling import SamplingParams, probabilities
     from localspec.decoding.verify import verify_exact
 
     tmp = None

@@ -17,7 +17,7 @@ from pathlib import Path
 from localspec.backends.base import ChatMessage, chat_prompt_tokens
 from localspec.bench.suites import suites
 from localspec.decoding.engine import Done, GenerationConfig
-from localspec.decoding.sampling import SamplingParams
+from localspec.sampling import SamplingParams
 from localspec.options import ModelOptions
 from localspec.pipeline import load_pipeline
 

@@ -28,7 +28,7 @@ from localspec.decoding.auto import AutoDrafter, auto_lookup  # noqa: E402
 from localspec.decoding.drafters import NgramDrafter, NoDrafter  # noqa: E402
 from localspec.decoding.engine import Done, GenerationConfig, generate  # noqa: E402
 from localspec.decoding.policy import CostModel  # noqa: E402
-from localspec.decoding.sampling import SamplingParams  # noqa: E402
+from localspec.sampling import SamplingParams  # noqa: E402
 from localspec.decoding.suffix import SuffixDrafter  # noqa: E402
 
 CURVE = {1: 1.0, 2: 1.8, 4: 2.95, 8: 6.8, 16: 8.2, 32: 15.0, 64: 25.0}

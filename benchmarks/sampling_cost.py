@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from localspec.decoding.sampling import SamplingParams, probabilities, sample
+from localspec.sampling import SamplingParams, probabilities, sample
 from localspec.decoding.verify import verify_exact
 
 V = 151_936

@@ -13,7 +13,7 @@ import argparse
 from dataclasses import dataclass, replace
 
 from localspec.decoding.engine import GenerationConfig
-from localspec.decoding.sampling import SamplingParams
+from localspec.sampling import SamplingParams
 from localspec.decoding.verify import RULES
 from localspec.errors import UsageError
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from localspec.backends.base import sync_cache
 from localspec.decoding.engine import Done, GenerationConfig, generate
-from localspec.decoding.sampling import SamplingParams, probabilities
+from localspec.sampling import SamplingParams, probabilities
 
 TOP_K = 2
 K = 2

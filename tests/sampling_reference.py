@@ -1,6 +1,6 @@
 """An independent reference for logits processing, written from the definitions (for tests only).
 
-It shares no code with localspec.decoding.sampling and none of its shortcuts (no thresholds, no partial
+It shares no code with localspec.sampling and none of its shortcuts (no thresholds, no partial
 sorts): every step looks at the whole vocabulary, one token at a time, in this order:
 
     temperature  p_i = exp(z_i / T) / sum_j exp(z_j / T)

@@ -16,9 +16,9 @@ from fakes import N_VOCAB, CostedBackend, FakeBackend, FakeClock, hashed_logits,
 from localspec.decoding.auto import AutoDrafter, auto_ngram
 from localspec.decoding.calibrate import calibrate
 from localspec.decoding.policy import Controller, CostModel, expected_tokens, match_bucket, survival
-from localspec.decoding.drafters import ModelDrafter, NgramDrafter, NoDrafter
+from localspec.decoding.drafters import ModelDrafter, NoDrafter
 from localspec.decoding.engine import Done, GenerationConfig, generate
-from localspec.decoding.sampling import SamplingParams
+from localspec.sampling import SamplingParams
 from localspec.decoding.stats import RoundStats
 
 TARGET = without(hashed_logits(1))

@@ -27,7 +27,7 @@ from localspec.commands.doctor import Facts, findings
 from localspec.errors import UsageError
 from localspec.decoding.policy import CostModel
 from localspec.decoding.stats import SpecStats
-from localspec.decoding.sampling import SamplingParams
+from localspec.sampling import SamplingParams
 
 TARGET = without(hashed_logits(1))
 
@@ -273,7 +273,7 @@ PARAMS = [
 
 @pytest.mark.parametrize("params", PARAMS)
 def test_fast_probabilities_equal_the_full_sort_reference_at_150k(params: SamplingParams) -> None:
-    from localspec.decoding.sampling import probabilities
+    from localspec.sampling import probabilities
 
     z = _llm_like_logits(3)
     p, ref = probabilities(z, params), _reference(z, params)
@@ -282,7 +282,7 @@ def test_fast_probabilities_equal_the_full_sort_reference_at_150k(params: Sampli
 
 
 def test_no_full_vocabulary_sort_where_a_partial_one_suffices(monkeypatch: pytest.MonkeyPatch) -> None:
-    from localspec.decoding import sampling
+    from localspec import sampling
 
     sizes: list[int] = []
     real_argsort, real_sort = np.argsort, np.sort
@@ -304,7 +304,7 @@ def test_no_full_vocabulary_sort_where_a_partial_one_suffices(monkeypatch: pytes
 
 
 def test_two_level_sampling_follows_the_distribution_at_150k() -> None:
-    from localspec.decoding.sampling import sample
+    from localspec.sampling import sample
 
     p = np.zeros(V_BIG)
     hot = [0, 1023, 1024, 77_777, V_BIG - 1]  # block edges and the very end

@@ -14,7 +14,7 @@ from localspec.decoding.auto import AutoDrafter, auto_lookup
 from localspec.decoding.cost_cache import CostStore, cache_dir
 from localspec.decoding.engine import Done, GenerationConfig, generate
 from localspec.decoding.policy import CostModel
-from localspec.decoding.sampling import SamplingParams
+from localspec.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
 

@@ -21,7 +21,7 @@ from localspec.backends.base import sync_cache
 from localspec.backends.llama_dflash import BlockDrafter
 from localspec.decoding.drafters import NoDrafter
 from localspec.decoding.engine import Done, GenerationConfig
-from localspec.decoding.sampling import SamplingParams
+from localspec.sampling import SamplingParams
 from localspec.errors import Interrupted, ModelFileError, UnsupportedModelError, UsageError
 from localspec.options import ModelOptions
 from localspec.pipeline import load_pipeline

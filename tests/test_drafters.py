@@ -7,8 +7,9 @@ import pytest
 
 from fakes import EOG, FakeBackend, hashed_logits, scripted_tokens
 from localspec.backends.base import common_prefix
-from localspec.decoding.drafters import EMPTY_DRAFT, ModelDrafter, NgramDrafter, NoDrafter
-from localspec.decoding.sampling import SamplingParams, probabilities
+from localspec.decoding.drafters import ModelDrafter, NgramDrafter, NoDrafter
+from localspec.draft import EMPTY_DRAFT
+from localspec.sampling import SamplingParams, probabilities
 
 GREEDY = SamplingParams()
 RNG = np.random.default_rng(0)

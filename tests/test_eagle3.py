@@ -23,7 +23,7 @@ from localspec.backends.base import sync_cache
 from localspec.backends.llama_eagle3 import Eagle3Drafter
 from localspec.decoding.drafters import NoDrafter
 from localspec.decoding.engine import Done, GenerationConfig
-from localspec.decoding.sampling import SamplingParams
+from localspec.sampling import SamplingParams
 from localspec.errors import BackendUnavailableError, Interrupted, ModelFileError, UnsupportedModelError
 from localspec.options import ModelOptions
 from localspec.pipeline import load_pipeline

@@ -15,7 +15,7 @@ from fakes import EOG, N_VOCAB, FakeBackend, hashed_logits, noisy, scripted_toke
 from localspec.errors import ContextOverflowError, UsageError
 from localspec.decoding.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
 from localspec.decoding.engine import Done, GenerationConfig, Step, generate
-from localspec.decoding.sampling import SamplingParams
+from localspec.sampling import SamplingParams
 
 TARGET = without(hashed_logits(1))  # never ends by itself: runs stop on max_tokens unless a test says
 PROMPT = list(b"The quick brown fox jumps over the lazy dog. The quick brown")
@@ -480,7 +480,7 @@ def test_greedy_near_ties_are_marked_with_position_and_gap() -> None:
     and one-token arithmetic may part); clear choices are not, and sampling runs list none."""
     from localspec.decoding.drafters import NgramDrafter
     from localspec.decoding.engine import Done, GenerationConfig, generate
-    from localspec.decoding.sampling import SamplingParams
+    from localspec.sampling import SamplingParams
     from localspec.decoding.stats import NEAR_TIE_GAP
 
     def logits(tokens: list[int]) -> np.ndarray:

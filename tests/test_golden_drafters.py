@@ -17,7 +17,7 @@ from golden_cases import CASES, PENDING, GoldenCase, load_golden, write_case
 
 from localspec.backends import llama_cpp as lb
 from localspec.backends import llama_ext
-from localspec.decoding.sampling import SamplingParams
+from localspec.sampling import SamplingParams
 from localspec.pipeline import make_drafter
 
 GREEDY = SamplingParams(temperature=0.0)

@@ -13,7 +13,7 @@ from localspec.decoding.auto import AutoDrafter, auto_ngram
 from localspec.decoding.calibrate import time_target
 from localspec.decoding.drafters import ModelDrafter, NgramDrafter, NoDrafter
 from localspec.decoding.engine import Done, GenerationConfig, generate
-from localspec.decoding.sampling import SamplingParams
+from localspec.sampling import SamplingParams
 from test_verify import MODEL_PROMPT, N_SAMPLES, P_TABLE, Q_TABLE, V, WINDOW, K, _draft_fn, _expected_joint, _target_fn, joint_check
 
 TARGET = without(hashed_logits(1))

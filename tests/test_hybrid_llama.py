@@ -17,7 +17,7 @@ from localspec.backends import llama_cpp as lb
 from localspec.backends.base import ChatMessage, chat_prompt_tokens, sync_cache
 from localspec.decoding.drafters import ModelDrafter, NgramDrafter, NoDrafter
 from localspec.decoding.engine import Done, GenerationConfig, generate
-from localspec.decoding.sampling import SamplingParams, probabilities
+from localspec.sampling import SamplingParams, probabilities
 from localspec.errors import UnsupportedModelError
 from localspec.options import ModelOptions
 from localspec.pipeline import load_pipeline

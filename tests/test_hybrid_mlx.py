@@ -42,7 +42,7 @@ def _load(path: Path, n_ctx: int = 512):  # type: ignore[no-untyped-def]
 
 def _run(target, drafter, prompt: list[int], *, n: int, k: int = 4, **sampling):  # type: ignore[no-untyped-def]
     from localspec.decoding.engine import Done, GenerationConfig, generate
-    from localspec.decoding.sampling import SamplingParams
+    from localspec.sampling import SamplingParams
 
     config = GenerationConfig(max_tokens=n, num_draft=k, sampling=SamplingParams(**sampling))
     done = list(generate(target, drafter, prompt, config))[-1]
@@ -126,7 +126,7 @@ def test_rollback_before_the_saved_state_is_refused_clearly(hybrid_models) -> No
 @pytest.mark.slow  # about 4 minutes on a busy 2-core CPU
 def test_exact_rule_through_a_hybrid_target_keeps_its_distribution(hybrid_models) -> None:  # type: ignore[no-untyped-def]
     from localspec.decoding.drafters import ModelDrafter
-    from localspec.decoding.sampling import SamplingParams, probabilities
+    from localspec.sampling import SamplingParams, probabilities
     from test_verify import joint_check
 
     window, k = 3, 2

@@ -60,7 +60,7 @@ def _load(path: Path, n_ctx: int = 1024):  # type: ignore[no-untyped-def]
 
 def _run(target, drafter, prompt: list[int], *, n: int, k: int = 4, temperature: float = 0.0):  # type: ignore[no-untyped-def]
     from localspec.decoding.engine import Done, GenerationConfig, generate
-    from localspec.decoding.sampling import SamplingParams
+    from localspec.sampling import SamplingParams
 
     config = GenerationConfig(max_tokens=n, num_draft=k, sampling=SamplingParams(temperature=temperature, seed=0))
     done = [e for e in generate(target, drafter, prompt, config) if isinstance(e, Done)][0]

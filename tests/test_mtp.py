@@ -23,7 +23,7 @@ from localspec.backends.base import sync_cache
 from localspec.backends.llama_mtp import MtpDrafter, check_target
 from localspec.decoding.drafters import NoDrafter
 from localspec.decoding.engine import Done, GenerationConfig
-from localspec.decoding.sampling import SamplingParams
+from localspec.sampling import SamplingParams
 from localspec.errors import Interrupted, UnsupportedModelError
 from localspec.options import ModelOptions
 from localspec.pipeline import load_pipeline

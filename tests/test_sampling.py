@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from localspec.errors import UsageError
-from localspec.decoding import sampling
-from localspec.decoding.sampling import SamplingParams, greedy, probabilities, sample
+from localspec import sampling
+from localspec.sampling import SamplingParams, greedy, probabilities, sample
 
 
 def _softmax(z: np.ndarray) -> np.ndarray:

@@ -12,7 +12,7 @@ from localspec.decoding.drafters import NoDrafter
 from localspec.decoding.engine import Done, GenerationConfig, generate
 from localspec.decoding.policy import RESUMED, RESYNC, match_bucket
 from localspec.decoding.resync import MAX_EDIT, WINDOW
-from localspec.decoding.sampling import SamplingParams
+from localspec.sampling import SamplingParams
 from localspec.decoding.stats import RoundStats
 from localspec.decoding.suffix import MAX_CANDIDATES, SuffixDrafter, SuffixIndex
 

@@ -20,7 +20,7 @@ from fakes import FakeBackend
 from localspec.decoding import verify
 from localspec.decoding.drafters import ModelDrafter, NgramDrafter
 from localspec.decoding.engine import Done, GenerationConfig, generate
-from localspec.decoding.sampling import SamplingParams, probabilities, sample
+from localspec.sampling import SamplingParams, probabilities, sample
 from localspec.decoding.verify import Verdict, verify_exact, verify_greedy, verify_match
 
 # -- the toy pair -----------------------------------------------------------------------------------

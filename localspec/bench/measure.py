@@ -31,7 +31,7 @@ from localspec.decoding.cost_cache import CostStore
 from localspec.decoding.drafters import Drafter, ModelDrafter
 from localspec.decoding.engine import Done, GenerationConfig, generate
 from localspec.decoding.policy import CostModel
-from localspec.decoding.sampling import SamplingParams
+from localspec.sampling import SamplingParams
 from localspec.decoding.stats import SpecStats, format_choices
 from localspec.errors import UsageError
 from localspec.options import HEAD_METHODS, MAX_K, default_k

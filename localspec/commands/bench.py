@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     from localspec.bench.measure import parse_methods, run_bench
     from localspec.bench.report import bench_lines
     from localspec.bench.suites import suites
-    from localspec.decoding.sampling import SamplingParams
+    from localspec.sampling import SamplingParams
     from localspec.options import model_options_from_args
     from localspec.pipeline import load_pipeline
 

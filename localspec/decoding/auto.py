@@ -26,10 +26,11 @@ import numpy as np
 from localspec.backends.base import Backend
 from localspec.decoding.calibrate import calibrate
 from localspec.decoding.cost_cache import CostStore
-from localspec.decoding.drafters import EMPTY_DRAFT, Draft, Drafter, LazyModelDrafter, NgramDrafter
+from localspec.decoding.drafters import Drafter, LazyModelDrafter, NgramDrafter
+from localspec.draft import EMPTY_DRAFT, Draft
 from localspec.decoding.policy import CostModel, Controller, Plan
 from localspec.decoding.suffix import SuffixDrafter
-from localspec.decoding.sampling import SamplingParams
+from localspec.sampling import SamplingParams
 from localspec.decoding.stats import RoundStats
 from localspec.errors import Interrupted, LocalspecError
 

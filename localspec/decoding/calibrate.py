@@ -14,7 +14,7 @@ import numpy as np
 from localspec.backends.base import Backend
 from localspec.decoding.drafters import Drafter
 from localspec.decoding.policy import CostModel
-from localspec.decoding.sampling import SamplingParams
+from localspec.sampling import SamplingParams
 
 Stat = Callable[[list[float]], float]
 _GREEDY = SamplingParams()

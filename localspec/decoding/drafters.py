@@ -8,26 +8,16 @@ the committed context itself, through backends.base.sync_cache.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
 from localspec.backends.base import Backend, common_prefix, sync_cache
-from localspec.decoding.sampling import SamplingParams, probabilities, sample
+from localspec.draft import EMPTY_DRAFT, Draft, sample_draft
+from localspec.sampling import SamplingParams
 from localspec.decoding.stats import RoundStats
 
 
-@dataclass(frozen=True)
-class Draft:
-    tokens: list[int]
-    q: np.ndarray | None  # [len(tokens), V] processed draft distributions; None: one-hot (no model)
-    note: str = ""  # why the drafter proposed this (shown in RoundStats.note)
-    source: str = "none"  # which kind of drafter wrote it (RoundStats.source)
-    order: int = 0  # lookup drafts: length of the matched context (the evidence behind the draft); policy.RESYNC + v: a resync
-
-
-EMPTY_DRAFT = Draft([], None)
 
 
 class Drafter(Protocol):
@@ -278,47 +268,3 @@ class LazyModelDrafter:
     def close(self) -> None:
         if self._drafter is not None:
             self._drafter.close()
-
-
-def sample_draft(
-    logits: np.ndarray,
-    step: Callable[[int], np.ndarray],
-    k: int,
-    sampling: SamplingParams,
-    rng: np.random.Generator,
-    min_confidence: float,
-    eog: frozenset[int],
-) -> tuple[list[int], np.ndarray | None, str]:
-    """Draw up to k draft tokens: the first from `logits` [V], each next from step(token) -> logits [V].
-
-    Returns (tokens, q [len, V] the processed rows they were drawn from (None when greedy), note). Stops
-    before a token whose own probability is below min_confidence, and after an end-of-generation token
-    (drafting past the end of the answer is wasted work).
-    """
-    tokens: list[int] = []
-    rows: list[np.ndarray] = []
-    note = ""
-    while True:
-        if sampling.greedy:
-            tok = int(np.argmax(logits))
-            conf = _top_probability(logits) if min_confidence > 0 else 1.0
-        else:
-            q = probabilities(logits, sampling)
-            tok = sample(q, rng)
-            conf = float(q[tok]) if min_confidence > 0 else 1.0
-        if conf < min_confidence:
-            note = f"draft stopped at position {len(tokens) + 1}: confidence {conf:.2f} < {min_confidence:.2f}"
-            break
-        if not sampling.greedy:
-            rows.append(q)
-        tokens.append(tok)
-        if len(tokens) >= k or tok in eog:
-            break
-        logits = step(tok)
-    return tokens, (np.stack(rows) if rows else None), note
-
-
-def _top_probability(logits: np.ndarray) -> float:
-    """softmax(logits).max() without materializing the distribution: 1 / sum(exp(z - max z))."""
-    z = np.asarray(logits, dtype=np.float32)
-    return float(1.0 / np.exp(z - z.max()).sum())

@@ -20,8 +20,9 @@ import numpy as np
 from localspec.backends.base import Backend, Detokenizer, sync_cache
 from localspec.errors import ContextOverflowError, Interrupted, UsageError
 from localspec.decoding import verify
-from localspec.decoding.drafters import Draft, Drafter
-from localspec.decoding.sampling import SamplingParams, greedy, probabilities, runner_up_gaps, sample
+from localspec.decoding.drafters import Drafter
+from localspec.draft import Draft
+from localspec.sampling import SamplingParams, greedy, probabilities, runner_up_gaps, sample
 from localspec.decoding.stats import NEAR_TIE_GAP, NearTie, RoundStats, SpecStats, StatsCollector, StopReason
 
 Origin = Literal["draft", "target"]  # accepted draft token, or a token the target chose itself

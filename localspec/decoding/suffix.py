@@ -36,10 +36,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from localspec.backends.base import common_prefix
-from localspec.decoding.drafters import EMPTY_DRAFT, Draft, Stateless
+from localspec.decoding.drafters import Stateless
+from localspec.draft import EMPTY_DRAFT, Draft
 from localspec.decoding.policy import NGRAM_PRIOR, RESYNC, Acceptance, match_bucket
 from localspec.decoding.resync import ANCHOR_MIN, WINDOW, Anchor, Edits, Resync, follow
-from localspec.decoding.sampling import SamplingParams
+from localspec.sampling import SamplingParams
 from localspec.decoding.stats import RoundStats
 
 KEY_LENGTHS = (2, 8)  # index key lengths; a match shorter than the shortest is no match

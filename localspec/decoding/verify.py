@@ -17,7 +17,7 @@ from typing import Literal
 
 import numpy as np
 
-from localspec.decoding.sampling import sample
+from localspec.sampling import sample
 
 Kind = Literal["recovered", "bonus"]
 

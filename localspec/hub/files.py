@@ -178,7 +178,6 @@ def pair_backend(t: ModelRef, d: ModelRef) -> str:
 def as_ref(spec: str | ModelRef) -> ModelRef:
     if isinstance(spec, ModelRef):
         return spec
-    from localspec.errors import CatalogError
 
     try:
         return parse_model_ref(spec)

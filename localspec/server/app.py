@@ -22,7 +22,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from localspec.pipeline import Pipeline
-from localspec.server.errors import APIError, error_body
+from localspec.server.errors import APIError
 from localspec.server.metrics import Metrics
 from localspec.server.requests import Defaults, GenerationRequest, chat_request, completion_request
 from localspec.server.responses import ResponseIds, chunk, full_response, sse, usage_chunk

@@ -1,0 +1,70 @@
+"""What a drafter hands the engine: the draft tokens and, for a model draft, the distributions they were
+drawn from; and the sampling loop every model-like drafter (a draft model, a head) shares.
+
+Below the engine and the backends alike: a head drafter behind the backend boundary builds Drafts
+without importing the engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from localspec.sampling import SamplingParams, probabilities, sample
+
+
+@dataclass(frozen=True)
+class Draft:
+    tokens: list[int]
+    q: np.ndarray | None  # [len(tokens), V] processed draft distributions; None: one-hot (no model)
+    note: str = ""  # why the drafter proposed this (shown in RoundStats.note)
+    source: str = "none"  # which kind of drafter wrote it (RoundStats.source)
+    order: int = 0  # lookup drafts: length of the matched context (the evidence behind the draft); policy.RESYNC + v: a resync
+
+
+EMPTY_DRAFT = Draft([], None)
+
+def sample_draft(
+    logits: np.ndarray,
+    step: Callable[[int], np.ndarray],
+    k: int,
+    sampling: SamplingParams,
+    rng: np.random.Generator,
+    min_confidence: float,
+    eog: frozenset[int],
+) -> tuple[list[int], np.ndarray | None, str]:
+    """Draw up to k draft tokens: the first from `logits` [V], each next from step(token) -> logits [V].
+
+    Returns (tokens, q [len, V] the processed rows they were drawn from (None when greedy), note). Stops
+    before a token whose own probability is below min_confidence, and after an end-of-generation token
+    (drafting past the end of the answer is wasted work).
+    """
+    tokens: list[int] = []
+    rows: list[np.ndarray] = []
+    note = ""
+    while True:
+        if sampling.greedy:
+            tok = int(np.argmax(logits))
+            conf = _top_probability(logits) if min_confidence > 0 else 1.0
+        else:
+            q = probabilities(logits, sampling)
+            tok = sample(q, rng)
+            conf = float(q[tok]) if min_confidence > 0 else 1.0
+        if conf < min_confidence:
+            note = f"draft stopped at position {len(tokens) + 1}: confidence {conf:.2f} < {min_confidence:.2f}"
+            break
+        if not sampling.greedy:
+            rows.append(q)
+        tokens.append(tok)
+        if len(tokens) >= k or tok in eog:
+            break
+        logits = step(tok)
+    return tokens, (np.stack(rows) if rows else None), note
+
+
+def _top_probability(logits: np.ndarray) -> float:
+    """softmax(logits).max() without materializing the distribution: 1 / sum(exp(z - max z))."""
+    z = np.asarray(logits, dtype=np.float32)
+    return float(1.0 / np.exp(z - z.max()).sum())
