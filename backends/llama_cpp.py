@@ -264,7 +264,7 @@ class LlamaCppBackend:
     def _describe(self, p: Path, n_gpu_layers: int) -> ModelInfo:
         device = _device(llama_cpp.llama_model_n_layer(self._model), self._threads, n_gpu_layers)
         return ModelInfo(
-            backend="llama.cpp",
+            backend=NAME,
             path=str(p),
             name=str(self._meta.get("general.name") or p.stem),
             architecture=self._header.architecture,

@@ -274,7 +274,7 @@ class MLXBackend:
         if note:
             device += f"; {note}"
         self._info = ModelInfo(
-            backend="mlx",
+            backend=NAME,
             path=str(path),
             name=_display_name(path),
             architecture=str(config.get("model_type", "unknown")),

@@ -65,6 +65,16 @@ class BackendPair:
 
 
 @dataclass(frozen=True)
+class LocalPair:
+    """A catalog pair ready to load: its concrete backend and local (target, draft) paths."""
+
+    name: str
+    backend: str
+    target: str
+    draft: str
+
+
+@dataclass(frozen=True)
 class BaseModels:
     """The original (safetensors) Hub repos a pair's files were converted from: what vLLM loads."""
 

@@ -11,21 +11,24 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
+from localspec.backends.registry import AUTO as AUTO_BACKEND
+from localspec.backends.registry import backend_choices, resolve_backend
+from localspec.catalog import LocalPair, load_catalog
 from localspec.decoding.engine import GenerationConfig
-from localspec.sampling import SamplingParams
 from localspec.decoding.verify import RULES
 from localspec.errors import UsageError
+from localspec.families import registry
+from localspec.families.auto import AUTO_MAX_K
+from localspec.sampling import SamplingParams
 
-BACKENDS = ("auto", "llama", "mlx")
-DEFAULT_BACKEND = "auto"  # llama.cpp for GGUF files; MLX on Apple silicon when installed
-DRAFT_METHODS = ("auto", "model", "ngram", "suffix", "none", "eagle3", "mtp", "dflash", "dspark")
-HEAD_METHODS = ("eagle3", "mtp", "dflash", "dspark")  # drafters that read the target's hidden states (llama.cpp)
-OWN_HEAD_METHODS = ("mtp",)  # heads inside the target's own GGUF: no --draft file
-DEFAULT_DRAFT_METHOD = "auto"  # met the bar of issue 6 (bench on the 2-core CPU reference machine)
+if TYPE_CHECKING:
+    from localspec.families.base import DrafterFamily
+
+DEFAULT_BACKEND = AUTO_BACKEND  # the target's format decides; on Apple silicon MLX when installed
+DEFAULT_DRAFT_METHOD = registry.DEFAULT
 FIXED_K = 4  # k for fixed draft methods, unless a catalog pair says otherwise
-AUTO_MAX_K = 32  # k for auto: the longest draft it may choose (long exact copies pay on a CPU, see DESIGN.md)
-SUFFIX_K = 32  # k for suffix drafts: the longest; each draft is also limited by its match length
 MAX_K = 64  # the longest draft any method may verify in one pass (and the recurrent snapshots kept)
 DEFAULT_N_CTX = 4096
 MIN_N_CTX = 256  # llama.cpp rounds smaller contexts up to 256; say so instead of doing it silently
@@ -52,52 +55,35 @@ class ModelOptions:
     max_draft: int = AUTO_MAX_K
 
     def __post_init__(self) -> None:
-        check_choice("backend", self.backend, BACKENDS)
-        check_choice("draft method", self.draft_method, DRAFT_METHODS)
+        check_choice("backend", self.backend, backend_choices())
+        registry.family(self.draft_method)  # UsageError naming the choices
         check_n_ctx(self.n_ctx)
         check_threads(self.threads)
         if not 0 <= self.max_draft <= MAX_K:
             raise UsageError(f"the longest draft must be 0..{MAX_K}, got {self.max_draft}", f"use -k {FIXED_K}")
 
     @property
+    def family(self) -> DrafterFamily:
+        return registry.family(self.draft_method)
+
+    @property
     def uses_draft_model(self) -> bool:
-        """Whether the draft model gets loaded: model drafting, or auto with a draft model given."""
-        return bool(self.draft) and self.draft_method in ("model", "auto") and self.auto_head is None
+        """Whether the draft model gets loaded: a family that drafts with one (model), or takes one (auto)
+        and was given a draft model rather than a head."""
+        fam = self.family
+        return bool(self.draft) and (fam.needs == "draft_model" or fam.accepts_draft) and self.auto_head is None
 
     @property
     def auto_head(self) -> str | None:
         """The head family auto drafts with in place of a draft model (its costs measured, picked per round
-        like one): --draft is an EAGLE-3, DFlash or DSpark head, or the target file itself for its own
-        MTP layers (a catalog MTP pair). None otherwise, or for any other method."""
-        if self.draft_method != "auto" or not self.draft:
+        like one): --draft is a head file, or the target file itself for layers it carries (a catalog MTP
+        pair). None otherwise, or for a family that takes no such draft."""
+        if not self.family.accepts_draft or not self.draft:
             return None
-        from pathlib import Path
-
-        from localspec.heads import head_family
-
-        family = head_family(self.draft)
-        if family is None and str(self.draft).lower().endswith(".gguf"):
-            try:
-                same = Path(self.draft).expanduser().resolve() == Path(self.target).expanduser().resolve()
-            except OSError:
-                same = False
-            family = "mtp" if same and has_mtp_layers(self.target) else None  # else a self-draft
-        return family
+        return registry.auto_head(self.draft, self.target)
 
     def with_method(self, method: str) -> ModelOptions:
         return replace(self, draft_method=method)
-
-
-def has_mtp_layers(path: str) -> bool:
-    """Whether a GGUF declares MTP (nextn) layers (False when it cannot be read: its loader says why)."""
-    from localspec.errors import LocalspecError
-    from localspec.gguf_meta import read_gguf_header
-
-    try:
-        header = read_gguf_header(path, check_size=False)
-    except LocalspecError:
-        return False
-    return int(header.metadata.get(f"{header.architecture}.nextn_predict_layers", 0) or 0) > 0
 
 
 # -- checks shared by every front end ----------------------------------------------------------------
@@ -123,7 +109,7 @@ def check_threads(threads: int | None) -> None:
 
 def check_k(k: int, method: str) -> None:
     """The draft length a user asked for: 1..MAX_K (plain decoding is a method, not k=0)."""
-    if method == "none":
+    if registry.family(method).plain:
         return
     if k < 1:
         raise UsageError(
@@ -138,37 +124,85 @@ def check_k(k: int, method: str) -> None:
 
 
 def default_k(method: str, pair_k: int | None = None) -> int:
-    """k when none is given: auto's longest draft, or a fixed method's length (a catalog pair may set it)."""
-    if method == "none":
-        return 0
-    if method == "auto":
-        return max(AUTO_MAX_K, pair_k or 0)
-    if method == "suffix":
-        return SUFFIX_K
-    return pair_k or FIXED_K
+    """k when none is given: the family's own (auto's longest draft, suffix's), or a fixed method's length;
+    a catalog pair's k replaces the fixed one, and raises the family's own when the family drafts with the
+    pair's draft (auto)."""
+    fam = registry.family(method)
+    if fam.default_k is None:
+        return pair_k or FIXED_K
+    return max(fam.default_k, pair_k or 0) if fam.accepts_draft else fam.default_k
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    """How to generate, as every front end states it: the CLI's flags, the chat app's settings dialog, a
+    server request over serve's defaults. Update with dataclasses.replace; config() checks the values and
+    makes the engine's GenerationConfig."""
+
+    method: str = DEFAULT_DRAFT_METHOD
+    k: int | None = None  # draft tokens per round; None: the method's default (default_k)
+    pair_k: int | None = None  # the catalog pair's k, when a pair was chosen
+    rule: str = DEFAULT_RULE
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None
+    max_tokens: int | None = DEFAULT_MAX_TOKENS  # None: until the context is full (serve's default)
+    system: str | None = None  # a system prompt for conversations
+
+    @property
+    def num_draft(self) -> int:
+        """k as the engine will use it."""
+        return default_k(self.method, self.pair_k) if self.k is None else self.k
+
+    def config(self, *, room: int | None = None) -> GenerationConfig:
+        """The GenerationConfig; UsageError for any value the engine refuses. `room`: tokens the context
+        has left, a bound on max_tokens (and its value when max_tokens is None)."""
+        num_draft = self.num_draft
+        check_k(num_draft, self.method)
+        check_choice("verification rule", self.rule, tuple(RULES))
+        sampling = SamplingParams(
+            temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p, seed=self.seed
+        )
+        max_tokens = self.max_tokens if self.max_tokens is not None else room
+        if max_tokens is None:
+            raise UsageError("no bound on the answer's length", "give --max-tokens")
+        if room is not None:
+            max_tokens = min(max_tokens, room)
+        plain = registry.family(self.method).plain
+        return GenerationConfig(max_tokens=max_tokens, num_draft=0 if plain else num_draft, rule=self.rule, sampling=sampling)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> GenerationSettings:
+        """The generation flags (add_generation_options); unchecked until config()."""
+        pair = chosen_pair(args)
+        return cls(
+            method=getattr(args, "draft_method", None) or DEFAULT_DRAFT_METHOD,
+            k=args.num_draft,
+            pair_k=pair_num_draft(pair) if pair else None,
+            rule=args.rule,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            min_p=args.min_p,
+            seed=args.seed,
+            max_tokens=args.max_tokens,
+            system=getattr(args, "system", None),
+        )
 
 
 def generation_config(
-    *,
-    method: str,
-    k: int | None = None,
-    pair_k: int | None = None,
-    rule: str = DEFAULT_RULE,
-    temperature: float = 0.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    min_p: float = 0.0,
-    seed: int | None = None,
+    *, method: str, k: int | None = None, pair_k: int | None = None, rule: str = DEFAULT_RULE,
+    temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, seed: int | None = None,
     max_tokens: int = DEFAULT_MAX_TOKENS,
-) -> GenerationConfig:
-    """The GenerationConfig for these values; UsageError for any the engine refuses."""
-    num_draft = default_k(method, pair_k) if k is None else k
-    check_k(num_draft, method)
-    check_choice("verification rule", rule, tuple(RULES))
-    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
-    return GenerationConfig(
-        max_tokens=max_tokens, num_draft=0 if method == "none" else num_draft, rule=rule, sampling=sampling
-    )
+) -> GenerationConfig:  # fmt: skip
+    """TEMPORARY: the server's requests still call this; they move to GenerationSettings next."""
+    return GenerationSettings(method, k, pair_k, rule, temperature, top_k, top_p, min_p, seed, max_tokens).config()
+
+
+def generation_config_from_args(args: argparse.Namespace) -> GenerationConfig:
+    return GenerationSettings.from_args(args).config()
 
 
 # -- command-line flags ------------------------------------------------------------------------------
@@ -178,7 +212,7 @@ def add_model_options(p: argparse.ArgumentParser, *, method: bool = True, first_
     """The model flags; `first_use`: also -y/--yes and --no-pull (for commands that may pull a pair)."""
     g = p.add_argument_group("models")
     g.add_argument(
-        "--backend", default=DEFAULT_BACKEND, choices=BACKENDS,
+        "--backend", default=DEFAULT_BACKEND, choices=backend_choices(),
         help=f"inference backend; auto: llama.cpp for GGUF files, MLX on Apple silicon (default: {DEFAULT_BACKEND})",
     )  # fmt: skip
     g.add_argument("--target", help="target model: GGUF file (llama) or mlx-lm directory / repo id (mlx)")
@@ -199,14 +233,9 @@ def add_model_options(p: argparse.ArgumentParser, *, method: bool = True, first_
     if method:
         g.add_argument(
             "--draft-method",
-            choices=DRAFT_METHODS,
+            choices=registry.names(),
             default=DEFAULT_DRAFT_METHOD,
-            help="auto: measure costs and acceptance, pick the draft (suffix lookup, model or none) and its length "
-            "each round; model: a draft model; ngram: prompt lookup, no model; suffix: copy what followed the longest "
-            "earlier match in this session's text, no model; none: plain decoding; eagle3: an "
-            "EAGLE-3 head given with --draft (llama.cpp); mtp: the target's own MTP layers, for GGUFs that keep "
-            "them (llama.cpp); dflash, dspark: a DFlash / DSpark block drafter given with --draft (llama.cpp) "
-            f"(default: {DEFAULT_DRAFT_METHOD})",
+            help=f"{registry.help_text()} (default: {DEFAULT_DRAFT_METHOD})",
         )
     g.add_argument("--n-ctx", type=int, default=DEFAULT_N_CTX, help=f"context window in tokens (default: {DEFAULT_N_CTX})")
     g.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
@@ -227,7 +256,7 @@ def add_generation_options(p: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help=f"draft tokens per round, 1..{MAX_K}; with auto the most it may choose "
-        f"(default: {FIXED_K}, or the catalog pair's; auto {AUTO_MAX_K}; suffix {SUFFIX_K})",
+        f"(default: {FIXED_K}, or the catalog pair's; {_own_defaults()})",
     )
     g.add_argument("--rule", choices=tuple(RULES), default=DEFAULT_RULE, help=f"verification rule (default: {DEFAULT_RULE})")
     g.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default: 0)")
@@ -241,6 +270,10 @@ def add_generation_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--system", default=None, help="system prompt")
 
 
+def _own_defaults() -> str:
+    return "; ".join(f"{f.name} {f.default_k}" for f in registry.families() if f.default_k)
+
+
 def models_given(args: argparse.Namespace) -> bool:
     return bool(args.target or args.draft or args.pair)
 
@@ -251,33 +284,26 @@ def chosen_pair(args: argparse.Namespace) -> str | None:
         return str(args.pair)
     if args.target or args.draft:
         return None
-    from localspec.catalog import load_catalog
-
     return load_catalog().default_pair().name
 
 
-def model_options_from_args(args: argparse.Namespace) -> ModelOptions:
-    """ModelOptions from the flags. A catalog pair (--pair, or the default one when no model is given)
-    becomes local paths, pulled first if it is not downloaded yet and the flags allow it
-    (localspec.first_use)."""
+def model_options(args: argparse.Namespace, local: LocalPair | None = None) -> ModelOptions:
+    """ModelOptions from the flags; `local`: the catalog pair they name (chosen_pair), already on disk.
+    Downloading it first is the command layer's (localspec.commands.first_use); nothing here does."""
     method = getattr(args, "draft_method", None) or DEFAULT_DRAFT_METHOD
     target, draft, backend = args.target, args.draft, args.backend
     if args.pair and (target or draft):
         raise UsageError("--pair cannot be combined with --target/--draft", "use one or the other")
-    pair = chosen_pair(args)
-    if pair:
-        from localspec.first_use import FirstUse, ensure_pair
-        from localspec.pipeline import resolve_backend
-
-        local = ensure_pair(pair, args.backend, FirstUse.from_args(args), default=not args.pair)
+    if local is not None:
         target, draft = local.target, local.draft
-        if backend == "auto" and resolve_backend("auto", target)[0] != local.backend:
+        if backend == DEFAULT_BACKEND and resolve_backend(backend, target)[0] != local.backend:
             backend = local.backend  # e.g. a pair with MLX models only, off Apple silicon
     if not target:
         raise UsageError("no target model given", "pass --pair NAME (see `localspec models`) or --target PATH")
-    head = pair_method(pair) if pair else "model"
-    if head != "model" and method == "auto":
-        method = head  # a catalog pair whose draft is a head (EAGLE-3, MTP, DFlash): auto does not drive heads
+    pair = local.name if local is not None else None
+    head = pair_method(pair) if pair else None
+    if head is not None and registry.family(head).is_head and registry.family(method).accepts_draft:
+        method = head  # a catalog pair whose draft is a head: its own method (auto drives heads given by file)
     k = getattr(args, "num_draft", None)
     if k is None or not 0 <= k <= MAX_K:  # a bad -k is refused with the generation options
         k = default_k(method, pair_num_draft(args.pair) if args.pair else None)
@@ -295,33 +321,13 @@ def model_options_from_args(args: argparse.Namespace) -> ModelOptions:
     )
 
 
-def generation_config_from_args(args: argparse.Namespace) -> GenerationConfig:
-    method = getattr(args, "draft_method", None) or DEFAULT_DRAFT_METHOD
-    return generation_config(
-        method=method,
-        k=args.num_draft,
-        pair_k=pair_num_draft(pair) if (pair := chosen_pair(args)) else None,
-        rule=args.rule,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        min_p=args.min_p,
-        seed=args.seed,
-        max_tokens=args.max_tokens,
-    )
-
-
 def pair_method(name: str) -> str:
-    """How a catalog pair's draft file drafts (models.toml `method`): "model", or a head method."""
-    from localspec.catalog import load_catalog
-
+    """How a catalog pair's draft file drafts (models.toml `method`): "model", or a head family."""
     pair = load_catalog().pairs.get(name)
     return pair.method if pair is not None else "model"
 
 
 def pair_num_draft(name: str) -> int | None:
     """A catalog pair's k for fixed draft methods (models.toml `num_draft`); None for unknown names."""
-    from localspec.catalog import load_catalog
-
     pair = load_catalog().pairs.get(name)
     return pair.num_draft if pair is not None else None

@@ -2,22 +2,20 @@
 the drafter, stream. `run`, `chat` (and its picker's check), `bench`, `doctor` and `serve` all go
 through here.
 
-    resolve_backend(name, target) -> (backend, note)       "auto" made concrete, and why
-    backend_module(backend) -> BackendModule                llama.cpp or MLX (clear error if missing)
-    resolve_pair(name, backend) -> (target, draft)         a catalog pair's local files
     check_pair(opts) -> PairCheck                           from metadata only; raises on a bad pair
     load_pipeline(opts) -> Pipeline                         the target loaded, the drafter built (a draft
                                                             model with it, or for auto when first needed)
     Pipeline.generate(prompt, config, stop=...) -> events   the engine's Step/Done stream
-    Pipeline.new_drafter(method) -> Drafter                 another drafter on the loaded models (bench)
+    Pipeline.new_drafter(method) -> Drafter                 another drafter on the loaded models (bench, serve)
+    make_drafter(method, target, draft, ...) -> Drafter     a family's drafter over loaded models
     cost_store(opts, target) -> CostStore                   where auto's measured costs are remembered
+
+Backends come from one table (localspec.backends.registry), drafter families from another
+(localspec.families.registry): nothing here names either.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import platform
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -26,67 +24,18 @@ from pathlib import Path
 
 from localspec.backends.base import Backend, BackendModule, ChatMessage, chat_prompt_tokens
 from localspec.backends.chat_template import ChatFormat, choose_chat_format
+from localspec.backends.registry import backend_spec, resolve_backend
 from localspec.decoding.cost_cache import CostStore
-from localspec.decoding.drafters import Drafter, LazyModelDrafter, ModelDrafter, NgramDrafter, NoDrafter
-from localspec.decoding.suffix import SuffixDrafter
+from localspec.decoding.drafters import Drafter
 from localspec.decoding.engine import Event, GenerationConfig, generate
-from localspec.errors import BackendUnavailableError, UsageError
-from localspec.options import DRAFT_METHODS, HEAD_METHODS, OWN_HEAD_METHODS, ModelOptions, check_choice
+from localspec.errors import UsageError
+from localspec.families import registry
+from localspec.families.base import BuildContext
+from localspec.options import ModelOptions
+from localspec.recurrent import describe_path
 from localspec.vocab import VocabInfo, check_compatible
 
 Prompt = str | Sequence[ChatMessage] | Sequence[int]  # raw text, a conversation, or token ids
-
-
-# -- the backend -------------------------------------------------------------------------------------
-
-
-def mlx_available() -> bool:
-    return importlib.util.find_spec("mlx") is not None and importlib.util.find_spec("mlx_lm") is not None
-
-
-def resolve_backend(name: str, target: str | None = None) -> tuple[str, str]:
-    """Map "auto" to a concrete backend: llama.cpp for GGUF files; otherwise MLX on Apple silicon
-    when installed, else llama.cpp. Returns (backend, a note saying why; empty when not auto)."""
-    if name in ("llama", "mlx"):
-        return name, ""
-    check_choice("backend", name, ("auto", "llama", "mlx"))
-    if target is not None and target.lower().endswith(".gguf"):
-        return "llama", "auto picked llama.cpp (the target is a GGUF file)"
-    apple = sys.platform == "darwin" and platform.machine() == "arm64"
-    if apple and mlx_available():
-        return "mlx", "auto picked MLX (Apple silicon, mlx-lm installed)"
-    return "llama", f"auto picked llama.cpp ({'MLX not installed' if apple else 'not Apple silicon'})"
-
-
-def backend_module(backend: str) -> BackendModule:
-    """The backend module for a concrete backend name, or a clear error saying how to install it."""
-    if backend == "llama":
-        try:
-            from localspec.backends import llama_cpp as llama_module
-        except ImportError as e:
-            raise BackendUnavailableError(
-                f"the llama.cpp backend cannot load: {e}",
-                "install it with `pip install llama-cpp-python` "
-                '(CUDA: CMAKE_ARGS="-DGGML_CUDA=on", Metal: CMAKE_ARGS="-DGGML_METAL=on")',
-            ) from None
-        return llama_module  # type: ignore[return-value]
-    if backend != "mlx":
-        check_choice("backend", backend, ("llama", "mlx"))
-    if not mlx_available():
-        raise BackendUnavailableError(
-            "the MLX backend needs mlx and mlx-lm, which are not installed",
-            "install them with `pip install 'localspec[mlx]'` (on Linux this brings mlx[cpu])",
-        )
-    from localspec.backends import mlx as mlx_module
-
-    return mlx_module  # type: ignore[return-value]
-
-
-def resolve_pair(name: str, backend: str) -> tuple[str, str]:
-    """A catalog pair's local (target, draft) paths for a backend ("auto" resolved first)."""
-    from localspec.catalog import resolve_pair as catalog_resolve
-
-    return catalog_resolve(name, resolve_backend(backend)[0])
 
 
 # -- checking a pair before anything loads ----------------------------------------------------------
@@ -118,9 +67,7 @@ def check_pair(opts: ModelOptions) -> PairCheck:
     """
     backend, note, tv = _check_target(opts)
     dv, draft_note = _check_draft(opts, backend, tv)
-    backend_module(backend).check_path(opts.target)  # the vocabularies first (headers alone), then whole files
-    from localspec.recurrent import describe_path
-
+    backend_spec(backend).module().check_path(opts.target)  # the vocabularies first (headers alone), then whole files
     return PairCheck(backend, note, tv, dv, describe_path(opts.target, backend), draft_note)
 
 
@@ -128,17 +75,11 @@ def _check_target(opts: ModelOptions, *, auto_head: bool = True) -> tuple[str, s
     """The backend, a head method's fit and the target's vocabulary: (backend, why, vocabulary). Whether the
     target's file is whole comes after the draft's vocabulary check (check_pair; the loader checks it).
     `auto_head`: check the head auto was given too (False: it will not be used, the costs say so)."""
-    if opts.draft_method == "model" and not opts.draft:
-        raise UsageError(
-            "--draft-method model needs a draft model",
-            "pass --draft PATH (a small model with the target's tokenizer), or use --draft-method ngram",
-        )
     backend, note = resolve_backend(opts.backend, opts.target)
-    module = backend_module(backend)
-    if opts.draft_method in HEAD_METHODS:
-        _check_head_method(opts, backend)
-    elif opts.auto_head is not None and auto_head:
-        _check_head_method(opts.with_method(opts.auto_head), backend)
+    module = backend_spec(backend).module()
+    methods = [opts.draft_method] + ([opts.auto_head] if opts.auto_head is not None and auto_head else [])
+    for method in methods:
+        registry.check_family(method, target=opts.target, draft=opts.draft, backend=backend, module=module)
     return backend, note, module.peek_vocab(opts.target)
 
 
@@ -147,62 +88,11 @@ def _check_draft(opts: ModelOptions, backend: str, tv: VocabInfo) -> tuple[Vocab
     if not opts.uses_draft_model:
         return None, ""
     assert opts.draft is not None
-    module = backend_module(backend)
+    module = backend_spec(backend).module()
     dv = module.peek_vocab(opts.draft)
     check_compatible(tv, dv, target_name=opts.target, draft_name=opts.draft)
     module.check_path(opts.draft)
-    from localspec.recurrent import describe_path
-
     return dv, describe_path(opts.draft, backend)
-
-
-def _check_head_method(opts: ModelOptions, backend: str) -> None:
-    """A drafter that reads the target's hidden states: llama.cpp only, a family this build and localspec
-    can run, and (EAGLE-3, DFlash, DSpark) a head made for this target or (MTP) a target with its own MTP
-    layers, checked from the headers before anything loads."""
-    method = opts.draft_method
-    if backend != "llama":
-        raise UsageError(
-            f"--draft-method {method} runs on llama.cpp only", "use --backend llama with GGUF files, or another method"
-        )
-    from localspec.backends import llama_ext
-
-    llama_ext.require_family(method)
-    module = backend_module(backend)
-    if method in OWN_HEAD_METHODS:
-        from localspec.backends.llama_mtp import check_target
-
-        module.check_path(opts.target)
-        check_target(opts.target)
-        return
-    if not opts.draft:
-        raise UsageError(
-            f"--draft-method {method} needs the head's GGUF file", f"pass --draft HEAD.gguf (architecture {'dflash' if method == 'dspark' else method})"
-        )
-    for path in (opts.target, opts.draft):
-        module.check_path(path)
-    if method == "eagle3":
-        from localspec.backends.llama_eagle3 import check_head
-
-        check_head(opts.draft, opts.target)
-    else:
-        from localspec.backends.llama_dflash import check_head as check_block_head
-
-        check_block_head(method, opts.draft, opts.target)
-    # The head's logits are over its own tokenizer's ids (the target's, when converted with it).
-    check_compatible(module.peek_vocab(opts.target), module.peek_vocab(opts.draft), target_name=opts.target, draft_name=opts.draft)
-
-
-def check_vocabularies(
-    backend: str, target: str, draft: str, *, names: tuple[str, str] | None = None
-) -> tuple[VocabInfo, VocabInfo]:
-    """The vocabulary rule for two local models of one backend (`pull` checks MLX pairs with it).
-    `names`: how to call the two models in an error (default: their paths)."""
-    module = backend_module(backend)
-    tv, dv = module.peek_vocab(target), module.peek_vocab(draft)
-    t_name, d_name = names or (target, draft)
-    check_compatible(tv, dv, target_name=t_name, draft_name=d_name)
-    return tv, dv
 
 
 # -- the loaded pipeline ---------------------------------------------------------------------------
@@ -289,7 +179,7 @@ class Pipeline:
     def new_drafter(self, method: str) -> Drafter:
         """A fresh drafter of `method` over the loaded models (bench runs each method this way)."""
         auto_head = self.options.auto_head if method == "auto" and not self.draft_note else None
-        head = self.options.draft if method in HEAD_METHODS or auto_head else None
+        head = self.options.draft if registry.family(method).is_head or auto_head else None
         draft = self.draft_slot.get() if method == "model" and self.draft_slot.available else self.draft
         lazy = self.draft_slot.get if self.draft_slot.available and not self.draft_note else None
         return make_drafter(
@@ -349,7 +239,7 @@ def load_pipeline(
     """Check the pair from metadata, then load the target and (when used) the draft, and build the drafter.
     Setting `cancel` (from another thread) stops a load in progress with Interrupted."""
     backend, backend_note = resolve_backend(opts.backend, opts.target)
-    module = backend_module(backend)
+    module = backend_spec(backend).module()
     # auto where the remembered costs say a draft model (or head) cannot pay: never touched, not even its
     # header (a 150k-token vocabulary is a tenth of a second to parse). Found by the device the target
     # will load on, which the header tells; checked again against the loaded target below.
@@ -365,8 +255,8 @@ def load_pipeline(
         _check_draft(opts, backend, tv)
     load = dict(n_ctx=opts.n_ctx, threads=opts.threads, n_gpu_layers=opts.n_gpu_layers, cancel=cancel)
     # Only the target verifies drafts in one batch; a draft model drafts token by token (checkpoints serve it).
-    head_family = opts.draft_method if opts.draft_method in HEAD_METHODS else None if skip_note else opts.auto_head
-    own_head = {"load_mtp": True} if head_family == "mtp" else {}  # llama.cpp skips those layers otherwise
+    head_family = opts.draft_method if opts.family.is_head else None if skip_note else opts.auto_head
+    own_head = registry.family(head_family).target_load if head_family is not None else {}
     try:
         target = module.load(opts.target, **load, max_draft=opts.max_draft, **own_head)
     except BaseException:
@@ -445,9 +335,10 @@ def _late_checks(opts: ModelOptions, backend: str, tv: VocabInfo) -> str:
     if opts.auto_head is None:
         _check_draft(opts, backend, tv)
         return ""
-    _check_head_method(opts.with_method(opts.auto_head), backend)
-    if opts.auto_head == "mtp":
-        return "auto: the mtp head not loaded: the target was loaded without its MTP layers"
+    module = backend_spec(backend).module()
+    registry.check_family(opts.auto_head, target=opts.target, draft=opts.draft, backend=backend, module=module)
+    if registry.family(opts.auto_head).target_load:
+        return f"auto: the {opts.auto_head} head not loaded: the target was loaded without its layers"
     return ""
 
 
@@ -496,54 +387,13 @@ def make_drafter(
     draft_name: str = "",
     auto_head: str | None = None,
 ) -> Drafter:
-    """The drafter for a method over loaded models: the only place drafters are built.
+    """The drafter for a method over loaded models (the family registry builds it).
     `store`: where auto finds and keeps its measured costs (None: measure afresh, keep nothing).
-    `head`: the GGUF of a head that reads the target's hidden states (the drafter loads and owns it).
+    `head`: the file of a head that reads the target's hidden states (the drafter loads and owns it).
     `load_draft`: for auto without a loaded `draft`, how to load the draft model when a round first needs it.
-    `auto_head`: for auto, a head family (`head`'s, or mtp) that drafts in the draft model's place."""
-    check_choice("draft method", method, DRAFT_METHODS)
-    if method in HEAD_METHODS:
-        return _head_drafter(method, target, head, n_gpu_layers)
-    if method == "none":
-        return NoDrafter()
-    if method == "ngram":
-        return NgramDrafter(max_ngram=4, gate=True)  # llama-lookup's n-gram lengths and thresholds
-    if method == "suffix":
-        return SuffixDrafter()
-    if method == "model":
-        if draft is None:
-            raise UsageError("--draft-method model needs a draft model", "pass --draft PATH, or use --draft-method ngram")
-        return ModelDrafter(draft)
-    from localspec.decoding.auto import AutoDrafter, auto_lookup
-
-    model: Drafter | None = None
-    if auto_head is not None:
-        model = _head_drafter(auto_head, target, head, n_gpu_layers)  # capture starts now: not lazy
-    elif draft is not None:
-        model = ModelDrafter(draft)
-    elif load_draft is not None:
-        model = LazyModelDrafter(load_draft, draft_name or "draft")
-    return AutoDrafter(ngram=auto_lookup(), model=model, target=target, clock=clock, store=store)
-
-
-def _head_drafter(method: str, target: Backend, head: str | None, n_gpu_layers: int) -> Drafter:
-    from localspec.backends import llama_ext
-
-    llama_ext.require_family(method)  # the reason, where this build or localspec cannot run the family
-    from localspec.backends.llama_cpp import LlamaCppBackend
-
-    if not isinstance(target, LlamaCppBackend):
-        raise UsageError(f"--draft-method {method} runs on llama.cpp only", "use --backend llama with GGUF files")
-    if method == "mtp":
-        from localspec.backends.llama_mtp import MtpDrafter
-
-        return MtpDrafter(target)
-    if not head:
-        raise UsageError(f"--draft-method {method} needs the head's GGUF file", "pass --draft HEAD.gguf")
-    if method == "eagle3":
-        from localspec.backends.llama_eagle3 import Eagle3Drafter
-
-        return Eagle3Drafter(target, head, n_gpu_layers=n_gpu_layers)
-    from localspec.backends.llama_dflash import BlockDrafter
-
-    return BlockDrafter(target, head, method=method, n_gpu_layers=n_gpu_layers)
+    `auto_head`: for auto, a head family (`head`'s, or one inside the target) that drafts in the draft model's place."""
+    ctx = BuildContext(
+        target=target, backend=target.info.backend, draft=draft, head=head, n_gpu_layers=n_gpu_layers, clock=clock,
+        store=store, load_draft=load_draft, draft_name=draft_name, auto_head=auto_head,
+    )  # fmt: skip
+    return registry.build_drafter(method, ctx)

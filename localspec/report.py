@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from localspec.backends.registry import backend_label
 from localspec.decoding.stats import SpecStats
 from localspec.formatting import plural
 
@@ -53,7 +54,7 @@ def summary_lines(stats: SpecStats) -> list[str]:
         else f"{plural(stats.n_generated, 'token')} (no decode speed: only the prompt pass ran)"
     )
     lines = [
-        f"{stats.backend} on {stats.device} | target {stats.target} | draft {method} | "
+        f"{backend_label(stats.backend)} on {stats.device} | target {stats.target} | draft {method} | "
         f"rule {stats.rule} | {k} | seed {stats.seed}",
         f"{decode} | prompt {stats.prompt_tps:.1f} tok/s ({plural(stats.n_prompt, 'token')}, "
         f"{stats.n_prompt_cached} cached) | stop: {(stats.stop_reason or 'running').replace('_', ' ')}",

@@ -5,13 +5,15 @@ or are scripted."""
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 
 import numpy as np
 
 import pytest
 
 from fakes import CostedBackend, FakeBackend, FakeClock, hashed_logits, without
-from localspec.backends.base import ChatMessage
+from localspec.backends.base import Backend, ChatMessage
 from localspec.bench.measure import (
     BenchResult,
     Method,
@@ -25,11 +27,27 @@ from localspec.bench.report import bench_lines
 from localspec.bench.suites import Suite, suites
 from localspec.commands.doctor import Facts, findings
 from localspec.errors import UsageError
+from localspec.options import ModelOptions
+from localspec.pipeline import DraftSlot, Pipeline, make_drafter
 from localspec.decoding.policy import CostModel
 from localspec.decoding.stats import SpecStats
 from localspec.sampling import SamplingParams
 
 TARGET = without(hashed_logits(1))
+
+
+@pytest.fixture(autouse=True)
+def _own_cost_dir(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """auto keeps what it measures: in this test's folder, not the user's cache."""
+    monkeypatch.setenv("LOCALSPEC_CACHE_DIR", str(tmp_path))
+
+
+def _over(target: Backend, draft: Backend | None = None, clock: Callable[[], float] = time.perf_counter) -> Pipeline:
+    """A pipeline over loaded fakes, as load_pipeline makes one over real models (bench runs through it)."""
+    method = "model" if draft is not None else "none"
+    opts = ModelOptions(target=f"/fake/{target.info.name}", draft=draft and f"/fake/{draft.info.name}", draft_method=method)
+    drafter = make_drafter(method, target, draft, clock=clock)
+    return Pipeline(opts, "fake", target, DraftSlot.holding(draft), drafter, clock=clock)
 
 
 def test_parse_methods() -> None:
@@ -77,7 +95,7 @@ def test_run_bench_on_fakes_interleaves_and_aggregates() -> None:
     suite = Suite("tiny", "a tiny suite", ((ChatMessage("user", "hello there"),), (ChatMessage("user", "bye now"),)))
     methods = parse_methods("none,ngram:3,model:2,auto:4", has_draft=True)
     seen: list[str] = []
-    result = run_bench(target, draft, [suite], methods, reps=2, max_tokens=20, sampling=SamplingParams(), progress=seen.append)
+    result = run_bench(_over(target, draft), [suite], methods, reps=2, max_tokens=20, sampling=SamplingParams(), progress=seen.append)
     assert len(result.runs) == 2 * 2 * len(methods)
     # Interleaved: the method that runs first changes between repetitions.
     firsts = [r.method for i, r in enumerate(result.runs) if i % len(methods) == 0]
@@ -111,7 +129,7 @@ def test_session_suite_runs_turns_with_one_drafter_per_conversation(monkeypatch:
     target = FakeBackend(TARGET, n_ctx=8192)
     conv = (ChatMessage("user", "hello there"), ChatMessage("user", "again please"), ChatMessage("user", "once more"))
     suite = Suite("chat-session", "", (conv,), session=True)
-    result = run_bench(target, None, [suite], parse_methods("none,suffix", has_draft=False), reps=1, max_tokens=12,
+    result = run_bench(_over(target), [suite], parse_methods("none,suffix", has_draft=False), reps=1, max_tokens=12,
                        sampling=SamplingParams())
     assert [(r.method, r.turn) for r in result.runs] == [(m, t) for m in ("none", "suffix k=32") for t in range(3)]
     assert len(built) == 2  # one drafter per (conversation, method), not per turn
@@ -166,8 +184,8 @@ def test_bench_with_scripted_costs_reports_what_the_clock_says() -> None:
     target = CostedBackend(TARGET, clock, lambda n: 0.010 + 0.001 * (n - 1), n_ctx=8192)
     draft = CostedBackend(TARGET, clock, lambda n: 0.002, n_ctx=8192, name="draft")
     suite = Suite("tiny", "", ((ChatMessage("user", "hello there"),),))
-    result = run_bench(target, draft, [suite], parse_methods("none,model:4", has_draft=True), reps=1,
-                       max_tokens=41, sampling=SamplingParams(), clock=clock)
+    result = run_bench(_over(target, draft, clock), [suite], parse_methods("none,model:4", has_draft=True), reps=1,
+                       max_tokens=41, sampling=SamplingParams())
     costs = result.costs["tiny"].costs
     assert costs.target[1] == pytest.approx(0.010) and costs.draft_token == pytest.approx(0.002)
     rows = {r.method: r for r in summarize(result)}
@@ -403,7 +421,7 @@ def test_interrupted_bench_reports_what_finished() -> None:
         if line.startswith("[") and (calls.__setitem__("n", calls["n"] + 1) or calls["n"]) == 4:
             raise KeyboardInterrupt
 
-    result = run_bench(target, None, [suite], parse_methods("none,ngram:3", has_draft=False), reps=3,
+    result = run_bench(_over(target), [suite], parse_methods("none,ngram:3", has_draft=False), reps=3,
                        max_tokens=10, sampling=SamplingParams(), progress=progress)
     assert result.interrupted and len(result.runs) == 3
     text = "\n".join(bench_lines(result))

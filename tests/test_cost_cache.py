@@ -27,7 +27,7 @@ def _store(tmp_path: Path, **kw: object) -> CostStore:
     model = tmp_path / "m.gguf"
     if not model.exists():
         model.write_bytes(b"x" * 10)
-    args = dict(target=str(model), draft=None, backend="llama.cpp", device="CPU (2 threads)", threads=2) | kw
+    args = dict(target=str(model), draft=None, backend="llama", device="CPU (2 threads)", threads=2) | kw
     return CostStore.for_models(**args)  # type: ignore[arg-type]
 
 

@@ -487,7 +487,7 @@ def test_a_head_pair_pulls_its_head_and_runs_its_method(
     tokenizer, so the header check passes), and `--pair` runs eagle3 where auto was left as the default."""
     from localspec.cli import build_parser
     from localspec.hub import pull_pair
-    from localspec.options import model_options_from_args
+    from localspec.commands.first_use import model_options_from_args
 
     target, head = eagle3_pair
     hub.add_repo("test-org/tiny-llama-GGUF", {"tiny-llama-F32.gguf": target.read_bytes()})

@@ -740,15 +740,15 @@ async def test_picker_offers_head_methods_only_when_the_files_fit(
             return setup.offered
 
         # A draft model: the plain methods only, and nothing to explain.
-        assert await offered_for(target, tiny_ggufs[1]) == tui_models.PLAIN_METHODS
+        assert await offered_for(target, tiny_ggufs[1]) == tui_models.plain_methods()
         assert text_of(note) == "" and not note.display
         # The head made for this target: eagle3 joins the list (the other families do not run yet).
-        assert await offered_for(target, head) == (*tui_models.PLAIN_METHODS, "eagle3")
+        assert await offered_for(target, head) == (*tui_models.plain_methods(), "eagle3")
         method.value = "eagle3"
         await until(pilot, lambda: setup.check is not None and setup.check.key[3] == "eagle3", what="pair check")
         assert setup.check.ok  # type: ignore[union-attr]
         # The same head on a qwen2 target: held back with the reason, and the choice falls back to auto.
-        assert await offered_for(qwen2, head) == tui_models.PLAIN_METHODS
+        assert await offered_for(qwen2, head) == tui_models.plain_methods()
         assert note.display and "eagle3 not offered" in text_of(note) and "'qwen2' model" in text_of(note)
         assert method.value == "auto"
 

@@ -24,74 +24,84 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from localspec.backends.base import Backend, ChatMessage, chat_prompt_tokens
+from localspec.backends.base import Backend, ChatMessage
 from localspec.bench.suites import Suite
 from localspec.decoding.calibrate import calibrate
-from localspec.decoding.cost_cache import CostStore
 from localspec.decoding.drafters import Drafter, ModelDrafter
-from localspec.decoding.engine import Done, GenerationConfig, generate
+from localspec.decoding.engine import Done, GenerationConfig
 from localspec.decoding.policy import CostModel
 from localspec.sampling import SamplingParams
 from localspec.decoding.stats import SpecStats, format_choices
 from localspec.errors import UsageError
-from localspec.options import HEAD_METHODS, MAX_K, default_k
+from localspec.families import registry
+from localspec.families.base import DrafterFamily
+from localspec.options import MAX_K, default_k
+from localspec.pipeline import Pipeline
 
 
 @dataclass(frozen=True)
 class Method:
-    method: str  # none | ngram | suffix | model | auto | a head method (eagle3, mtp, dflash, dspark)
+    method: str  # a drafter family's name (localspec.families.registry)
     k: int  # draft length (auto: the most it may choose)
 
     @property
     def label(self) -> str:
-        if self.method == "none":
-            return "none"
-        return f"{self.method} k<={self.k}" if self.method == "auto" else f"{self.method} k={self.k}"
+        fam = registry.family(self.method)
+        if fam.plain:
+            return self.method
+        return f"{self.method} k<={self.k}" if fam.accepts_draft else f"{self.method} k={self.k}"
 
 
 def parse_methods(
     spec: str, *, has_draft: bool, explicit: bool = True, heads: dict[str, str] | None = None
 ) -> list[Method]:
-    """`none,ngram:4,suffix:32,model:2,model:4,auto:32,eagle3:4` -> methods; `none` is always included (the
-    baseline).
+    """`none,ngram:4,suffix:32,model:2,model:4,auto:32,eagle3:4` -> methods; plain decoding is always
+    included (the baseline).
 
-    Model methods without a draft model are refused when the user named them (explicit), and left out
-    of the default list. `heads`: for each head method (eagle3, mtp, dflash, dspark), "" when it can run
-    on the given files, else why not (localspec.heads.head_methods_fitting); a head method that cannot
-    run is refused with that reason when named, and left out of the default list."""
+    Methods that need a draft model are refused without one when the user named them (explicit), and left
+    out of the default list. `heads`: for each head family, "" when it can run on the given files, else why
+    not (registry.head_fits); a head family that cannot run is refused with that reason when named, and
+    left out of the default list."""
     heads = heads or {}
+    baseline = next(f.name for f in registry.families() if f.plain)
     out: list[Method] = []
     for part in (p.strip() for p in spec.split(",") if p.strip()):
         name, _, k = part.partition(":")
-        if name not in ("none", "ngram", "suffix", "model", "auto", *HEAD_METHODS):
+        if name not in registry.names():
             raise UsageError(
                 f"unknown method {name!r} in --methods",
-                "use none, ngram:K, suffix:K, model:K, auto:K, or a head method: " + ", ".join(f"{m}:K" for m in HEAD_METHODS),
+                "use " + ", ".join(n if registry.family(n).plain else f"{n}:K" for n in registry.names()),
             )
+        fam = registry.family(name)
         try:
-            kk = int(k) if k else (0 if name == "none" else default_k(name))
+            kk = int(k) if k else default_k(name)
         except ValueError:
             raise UsageError(f"bad draft length in {part!r}", "write e.g. model:4") from None
-        if name != "none" and not 1 <= kk <= MAX_K:
+        if not fam.plain and not 1 <= kk <= MAX_K:
             raise UsageError(f"draft length {kk} in {part!r} is outside 1..{MAX_K}", "write e.g. model:4")
-        if name == "model" and not has_draft and not explicit:
+        why = _cannot_run(fam, has_draft, heads)
+        if why and not explicit:
             continue
-        if name == "model" and not has_draft:
-            raise UsageError(
-                f"--methods asks for {part} but no draft model was given",
-                "pass --draft PATH (or --pair NAME), or leave the model methods out of --methods",
-            )
-        if name in HEAD_METHODS and heads.get(name, "no head was given") != "":
-            if not explicit:
-                continue
-            raise UsageError(
-                f"--methods asks for {part}, which cannot run here: {heads.get(name, 'no head was given')}",
-                f"pass the {name} head as --draft HEAD.gguf (made for this target), or leave {name} out of --methods",
-            )
-        out.append(Method(name, 0 if name == "none" else kk))
-    if Method("none", 0) not in out:
-        out.insert(0, Method("none", 0))
+        if why:
+            raise UsageError(f"--methods asks for {part}, which cannot run here: {why}", _leave_out_hint(fam))
+        out.append(Method(name, 0 if fam.plain else kk))
+    if Method(baseline, 0) not in out:
+        out.insert(0, Method(baseline, 0))
     return list(dict.fromkeys(out))
+
+
+def _cannot_run(fam: DrafterFamily, has_draft: bool, heads: dict[str, str]) -> str:
+    if fam.needs == "draft_model" and not has_draft:
+        return "no draft model was given"
+    if fam.is_head:
+        return heads.get(fam.name, "no head was given")
+    return ""
+
+
+def _leave_out_hint(fam: DrafterFamily) -> str:
+    if fam.is_head:
+        return f"pass the {fam.name} head as --draft HEAD.gguf (made for this target), or leave {fam.name} out of --methods"
+    return f"pass --draft PATH (or --pair NAME), or leave the {fam.name} methods out of --methods"
 
 
 @dataclass
@@ -184,8 +194,7 @@ def measure_costs(
 
 
 def run_bench(
-    target: Backend,
-    draft: Backend | None,
+    pipeline: Pipeline,
     suites: Sequence[Suite],
     methods: Sequence[Method],
     *,
@@ -195,18 +204,16 @@ def run_bench(
     n_prompts: int | None = None,
     threads: int | None = None,
     progress: Callable[[str], None] = lambda s: None,
-    clock: Callable[[], float] = time.perf_counter,
-    store: CostStore | None = None,
     cost_reps: int = 5,
-    head: str | None = None,
 ) -> BenchResult:
-    """`store`: where auto finds its remembered costs (as in `localspec run`); None: auto measures afresh.
-    `head`: the GGUF of a head that reads the target's hidden states, for the head methods (each run's
-    drafter loads it afresh, as `localspec run` does)."""
+    """Every method on every suite over the pipeline's loaded models, each run as `localspec run` makes it:
+    the pipeline's chat format, a fresh drafter from Pipeline.new_drafter (auto with the pipeline's
+    remembered costs; a head family loading the --draft head afresh), the pipeline's generate."""
     t_start = time.perf_counter()
+    target, head = pipeline.target, pipeline.options.draft if pipeline.draft is None else None
     result = BenchResult(
         target=target.info.name,
-        draft=draft.info.name if draft else (Path(head).name if head else None),
+        draft=pipeline.draft.info.name if pipeline.draft else (Path(head).name if head else None),
         backend=target.info.backend,
         device=target.info.device,
         threads=threads,
@@ -217,10 +224,7 @@ def run_bench(
         suites=[s.name for s in suites],
     )
     try:
-        _measure_all(
-            target, draft, suites, methods, result, reps, max_tokens, sampling, n_prompts, progress, clock, store, cost_reps,
-            head,
-        )
+        _measure_all(pipeline, suites, methods, result, reps, max_tokens, sampling, n_prompts, progress, cost_reps)
     except KeyboardInterrupt:
         result.interrupted = True
         progress("interrupted: reporting the runs that finished")
@@ -229,8 +233,7 @@ def run_bench(
 
 
 def _measure_all(
-    target: Backend,
-    draft: Backend | None,
+    pipeline: Pipeline,
     suites: Sequence[Suite],
     methods: Sequence[Method],
     result: BenchResult,
@@ -239,19 +242,14 @@ def _measure_all(
     sampling: SamplingParams,
     n_prompts: int | None,
     progress: Callable[[str], None],
-    clock: Callable[[], float],
-    store: CostStore | None,
     cost_reps: int,
-    head: str | None,
 ) -> None:
-    from localspec.pipeline import make_drafter
-
     k_top = max([m.k for m in methods] + [1])
     prompts: dict[str, list[list[int]]] = {}
     for suite in suites:
         chosen = suite.prompts[: n_prompts or len(suite.prompts)]
         # A session's first turn stands for it where one prompt is needed (the cost curve's context).
-        prompts[suite.name] = [chat_prompt_tokens(target, list(msgs[:1] if suite.session else msgs)) for msgs in chosen]
+        prompts[suite.name] = [pipeline.prompt_tokens(list(msgs[:1] if suite.session else msgs)) for msgs in chosen]
     n_total = reps * sum(len(p) for p in prompts.values()) * len(methods)
     done_n = 0
     t0 = time.perf_counter()
@@ -261,7 +259,9 @@ def _measure_all(
             # during one measurement does not decide the bound.
             first = prompts[suite.name][0]
             progress(f"measuring costs on {suite.name} ({len(first)} tokens of context)")
-            measured = measure_costs(target, draft, first, max_batch=k_top + 1, reps=cost_reps, clock=clock)
+            measured = measure_costs(
+                pipeline.target, pipeline.draft, first, max_batch=k_top + 1, reps=cost_reps, clock=pipeline.clock
+            )
             if suite.name not in result.costs:
                 result.costs[suite.name] = SuiteCosts(suite.name, len(first), measured)
             result.costs[suite.name].add(measured)
@@ -276,40 +276,28 @@ def _measure_all(
                         f"({time.perf_counter() - t0:.0f} s)"
                     )
                     # A fresh drafter per run (a session: per conversation), as `localspec run` (`chat`) builds one.
-                    drafter = make_drafter(m.method, target, draft, clock=clock, store=store, head=head)
+                    drafter = pipeline.new_drafter(m.method)
                     config = GenerationConfig(max_tokens=max_tokens, num_draft=m.k, sampling=sampling)
                     try:
                         if suite.session:
                             history: list[ChatMessage] = []
                             for turn, message in enumerate(suite.prompts[pi]):
                                 history.append(message)
-                                tokens = chat_prompt_tokens(target, history)
-                                run, text = _one_run(target, drafter, tokens, config, clock)
+                                run, text = _one_run(pipeline, drafter, pipeline.prompt_tokens(history), config)
                                 result.runs.append(replace(run, suite=suite.name, prompt=pi, method=m.label, rep=rep, turn=turn))
                                 history.append(ChatMessage("assistant", text))
                         else:
-                            run, _ = _one_run(target, drafter, prompt, config, clock)
+                            run, _ = _one_run(pipeline, drafter, prompt, config)
                             result.runs.append(replace(run, suite=suite.name, prompt=pi, method=m.label, rep=rep))
                     finally:
                         drafter.close()
-                        if m.method in HEAD_METHODS:
-                            _stop_capture(target)
 
 
-def _stop_capture(target: Backend) -> None:
-    """A head drafter turned on the target's hidden-state capture; turn it off, so that the methods run
-    after it are not charged for it."""
-    capture = getattr(target, "capture_layers", None)
-    if capture is not None:
-        capture([])
-
-def _one_run(
-    target: Backend, drafter: Drafter, prompt: list[int], config: GenerationConfig, clock: Callable[[], float]
-) -> tuple[RunResult, str]:
+def _one_run(pipeline: Pipeline, drafter: Drafter, prompt: list[int], config: GenerationConfig) -> tuple[RunResult, str]:
     """One generation; the RunResult's labels are filled in by the caller."""
     per_round: Counter[int] = Counter()
     done: Done | None = None
-    for ev in generate(target, drafter, prompt, config, clock=clock):
+    for ev in pipeline.generate(prompt, config, drafter=drafter):
         if isinstance(ev, Done):
             done = ev
         elif ev.round is not None:
@@ -359,7 +347,7 @@ def summarize(result: BenchResult) -> list[Row]:
             n_rounds = sum(r.stats.n_rounds for r in runs)
             by_d = _sum_tuples([r.stats.drafted_by_position for r in runs])
             by_a = _sum_tuples([r.stats.accepted_by_position for r in runs])
-            bound = _bound_speedup(runs, costs, m) if m.method in ("model", "ngram", "suffix") else None
+            bound = _bound_speedup(runs, costs, m) if _fixed_drafts(m.method) else None
             speedup = statistics.median(speed) if speed else 0.0
             decisions = Counter[str]()
             for r in runs:
@@ -386,6 +374,12 @@ def summarize(result: BenchResult) -> list[Row]:
     return rows
 
 
+def _fixed_drafts(method: str) -> bool:
+    """A method whose drafts the bound can cost: a draft model's or lookup's (not auto's choice, not a head's)."""
+    fam = registry.family(method)
+    return not fam.plain and not fam.is_head and not fam.accepts_draft
+
+
 def _per_rep_tps(result: BenchResult, suite: str, label: str) -> dict[int, float]:
     """Suite-level tokens/s per repetition: all the suite's prompts' decode tokens over their decode time."""
     out: dict[int, float] = {}
@@ -399,7 +393,7 @@ def _per_rep_tps(result: BenchResult, suite: str, label: str) -> dict[int, float
 
 def _bound_speedup(runs: Sequence[RunResult], costs: CostModel, m: Method) -> float | None:
     t1 = costs.target_s(1)
-    d = (costs.draft_token or 0.0) if m.method == "model" else 0.0
+    d = (costs.draft_token or 0.0) if registry.family(m.method).needs == "draft_model" else 0.0
     round_s = 0.0
     n_rounds = n_accepted = 0
     for r in runs:

@@ -8,6 +8,8 @@ import sys
 from dataclasses import replace
 
 from localspec.errors import UsageError
+from localspec.families.lookup import NONE
+from localspec.families.model import MODEL
 from localspec.options import ModelOptions, add_model_options
 
 DEFAULT_METHODS = "none,ngram:4,ngram:8,suffix:32,model:2,model:4,model:6,auto:32"
@@ -48,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     from localspec.bench.report import bench_lines
     from localspec.bench.suites import suites
     from localspec.sampling import SamplingParams
-    from localspec.options import model_options_from_args
+    from localspec.commands.first_use import model_options_from_args
     from localspec.pipeline import load_pipeline
 
     if args.reps < 1 or args.max_tokens < 2:
@@ -62,8 +64,8 @@ def run(args: argparse.Namespace) -> int:
     # (--draft HEAD.gguf) is no draft model: the head methods' drafters load it themselves.
     opts = model_options_from_args(args)  # no model given: the default pair (pulled on first use)
     family, heads = _heads(opts)
-    head = opts.draft if family else None
-    opts = opts.with_method("model" if opts.draft and not family else "none")
+    # The pipeline loads the draft model, or none: a head's methods are built per run from --draft.
+    opts = opts.with_method((MODEL if opts.draft and not family else NONE).name)
     default = HEAD_DEFAULT_METHODS.format(m=family) if family else DEFAULT_METHODS
     methods = parse_methods(args.methods or default, has_draft=opts.uses_draft_model, explicit=bool(args.methods), heads=heads)
     opts = replace(opts, max_draft=max([m.k for m in methods] + [0]))  # a recurrent target's snapshot window
@@ -75,8 +77,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         sampling = SamplingParams(temperature=args.temperature, seed=args.seed if args.temperature > 0 else None)
         result = run_bench(
-            pipeline.target,
-            pipeline.draft,
+            pipeline,
             [available[n] for n in names],
             methods,
             reps=args.reps,
@@ -85,9 +86,7 @@ def run(args: argparse.Namespace) -> int:
             n_prompts=args.prompts,
             threads=opts.threads,
             progress=log,
-            store=pipeline.cost_store,
             cost_reps=max(args.cost_reps, 1),
-            head=head,
         )
     finally:
         pipeline.close()
@@ -103,14 +102,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _heads(opts: ModelOptions) -> tuple[str | None, dict[str, str]]:
-    """(the head family --draft is made for, or None for a draft model; for each head method "" when it can
-    run on these files, else why not). Head methods run on llama.cpp GGUF files only."""
-    from localspec.heads import head_family, head_methods_fitting
-    from localspec.pipeline import resolve_backend
+    """(the head family --draft is made for, or None for a draft model; for each head family "" when it can
+    run on these files, else why not)."""
+    from localspec.backends.registry import resolve_backend
+    from localspec.families import registry
 
-    if resolve_backend(opts.backend, opts.target)[0] != "llama":
+    backend = resolve_backend(opts.backend, opts.target)[0]
+    if not any(f.runs_on(backend) for f in registry.head_families()):
         return None, {}
-    return head_family(opts.draft), head_methods_fitting(opts.target, opts.draft)
+    return registry.head_for_draft(opts.draft, opts.target), registry.head_fits(opts.target, opts.draft, backend)
+
 
 
 def _sigterm_interrupts() -> None:

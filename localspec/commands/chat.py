@@ -6,12 +6,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from localspec.commands.first_use import model_options_from_args
 from localspec.options import (
     ModelOptions,
     add_generation_options,
     add_model_options,
     generation_config_from_args,
-    model_options_from_args,
     models_given,
 )
 

@@ -229,9 +229,9 @@ def _llama_facts(f: Facts) -> None:
 
 
 def _mlx_facts(f: Facts) -> None:
-    from localspec.pipeline import mlx_available
+    from localspec.backends.registry import MLX
 
-    if not mlx_available():
+    if not MLX.installed():
         return
     try:
         import mlx.core as mx
@@ -252,11 +252,12 @@ def _model_paths(args: argparse.Namespace, f: Facts) -> list[tuple[str, str]]:
     target, draft = args.target, args.draft
     pair = chosen_pair(args)
     if pair and not (target or draft):
-        from localspec.pipeline import resolve_pair
+        from localspec.backends.registry import resolve_backend
+        from localspec.catalog import resolve_pair
 
         f.pair, f.pair_note = pair, "" if args.pair else "the default pair"
         try:
-            target, draft = resolve_pair(pair, args.backend)
+            target, draft = resolve_pair(pair, resolve_backend(args.backend)[0])
         except NotDownloadedError:
             if args.pair:
                 raise

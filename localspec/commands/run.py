@@ -16,14 +16,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from localspec.errors import UsageError
+from localspec.families import registry
+from localspec.commands.first_use import model_options_from_args
 from localspec.options import (
-    HEAD_METHODS,
-    OWN_HEAD_METHODS,
     ModelOptions,
     add_generation_options,
     add_model_options,
     generation_config_from_args,
-    model_options_from_args,
 )
 
 ABORT_GRACE_S = 2.0  # after a second Ctrl-C, wait this long at most for the worker to free the models
@@ -53,13 +52,9 @@ def read_prompt(arg: str) -> str:
 
 def ignored_options(args: argparse.Namespace, opts: ModelOptions) -> list[str]:
     """Options given that the chosen draft method does not use (said, not silently dropped)."""
-    own_head = opts.draft_method in OWN_HEAD_METHODS
-    reads_draft = opts.uses_draft_model or opts.auto_head is not None or (opts.draft_method in HEAD_METHODS and not own_head)
-    if args.draft and not reads_draft:
-        return [
-            f"--draft is not used by --draft-method {opts.draft_method} "
-            "(only model and auto use a draft model, and eagle3 a head; mtp drafts with the target's own layers)"
-        ]
+    if args.draft and not opts.family.reads_draft_file:
+        readers = [f.name for f in registry.families() if f.reads_draft_file]
+        return [f"--draft is not used by --draft-method {opts.draft_method} (only {', '.join(readers)} read a --draft file)"]
     return []
 
 

@@ -10,12 +10,12 @@ import sys
 from pathlib import Path
 
 from localspec.errors import UsageError
+from localspec.commands.first_use import model_options_from_args
 from localspec.options import (
     DEFAULT_MAX_TOKENS,
     add_generation_options,
     add_model_options,
     generation_config_from_args,
-    model_options_from_args,
     pair_num_draft,
 )
 

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from localspec.backends.registry import BACKENDS
 from localspec.decoding.policy import CostModel
 
 VERSION = 1  # bump when the meaning of the stored numbers changes
-_DISTRIBUTIONS = {"llama.cpp": ("llama-cpp-python",), "llama": ("llama-cpp-python",), "mlx": ("mlx", "mlx-lm")}
 
 
 def cache_dir() -> Path:
@@ -46,7 +46,8 @@ def file_identity(path: str | None) -> str:
 def backend_build(backend: str) -> str:
     """The installed versions of a backend's packages (a new build can have a different cost curve)."""
     parts = []
-    for dist in _DISTRIBUTIONS.get(backend, (backend,)):
+    spec = BACKENDS.get(backend)
+    for dist in spec.distributions if spec is not None else (backend,):
         try:
             parts.append(f"{dist}={metadata.version(dist)}")
         except metadata.PackageNotFoundError:

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import threading
 
+from localspec.backends.registry import resolve_backend
 from localspec.catalog import ModelRef, Pair, load_catalog
 from localspec.errors import PullError
 from localspec.hub.client import Hub, offline
@@ -73,8 +74,6 @@ def pair_backend_for(pair: Pair, backend: str) -> str:
     if backend != "auto":
         pair.backend(backend)  # CatalogError when the pair has no such models
         return backend
-    from localspec.pipeline import resolve_backend
-
     chosen = resolve_backend("auto")[0]
     return chosen if chosen in pair.backends else next(iter(pair.backends))
 

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from localspec.backends.registry import backend_spec
 from localspec.catalog import ModelRef, cached_model_path, hub_cache_dir, split_gguf_parts
 from localspec.errors import BackendUnavailableError, IncompatiblePairError, PullError
 from localspec.formatting import format_bytes
@@ -189,14 +190,13 @@ class Hub:
 
         Needs mlx-lm (its tokenizer loader); without it the check is skipped and False returned.
         """
-        from localspec.pipeline import check_vocabularies
-
         small = lambda path: not path.endswith(".safetensors")  # noqa: E731
         for plan in (target, draft):
             self._download(plan, only=small)
         try:
-            names = (str(target.ref), str(draft.ref))
-            tv, dv = check_vocabularies("mlx", self._model_path(target), self._model_path(draft), names=names)
+            module = backend_spec(target.backend).module()
+            tv, dv = module.peek_vocab(self._model_path(target)), module.peek_vocab(self._model_path(draft))
+            check_compatible(tv, dv, target_name=str(target.ref), draft_name=str(draft.ref))
         except BackendUnavailableError:
             self.log("mlx-lm is not installed here: skipping the tokenizer check of the MLX pair")
             return False

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from localspec.backends.base import ChatMessage
 from localspec.decoding.engine import GenerationConfig
 from localspec.errors import LocalspecError
-from localspec.options import DRAFT_METHODS, generation_config
+from localspec.families import registry
+from localspec.options import generation_config
 from localspec.pipeline import Pipeline
 from localspec.server.errors import APIError, from_localspec
 from localspec.server.schemas import ChatCompletionRequest, CompletionRequest, Endpoint, _Sampling
@@ -131,8 +132,8 @@ def _request(
     wanted = max_tokens if max_tokens is not None else defaults.max_tokens
     spec = body.speculative
     method = (spec.method if spec and spec.method else None) or defaults.method
-    if method not in DRAFT_METHODS:
-        raise APIError(400, f"unknown speculative.method {method!r} (choose one of: {', '.join(DRAFT_METHODS)})",
+    if method not in registry.names():
+        raise APIError(400, f"unknown speculative.method {method!r} (choose one of: {', '.join(registry.names())})",
                        "speculative.method", "invalid_value")  # fmt: skip
     if method == "model" and not pipeline.has_draft_model:
         raise APIError(400, "speculative.method model needs a draft model, and this server has none loaded",

@@ -10,9 +10,14 @@ from dataclasses import dataclass
 
 from localspec.errors import IncompatiblePairError, LocalspecError, error_text
 from localspec.formatting import format_bytes
-from localspec.options import DRAFT_METHODS, HEAD_METHODS, ModelOptions
+from localspec.families import registry
+from localspec.options import ModelOptions
 
-PLAIN_METHODS = tuple(m for m in DRAFT_METHODS if m not in HEAD_METHODS)  # runnable with any target
+
+def plain_methods() -> tuple[str, ...]:
+    """The draft methods that need no head: offered for any target."""
+    return tuple(f.name for f in registry.families() if not f.is_head)
+
 
 @dataclass(frozen=True)
 class BackendStatus:
@@ -44,9 +49,9 @@ def _probe_llama() -> BackendStatus:
 
 
 def _probe_mlx() -> BackendStatus:
-    from localspec.pipeline import mlx_available
+    from localspec.backends.registry import MLX
 
-    if not mlx_available():
+    if not MLX.installed():
         return BackendStatus("mlx", "MLX", False, "not installed: pip install 'localspec[mlx]'")
     try:
         import mlx.core as mx
@@ -82,18 +87,17 @@ def check_pair(backend: str, target: str, draft: str, method: str) -> tuple[bool
 
 
 def method_choices(backend: str, target: str, draft: str) -> tuple[tuple[str, ...], str]:
-    """The draft methods to offer for these files: the plain ones, then each head method (EAGLE-3, MTP,
-    DFlash, DSpark) only when it can run here on them (llama.cpp, the family runnable by this build, a
-    head of its architecture made for this target). Also a note on why a head given as draft is held
-    back ("" when none is). From file headers only."""
+    """The draft methods to offer for these files: the plain ones, then each head family only when it can
+    run here on them (its backend, runnable by this build, a head of its architecture made for this
+    target). Also a note on why a head given as draft is held back ("" when none is). From file headers
+    only."""
     target, draft = target.strip(), draft.strip()
-    if backend != "llama" or not target:
-        return PLAIN_METHODS, ""
-    from localspec.heads import head_family, head_methods_fitting
-
-    fits = head_methods_fitting(target, draft or None)
-    offered = PLAIN_METHODS + tuple(m for m, why in fits.items() if not why)
-    family = head_family(draft)
+    plain = plain_methods()
+    if not target or not any(f.runs_on(backend) for f in registry.head_families()):
+        return plain, ""
+    fits = registry.head_fits(target, draft or None, backend)
+    offered = plain + tuple(m for m, why in fits.items() if not why)
+    family = registry.head_for_draft(draft or None, target)
     note = f"{family} not offered: {fits[family]}" if family in fits and fits[family] else ""
     return offered, note
 

@@ -19,7 +19,7 @@ from localspec.errors import error_text
 from localspec.options import DEFAULT_DRAFT_METHOD, ModelOptions
 from localspec.tui import messages as msg
 from localspec.tui.models import (
-    PLAIN_METHODS,
+    plain_methods,
     BackendStatus,
     PairEntry,
     catalog_entries,
@@ -82,7 +82,8 @@ class SetupScreen(Screen[None]):
     def _initial_methods(self) -> tuple[str, ...]:
         """The plain methods, and a head method asked for on the command line (checked once files are known)."""
         wanted = (self.app.options or self.app.load_defaults).draft_method
-        self.offered = PLAIN_METHODS if wanted in PLAIN_METHODS else (*PLAIN_METHODS, wanted)
+        plain = plain_methods()
+        self.offered = plain if wanted in plain else (*plain, wanted)
         return self.offered
 
     def on_mount(self) -> None:
@@ -228,7 +229,7 @@ class SetupScreen(Screen[None]):
         try:
             methods, note = method_choices(*key)
         except Exception as e:  # a header the readers choke on: the plain methods still run
-            methods, note = PLAIN_METHODS, error_text(e)
+            methods, note = plain_methods(), error_text(e)
         self.post_message(msg.MethodsOffered(key, methods, note))
 
     def on_methods_offered(self, message: msg.MethodsOffered) -> None:

@@ -8,8 +8,10 @@
         shown, the user is asked (unless --yes), and the pair is pulled with `localspec pull`'s display,
         resume and errors.
 
-options.model_options_from_args is the one caller: every command that turns flags into models
-(run, chat, bench, serve) gets the default pair and first-use pulls from it.
+    model_options_from_args(args) -> ModelOptions
+        The flags' models: the catalog pair they name (--pair, or the default when no model is given)
+        made local by ensure_pair, then localspec.options.model_options. Every command that turns flags
+        into models (run, chat, bench, serve) goes through it: parsing options never downloads.
 """
 
 from __future__ import annotations
@@ -20,19 +22,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
-from localspec.catalog import BackendPair, load_catalog, pull_command, resolve_pair
+from localspec.backends.registry import backend_spec
+from localspec.catalog import BackendPair, LocalPair, load_catalog, pull_command, resolve_pair
+from localspec.commands.pull import progress_display, ready_line
 from localspec.errors import NotDownloadedError, UsageError
 from localspec.formatting import format_bytes
+from localspec.hub import pair_backend_for, plan_pair, pull_pair
+from localspec.hub.client import offline
+from localspec.options import ModelOptions, chosen_pair, model_options
 
 
-@dataclass(frozen=True)
-class LocalPair:
-    """A catalog pair ready to load: its backend ("llama" | "mlx") and local (target, draft) paths."""
-
-    name: str
-    backend: str
-    target: str
-    draft: str
+def model_options_from_args(args: argparse.Namespace) -> ModelOptions:
+    """ModelOptions from the flags, a catalog pair pulled first if it is not downloaded yet and the flags
+    allow it."""
+    pair = chosen_pair(args)
+    local = ensure_pair(pair, args.backend, FirstUse.from_args(args), default=not args.pair) if pair else None
+    return model_options(args, local)
 
 
 @dataclass(frozen=True)
@@ -70,8 +75,6 @@ def ensure_pair(
     """A catalog pair's backend and local paths, pulling it first when allowed (see the module doc).
     `default`: the pair was chosen because no model was given (said so). `answer`: reads the user's
     reply to a question (default: a line from stdin; end of input is "no")."""
-    from localspec.hub import pair_backend_for
-
     out = out or sys.stderr
     pair = load_catalog().get(name)
     backend = pair_backend_for(pair, backend)
@@ -83,9 +86,7 @@ def ensure_pair(
     except NotDownloadedError as e:
         missing = e
     _refuse_download(label, name, backend, pair.backend(backend), policy, missing)
-    from localspec.pipeline import backend_module
-
-    backend_module(backend)  # a backend that cannot run here fails now, not after the download
+    backend_spec(backend).module()  # a backend that cannot run here fails now, not after the download
     _pull_first(name, backend, label, policy, out, answer or _read_answer(out))
     return LocalPair(name, backend, *resolve_pair(name, backend))
 
@@ -94,8 +95,6 @@ def _refuse_download(
     label: str, name: str, backend: str, bp: BackendPair, policy: FirstUse, missing: NotDownloadedError
 ) -> None:
     """Raise NotDownloadedError when this pair may not be downloaded now; before any network request."""
-    from localspec.hub.client import offline
-
     about = f" (about {bp.size_gb:g} GB)" if bp.size_gb else ""
     pull = f"`{pull_command(name, backend)}`"
     if policy.no_pull:
@@ -117,9 +116,6 @@ def _refuse_download(
 def _pull_first(
     name: str, backend: str, label: str, policy: FirstUse, out: TextIO, answer: Callable[[str], str]
 ) -> None:
-    from localspec.commands.pull import progress_display, ready_line
-    from localspec.hub import plan_pair, pull_pair
-
     with progress_display(out) as printer:
         plan = plan_pair(name, backend, log=printer.log)  # the file listing: metadata only
     need = plan.bytes_to_download

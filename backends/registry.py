@@ -1,0 +1,136 @@
+"""The backends localspec runs on: one descriptor each, in one table. Nothing outside the backends' own
+folder names a backend; it asks this table (by the name a user gives with --backend, or by a model path).
+
+    BACKENDS: name -> BackendSpec          llama (GGUF files through llama.cpp), mlx (model directories, mlx-lm)
+    backend_spec(name) -> BackendSpec      UsageError for an unknown name
+    spec_for_path(path) -> BackendSpec     the backend whose model format a path has (a .gguf file or not)
+    resolve_backend(name, target)          "auto" made concrete, and why
+
+A descriptor names its module by import path: importing this table loads no backend library.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import platform
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
+
+from localspec.errors import BackendUnavailableError, UsageError
+
+if TYPE_CHECKING:
+    from localspec.backends.base import BackendModule
+
+AUTO = "auto"  # --backend auto: pick by the target's format and the machine
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    name: str  # the --backend value, the catalog's table name ([pair.NAME]) and the remembered costs' key
+    label: str  # for people: "llama.cpp", "MLX"
+    module_path: str  # its BackendModule
+    imports: tuple[str, ...]  # the libraries it needs, by import name
+    distributions: tuple[str, ...]  # their pip distributions (their versions date remembered costs)
+    install_hint: str
+    model_format: str  # "GGUF file", "mlx-lm directory": what a model path is, for people
+    single_file: bool  # a model is one file (GGUF, maybe split in parts); else a directory / Hub repo snapshot
+    hidden_states: bool  # can hand its hidden states to a head drafter (EAGLE-3, MTP, DFlash, ...)
+    preferred_on_apple: bool = False  # auto picks it on Apple silicon when installed
+
+    def installed(self) -> bool:
+        return all(importlib.util.find_spec(name) is not None for name in self.imports)
+
+    def module(self) -> BackendModule:
+        """The backend module, or BackendUnavailableError saying how to install what is missing."""
+        if not self.installed():
+            raise BackendUnavailableError(
+                f"the {self.label} backend needs {' and '.join(self.distributions)}, which {'is' if len(self.distributions) == 1 else 'are'} not installed",
+                self.install_hint,
+            )
+        try:
+            return cast("BackendModule", importlib.import_module(self.module_path))
+        except ImportError as e:
+            raise BackendUnavailableError(f"the {self.label} backend cannot load: {e}", self.install_hint) from None
+
+    def owns_path(self, path: str) -> bool:
+        """Whether a model path has this backend's format (from its name alone)."""
+        return str(path).lower().endswith(".gguf") == self.single_file
+
+
+LLAMA = BackendSpec(
+    name="llama",
+    label="llama.cpp",
+    module_path="localspec.backends.llama_cpp",
+    imports=("llama_cpp",),
+    distributions=("llama-cpp-python",),
+    install_hint="install it with `pip install llama-cpp-python` "
+    '(CUDA: CMAKE_ARGS="-DGGML_CUDA=on", Metal: CMAKE_ARGS="-DGGML_METAL=on")',
+    model_format="GGUF file",
+    single_file=True,
+    hidden_states=True,
+)
+MLX = BackendSpec(
+    name="mlx",
+    label="MLX",
+    module_path="localspec.backends.mlx",
+    imports=("mlx", "mlx_lm"),
+    distributions=("mlx", "mlx-lm"),
+    install_hint="install them with `pip install 'localspec[mlx]'` (on Linux this brings mlx[cpu])",
+    model_format="mlx-lm directory or Hub repo",
+    single_file=False,
+    hidden_states=False,
+    preferred_on_apple=True,
+)
+BACKENDS: dict[str, BackendSpec] = {spec.name: spec for spec in (LLAMA, MLX)}
+
+
+def backend_names() -> tuple[str, ...]:
+    return tuple(BACKENDS)
+
+
+def backend_choices() -> tuple[str, ...]:
+    """What --backend accepts: auto, then every backend."""
+    return (AUTO, *BACKENDS)
+
+
+def backend_spec(name: str) -> BackendSpec:
+    if name not in BACKENDS:
+        raise UsageError(f"unknown backend {name!r}", f"choose one of: {', '.join(backend_choices())}")
+    return BACKENDS[name]
+
+
+def spec_for_path(path: str) -> BackendSpec:
+    """The backend whose model format `path` has: a GGUF file, or a model directory / repo id."""
+    return next(spec for spec in BACKENDS.values() if spec.owns_path(path))
+
+
+def on_apple_silicon() -> bool:
+    return sys.platform == "darwin" and platform.machine() == "arm64"
+
+
+def resolve_backend(name: str, target: str | None = None) -> tuple[str, str]:
+    """Map "auto" to a concrete backend: the one whose format a single-file target has (GGUF: llama.cpp);
+    otherwise one preferred on Apple silicon when installed there, else the first in the table.
+    Returns (backend, a note saying why; empty when not auto)."""
+    if name != AUTO:
+        return backend_spec(name).name, ""
+    if target is not None:
+        spec = spec_for_path(target)
+        if spec.single_file:
+            return spec.name, f"auto picked {spec.label} (the target is a {spec.model_format})"
+    apple = on_apple_silicon()
+    for spec in BACKENDS.values():
+        if spec.preferred_on_apple and apple and spec.installed():
+            return spec.name, f"auto picked {spec.label} (Apple silicon, {spec.label} installed)"
+    first = next(iter(BACKENDS.values()))
+    others = [s.label for s in BACKENDS.values() if s.preferred_on_apple]
+    why = f"{', '.join(others)} not installed" if apple else "not Apple silicon"
+    return first.name, f"auto picked {first.label} ({why})"
+
+
+def backend_label(name: str) -> str:
+    """How to call a backend to people ("llama.cpp"); an unknown name as it is (a test's fake)."""
+    spec = BACKENDS.get(name)
+    return spec.label if spec is not None else name
