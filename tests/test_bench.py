@@ -455,3 +455,23 @@ def test_run_summary_tells_when_auto_found_speculation_does_not_pay() -> None:
                        accepted_by_position=())
     tip = advice(quiet)
     assert tip is not None and "no suffix draft" in tip and "n-gram" not in tip
+
+
+def test_bench_honours_the_chat_template(tiny_ggufs, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    """bench renders its prompts as `run` does: --chat-template raw sends the text as it is."""
+    from localspec.cli import main
+
+    target = str(tiny_ggufs[0])
+    text = suites()["chat"].prompts[0][0].content
+
+    def n_prompt(*argv: str) -> int:
+        assert main([*argv, "--target", target, "--threads", "1", "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        stats = out["runs"][0]["stats"] if "runs" in out else out["stats"]
+        return int(stats["n_prompt"])
+
+    bench = ("bench", "--methods", "none", "--suites", "chat", "--prompts", "1", "--reps", "1", "--max-tokens", "2",
+             "--cost-reps", "1")  # fmt: skip
+    raw = n_prompt(*bench, "--chat-template", "raw")
+    assert raw == n_prompt("run", text, "--chat-template", "raw", "--max-tokens", "2", "--draft-method", "none")
+    assert raw < n_prompt(*bench, "--chat-template", "chatml")

@@ -8,11 +8,13 @@ import ipaddress
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from localspec.errors import UsageError
 from localspec.commands.first_use import model_options_from_args
+from localspec.errors import UsageError
 from localspec.options import (
     DEFAULT_MAX_TOKENS,
+    ModelOptions,
     add_generation_options,
     add_model_options,
     generation_config_from_args,
@@ -24,6 +26,11 @@ DEFAULT_PORT = 8080
 DEFAULT_MAX_QUEUE = 16
 DEFAULT_MAX_BODY = 8 * 1024 * 1024  # the same as localspec.server.app.DEFAULT_MAX_BODY (not imported: no fastapi at parse time)
 API_KEY_ENV = "LOCALSPEC_API_KEY"
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from localspec.pipeline import Pipeline
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -80,15 +87,29 @@ def serve(args: argparse.Namespace) -> int:
 
     import uvicorn
 
+    print(f"loading {opts.target}" + (f" and {opts.draft}" if opts.uses_draft_model else "") + " …", file=sys.stderr, flush=True)
+    app, pipeline, name = build_server(args, opts)
+    try:
+        for note in pipeline.notes:
+            print(f"note: {note}", file=sys.stderr)
+        print(f"serving {name!r} ({opts.draft_method} drafting) on http://{_url_host(args.host)}:{args.port}/v1",
+              file=sys.stderr, flush=True)  # fmt: skip
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False,
+                    timeout_graceful_shutdown=3)  # fmt: skip
+    finally:
+        pipeline.close()
+    return 0
+
+
+def build_server(args: argparse.Namespace, opts: ModelOptions) -> tuple[FastAPI, Pipeline, str]:
+    """The models loaded and the app over them: (app, pipeline, the model id it serves). The caller closes
+    the pipeline."""
     from localspec.pipeline import load_pipeline
     from localspec.server.app import ServerSettings, create_app
     from localspec.server.requests import Defaults
 
-    print(f"loading {opts.target}" + (f" and {opts.draft}" if opts.uses_draft_model else "") + " …", file=sys.stderr, flush=True)
     pipeline = load_pipeline(opts)
     try:
-        for note in pipeline.notes:
-            print(f"note: {note}", file=sys.stderr)
         name = args.model_name or opts.pair or Path(opts.target).name.removesuffix(".gguf")
         settings = ServerSettings(
             model_name=name,
@@ -103,14 +124,10 @@ def serve(args: argparse.Namespace) -> int:
             cors_origins=tuple(args.cors_origin),
             max_body_bytes=args.max_body_bytes,
         )
-        app = create_app(pipeline, settings)
-        print(f"serving {name!r} ({opts.draft_method} drafting) on http://{_url_host(args.host)}:{args.port}/v1",
-              file=sys.stderr, flush=True)  # fmt: skip
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False,
-                    timeout_graceful_shutdown=3)  # fmt: skip
-    finally:
+        return create_app(pipeline, settings), pipeline, name
+    except BaseException:
         pipeline.close()
-    return 0
+        raise
 
 
 def check_server_args(args: argparse.Namespace) -> None:
