@@ -35,12 +35,14 @@ from __future__ import annotations
 
 import codecs
 import threading
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
+from localspec.errors import ContextOverflowError, UnsupportedModelError
 from localspec.vocab import VocabInfo
 
 if TYPE_CHECKING:
@@ -55,7 +57,7 @@ class ChatMessage:
 
 @dataclass(frozen=True)
 class ModelInfo:
-    backend: str  # "llama.cpp" | "mlx"
+    backend: str  # the backend's name in backends/registry.py
     path: str
     name: str
     architecture: str
@@ -165,7 +167,11 @@ class Backend(Protocol):
 class BackendModule(Protocol):
     """What the pipeline needs of a backend module."""
 
-    NAME: str  # "llama" | "mlx"
+    NAME: str  # its name in backends/registry.py
+
+    def probe(self) -> tuple[bool, str]:
+        """Whether it can run here, and the device it runs on or why not. Loads no model."""
+        ...
 
     def peek_vocab(self, path: str) -> VocabInfo:
         """Vocabulary facts from metadata or tokenizer files alone (no weights are read)."""
@@ -214,6 +220,73 @@ def rollback_route(
     if checkpoint_at is not None and checkpoint_at <= n_keep:
         return "restore"
     return "refused"
+
+
+class CachedModel:
+    """What the real backends (llama_cpp.LlamaCppBackend, mlx.MLXBackend) keep alike: their facts, the tokens
+    their cache holds, and the checks and counts around a rollback. Each says how it would cut its cache back
+    (`_route`, see rollback_route) and cuts it itself."""
+
+    _info: ModelInfo
+    _n_vocab: int
+    _eog: frozenset[int]
+    _tokens: list[int]
+    rollback_routes: Counter[str]  # how rollbacks went ("trim", "snapshot", "restore", ...)
+
+    @property
+    def info(self) -> ModelInfo:
+        return self._info
+
+    @property
+    def n_vocab(self) -> int:
+        return self._n_vocab
+
+    @property
+    def n_ctx(self) -> int:
+        return self._info.n_ctx
+
+    @property
+    def cached_tokens(self) -> Sequence[int]:
+        return self._tokens  # not copied: the engine reads it every round
+
+    @property
+    def eog_ids(self) -> frozenset[int]:
+        return self._eog
+
+    def can_rollback(self, n_keep: int) -> bool:
+        return n_keep >= 0 and self._route(n_keep) != "refused"
+
+    def _route(self, n_keep: int) -> RollbackRoute:
+        raise NotImplementedError
+
+    def _refused_state(self) -> str:
+        """Why a recurrent state cannot go back further, for the refusal: "its state was saved at 12 tokens"."""
+        raise NotImplementedError
+
+    def _rollback_route(self, n_keep: int) -> RollbackRoute:
+        """The route of rollback(n_keep), counted in rollback_routes: ValueError for a negative n_keep,
+        UnsupportedModelError when the cache cannot go back that far."""
+        if n_keep < 0:
+            raise ValueError(f"rollback needs n_keep >= 0, got {n_keep}")
+        route = self._route(n_keep)
+        if route != "none":
+            self.rollback_routes[route] += 1
+        if route == "refused":
+            raise UnsupportedModelError(
+                f"{self._info.name} has recurrent layers: {self._refused_state()}, so it cannot drop "
+                f"{len(self._tokens) - n_keep} tokens to keep {n_keep}",
+                "this is a bug in the caller (it must checkpoint before drafting); plain decoding "
+                "(--draft-method none) never rolls back",
+            )
+        return route
+
+    def _check_room(self, n: int, hint: str) -> None:
+        """ContextOverflowError unless the cache can take n more tokens."""
+        if len(self._tokens) + n > self.n_ctx:
+            raise ContextOverflowError(
+                f"the context holds {self.n_ctx:,} tokens; {len(self._tokens):,} are cached and {n:,} more do not fit",
+                hint,
+            )
 
 
 def common_prefix(cached: Sequence[int], tokens: Sequence[int], *, limit: int) -> int:

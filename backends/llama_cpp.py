@@ -22,7 +22,7 @@ import os
 import sys
 import threading
 from collections import Counter, deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,10 +30,9 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 
-from localspec.backends.base import ByteDetokenizer, ChatMessage, ModelInfo, RollbackRoute, rollback_route
+from localspec.backends.base import ByteDetokenizer, CachedModel, ChatMessage, ModelInfo, RollbackRoute, rollback_route
 from localspec.backends.chat_template import render_chat
 from localspec.errors import (
-    ContextOverflowError,
     GenerationError,
     Interrupted,
     ModelFileError,
@@ -45,7 +44,7 @@ from localspec.vocab import VocabInfo
 NAME = "llama"
 
 
-class _LlamaLog:
+class LlamaLog:
     """llama.cpp's log goes to one process-wide callback. Keep it quiet, but let each load or decode
     capture the lines written while it ran (they explain a failure); captures on other threads do not mix."""
 
@@ -70,12 +69,12 @@ class _LlamaLog:
             self._local.lines = outer
 
 
-_LOG = _LlamaLog()
+LOG = LlamaLog()  # the drafters' heads capture their passes' lines here too
 
 
 @llama_cpp.llama_log_callback
 def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    _LOG.write(text.decode("utf-8", errors="replace"))
+    LOG.write(text.decode("utf-8", errors="replace"))
 
 
 @functools.cache
@@ -85,6 +84,16 @@ def _init_llama() -> None:
 
 
 @functools.cache
+def probe() -> tuple[bool, str]:
+    try:
+        kind = gpu_kind()
+    except Exception as e:  # a build whose shared library loads but does not initialise
+        return False, f"llama.cpp does not initialise: {e}"
+    if kind:
+        return True, f"{kind} build: layers offload to the GPU"
+    return True, "CPU build (this llama-cpp-python has no GPU offload)"
+
+
 def gpu_kind() -> str | None:
     """The GPU backend this llama-cpp-python build has ("CUDA", "Metal", ...), or None for CPU only."""
     if not llama_cpp.llama_supports_gpu_offload():
@@ -149,7 +158,7 @@ def load(
 
 
 @functools.cache
-def _abort_check():  # type: ignore[no-untyped-def]
+def abort_check() -> Callable[[ctypes.c_void_p], bool] | None:
     """ggml's abort callback, as a native function: libc's strlen on a 2-byte flag buffer is 0 until the
     flag is set. ggml calls it between graph nodes, so a Python callback (and the GIL) there would cost
     about a millisecond per forward; this costs nothing. None where libc cannot be found."""
@@ -161,7 +170,7 @@ def _abort_check():  # type: ignore[no-untyped-def]
     return llama_cpp.ggml_abort_callback(address) if address else None
 
 
-class LlamaCppBackend:
+class LlamaCppBackend(CachedModel):
     """A GGUF model with its context (KV cache) on one sequence."""
 
     def __init__(
@@ -182,10 +191,10 @@ class LlamaCppBackend:
         p = Path(path).expanduser()
         self._header = read_header(p)
         self._meta = self._header.metadata
-        self._abort_flag = ctypes.create_string_buffer(2)  # non-empty string: abort (see _abort_check)
+        self._abort_flag = ctypes.create_string_buffer(2)  # non-empty string: abort (see abort_check)
         self._load_mtp = load_mtp
-        self._model = self._load_model(p, n_gpu_layers, cancel)
-        self._ctx = None
+        self._model: llama_cpp.llama_model_p | None = self._load_model(p, n_gpu_layers, cancel)
+        self._ctx: llama_cpp.llama_context_p | None = None
         self._batch = None
         try:
             self._vocab = llama_cpp.llama_model_get_vocab(self._model)
@@ -199,10 +208,11 @@ class LlamaCppBackend:
             self._n_batch = int(llama_cpp.llama_n_batch(self._ctx))  # llama.cpp may lower it
             self._batch = llama_cpp.llama_batch_init(self._n_batch, 0, 1)
             self._memory = llama_cpp.llama_get_memory(self._ctx)
-            self._n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
+            self._n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
             self._tokens: list[int] = []
             self._captured: tuple[int, ...] = ()  # layers whose inputs are kept per position (EAGLE-3)
             self._features: np.ndarray | None = None  # [n_ctx, len(captured) * n_embd]
+            self._capture_users = 0  # head drafters that asked for the capture and have not released it
             self._nextn: np.ndarray | None = None  # [n_ctx, n_embd_out]: the states an MTP head reads
             self._pieces: dict[int, bytes] = {}
             self._eog = frozenset(t for t in range(self._n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab, t))
@@ -213,7 +223,7 @@ class LlamaCppBackend:
 
     # -- loading ----------------------------------------------------------------------------------
 
-    def _load_model(self, p: Path, n_gpu_layers: int, cancel: threading.Event | None):  # type: ignore[no-untyped-def]
+    def _load_model(self, p: Path, n_gpu_layers: int, cancel: threading.Event | None) -> llama_cpp.llama_model_p:
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else n_gpu_layers
         params.load_mtp = self._load_mtp
@@ -221,12 +231,12 @@ class LlamaCppBackend:
             # llama.cpp stops loading when this returns False (it is called as tensors load).
             keep_going = llama_cpp.llama_progress_callback(lambda progress, data: not cancel.is_set())
             params.progress_callback = keep_going
-        with _LOG.capture() as log:
-            model = llama_cpp.llama_model_load_from_file(str(p).encode("utf-8"), params)
+        with LOG.capture() as log:
+            model: llama_cpp.llama_model_p | None = llama_cpp.llama_model_load_from_file(str(p).encode("utf-8"), params)
         if not model and cancel is not None and cancel.is_set():
             raise Interrupted(f"loading {p.name} was cancelled")
         if not model:
-            reason = _last_error(log) or "llama.cpp gave no reason"
+            reason = last_error(log) or "llama.cpp gave no reason"
             raise ModelFileError(
                 f"llama.cpp could not load {p}: {reason}",
                 "the file may be damaged or use an architecture this llama-cpp-python build does not know "
@@ -240,7 +250,7 @@ class LlamaCppBackend:
             return "recurrent"
         return "hybrid" if llama_cpp.llama_model_is_hybrid(self._model) else ""
 
-    def _new_context(self, n_ctx: int, n_batch: int, n_rs_seq: int):  # type: ignore[no-untyped-def]
+    def _new_context(self, n_ctx: int, n_batch: int, n_rs_seq: int) -> llama_cpp.llama_context_p:
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = n_ctx
         params.n_batch = n_batch
@@ -250,13 +260,13 @@ class LlamaCppBackend:
         params.n_threads = self._threads
         params.n_threads_batch = self._threads
         params.no_perf = True
-        with _LOG.capture() as log:
-            ctx = llama_cpp.llama_init_from_model(self._model, params)
-        if ctx and _abort_check() is not None:
-            llama_cpp.llama_set_abort_callback(ctx, _abort_check(), ctypes.cast(self._abort_flag, ctypes.c_void_p))
+        with LOG.capture() as log:
+            ctx: llama_cpp.llama_context_p | None = llama_cpp.llama_init_from_model(self._model, params)
+        if ctx and abort_check() is not None:
+            llama_cpp.llama_set_abort_callback(ctx, abort_check(), ctypes.cast(self._abort_flag, ctypes.c_void_p))
         if not ctx:
             raise ModelFileError(
-                f"llama.cpp could not create a context of {n_ctx:,} tokens: {_last_error(log) or 'no reason given'}",
+                f"llama.cpp could not create a context of {n_ctx:,} tokens: {last_error(log) or 'no reason given'}",
                 "lower --n-ctx, or free memory",
             )
         return ctx
@@ -289,26 +299,6 @@ class LlamaCppBackend:
         return f"{self._recurrent} ({self._header.architecture}): {how}; longer rollbacks restore a saved state and re-feed the kept tokens"
 
     # -- Backend protocol -------------------------------------------------------------------------
-
-    @property
-    def info(self) -> ModelInfo:
-        return self._info
-
-    @property
-    def n_vocab(self) -> int:
-        return self._n_vocab
-
-    @property
-    def n_ctx(self) -> int:
-        return self._info.n_ctx
-
-    @property
-    def cached_tokens(self) -> Sequence[int]:
-        return self._tokens
-
-    @property
-    def eog_ids(self) -> frozenset[int]:
-        return self._eog
 
     def vocab_info(self) -> VocabInfo:
         return VocabInfo.from_gguf_metadata(self._meta)
@@ -369,12 +359,7 @@ class LlamaCppBackend:
             raise ValueError("forward needs at least one token")
         if self._abort_flag.value:
             raise Interrupted("stopped before the forward pass")
-        if len(self._tokens) + len(tokens) > self.n_ctx:
-            raise ContextOverflowError(
-                f"the context holds {self.n_ctx:,} tokens; {len(self._tokens):,} are cached and "
-                f"{len(tokens):,} more do not fit",
-                "raise --n-ctx (memory permitting), or lower --max-tokens",
-            )
+        self._check_room(len(tokens), "raise --n-ctx (memory permitting), or lower --max-tokens")
         if self._recurrent and len(tokens) - 1 > self._n_rs_seq:
             self.checkpoint()  # the engine may cut this batch back further than the snapshots reach
         if len(tokens) > self._n_batch:
@@ -410,14 +395,14 @@ class LlamaCppBackend:
             b.seq_id[i][0] = 0
             b.logits[i] = all_logits
         b.logits[n - 1] = True
-        with _LOG.capture() as log:
+        with LOG.capture() as log:
             rc = llama_cpp.llama_decode(self._ctx, b)
         if rc != 0:
             self._after_failed_decode(n_past)
             if rc == 2:  # the abort callback said stop
                 raise Interrupted("stopped during a forward pass")
             raise GenerationError(
-                f"llama_decode failed (code {rc}): {_last_error(log) or 'no reason given'}",
+                f"llama_decode failed (code {rc}): {last_error(log) or 'no reason given'}",
                 "this usually means the KV cache is full or out of memory; lower --n-ctx or --num-draft",
             )
         if self._captured:
@@ -447,9 +432,6 @@ class LlamaCppBackend:
             len(self._tokens), n_keep, recurrent=bool(self._recurrent), snapshot_reach=reach, checkpoint_at=ckpt
         )
 
-    def can_rollback(self, n_keep: int) -> bool:
-        return n_keep >= 0 and self._route(n_keep) != "refused"
-
     # -- hidden states for drafters that read them (EAGLE-3, MTP) --------------------------------
 
     @property
@@ -462,12 +444,15 @@ class LlamaCppBackend:
         return ctypes.cast(self._abort_flag, ctypes.c_void_p)
 
     @property
-    def handle(self):  # type: ignore[no-untyped-def]
+    def handle(self) -> tuple[llama_cpp.llama_model_p, llama_cpp.llama_context_p]:
         """(llama_model, llama_context) pointers, for a drafter that runs a head on this target."""
+        if self._model is None or self._ctx is None:
+            raise ValueError(f"{self._info.name} is closed")
         return self._model, self._ctx
 
     def capture_layers(self, layers: Sequence[int]) -> None:
-        """From the next forward on, keep the inputs of `layers` for every cached position (features()).
+        """From the next forward on, keep the inputs of `layers` for every cached position (features()),
+        until each caller has called release_capture().
 
         UnsupportedModelError when the architecture lacks llama.cpp's capture hook (enabling it there
         would abort the process) or a layer does not exist; nothing is enabled then.
@@ -478,6 +463,7 @@ class LlamaCppBackend:
         llama_ext.check_capture_architecture(
             self._info.architecture, model_name=self._info.name, layer_ids=layers, n_layer=n_layer
         )
+        self._capture_users += 1
         if tuple(layers) == self._captured:
             return
         for lid in set(self._captured) - set(layers):
@@ -488,6 +474,19 @@ class LlamaCppBackend:
         self._captured = tuple(layers)
         self._features = np.zeros((self.n_ctx, len(layers) * n_embd), dtype=np.float32)
         self.rollback(0)  # positions cached before now have no features: the next forward recomputes them
+
+    def release_capture(self) -> None:
+        """A caller of capture_layers no longer needs the layer inputs; the last one turns the capture off
+        (the cache stays as it is)."""
+        from localspec.backends import llama_ext
+
+        self._capture_users = max(0, self._capture_users - 1)
+        if self._capture_users:
+            return
+        if self._ctx is not None:
+            for lid in self._captured:
+                llama_ext.set_layer_capture(self._ctx, lid, False)
+        self._captured, self._features = (), None
 
     def features(self, start: int, stop: int) -> np.ndarray:
         """[stop - start, len(layers) * n_embd]: the captured layer inputs at cached positions, the
@@ -536,14 +535,9 @@ class LlamaCppBackend:
         self._nextn[n_past : n_past + n] = rows
 
     def rollback(self, n_keep: int) -> None:
-        if n_keep < 0:
-            raise ValueError(f"rollback needs n_keep >= 0, got {n_keep}")
-        route = self._route(n_keep)
+        route = self._rollback_route(n_keep)
         if route == "none":
             return
-        self.rollback_routes[route] += 1
-        if route == "refused":
-            raise self._refusal(n_keep)
         if route == "restore":
             self._restore_checkpoint(n_keep)
             return
@@ -557,15 +551,9 @@ class LlamaCppBackend:
         if n_keep == 0:
             self._ckpt = None
 
-    def _refusal(self, n_keep: int) -> UnsupportedModelError:
-        drop = len(self._tokens) - n_keep
+    def _refused_state(self) -> str:
         saved = f"its state was saved at {self._ckpt.pos} tokens" if self._ckpt else "no state was saved"
-        return UnsupportedModelError(
-            f"{self._info.name} has recurrent layers: it can undo {self._n_rs_seq} tokens of its latest batch "
-            f"from snapshots and {saved}, so it cannot drop {drop} tokens to keep {n_keep}",
-            "this is a bug in the caller (it must checkpoint before drafting); plain decoding "
-            "(--draft-method none) never rolls back",
-        )
+        return f"it can undo {self._n_rs_seq} tokens of its latest batch from snapshots and {saved}"
 
     def checkpoint(self) -> None:
         """Save the recurrent part of the state at the current length (see the module notes)."""
@@ -614,11 +602,12 @@ class LlamaCppBackend:
 @dataclass
 class _Checkpoint:
     pos: int  # cached tokens when it was saved
-    data: ctypes.Array  # type: ignore[type-arg]  # llama_state_seq_get_data_ext output (recurrent state only)
+    data: ctypes.Array[ctypes.c_uint8]  # llama_state_seq_get_data_ext output (recurrent state only)
     size: int
 
 
-def _last_error(log: Sequence[str]) -> str:
+def last_error(log: Sequence[str]) -> str:
+    """The captured line that best explains a failure: the last naming an error, else the last one."""
     lines = [line.strip() for line in log if line.strip()]
     errors = [line for line in lines if "error" in line.lower() or "failed" in line.lower()]
     return (errors or lines or [""])[-1]

@@ -35,12 +35,11 @@ import llama_cpp
 import numpy as np
 
 from localspec.backends import llama_ext
-from localspec.backends.base import common_prefix
-from localspec.backends.llama_batch import ExtBatch, HeadResources, head_context, load_head_model, process
 from localspec.backends.llama_cpp import LlamaCppBackend, read_header
+from localspec.backends.llama_head import HeadDrafter, PairAt
 from localspec.draft import EMPTY_DRAFT, Draft, sample_draft
-from localspec.sampling import SamplingParams
 from localspec.errors import ModelFileError, UnsupportedModelError, UsageError
+from localspec.sampling import SamplingParams
 
 ARCH = "dflash"  # DFlash, DFlash2 and DSpark drafters all convert to this architecture
 METHODS = ("dflash", "dspark")
@@ -134,9 +133,11 @@ def check_head(method: str, head_path: str | Path, target_path: str | Path) -> B
     return head
 
 
-class BlockDrafter(HeadResources):
+class BlockDrafter(HeadDrafter):
     """Drafts a block at a time with a DFlash or DSpark drafter on a llama.cpp target. Owns the drafter
     (model and context); borrows the target, whose layer capture it turns on."""
+
+    LOOKAHEAD = 0  # the feature at P reads context[0..P]
 
     def __init__(self, target: LlamaCppBackend, head_path: str | Path, *, method: str = "dflash", n_gpu_layers: int = -1) -> None:
         if method not in METHODS:
@@ -144,56 +145,34 @@ class BlockDrafter(HeadResources):
         llama_ext.require_family(method)
         self.head = check_head(method, head_path, target.info.path)
         self.method = method
-        self.target = target
-        self.name = f"{method}:{Path(head_path).stem}"
-        self._label = _LABEL[method]
-        self._model = None
-        self._ctx = None
-        self._batch: ExtBatch | None = None
-        try:
-            self._model = load_head_model(Path(head_path), n_gpu_layers, f"the {self._label} drafter")
-            layers = llama_ext.target_layer_ids(self._model)
-            target.capture_layers(layers)  # checks the architecture again before enabling anything
-            self._top_k = llama_ext.dflash_selector_top_k(self._model)  # > 0: DFlash2's selector lattice
-            self._n_ctx = target.n_ctx + self.head.block_size  # a block past the target's last position fits
-            # As llama.cpp: DSpark's confidence and DFlash2's lattice come back as nextn rows (all rows for the lattice).
-            self._ctx = head_context(self._model, target, what=f"the {self._label} drafter", n_ctx=self._n_ctx, masked=self._top_k == 0)
-            llama_cpp.llama_set_causal_attn(self._ctx, self.head.causal)
-            self._batch = ExtBatch(self._ctx)
-            self._n_ubatch = int(llama_cpp.llama_n_ubatch(self._ctx))
-            self._n_embd = int(llama_cpp.llama_model_n_embd(self._model))
-            vocab = llama_cpp.llama_model_get_vocab(self._model)
-            self._n_vocab = int(llama_cpp.llama_vocab_n_tokens(vocab))
-            self._mask = int(llama_cpp.llama_vocab_mask(vocab))
-            self._memory = llama_cpp.llama_get_memory(self._ctx)
-        except BaseException:
-            self.close()
-            raise
-        self._written: list[int] = []  # the context whose features the cache holds, one per position
+        what, hint = f"the {_LABEL[method]} drafter", "lower --n-ctx or -k, or use --draft-method model"
+        super().__init__(target, f"{method}:{Path(head_path).stem}", what=what, hint=hint)
         self._n_draft = self.head.n_draft_max  # drafts per block (prepare's max_k, clamped)
+        with self._closed_on_error():
+            model = self._load_model(Path(head_path), n_gpu_layers)
+            self._capture(model)
+            self._top_k = llama_ext.dflash_selector_top_k(model)  # > 0: DFlash2's selector lattice
+            # As llama.cpp: DSpark's confidence and DFlash2's lattice come back as nextn rows (all rows for the lattice).
+            n_ctx = target.n_ctx + self.head.block_size  # a block past the target's last position fits
+            n_embd = int(llama_cpp.llama_model_n_embd(model))
+            ctx = self._open(model, n_ctx=n_ctx, n_nextn=n_embd, masked=self._top_k == 0)
+            llama_cpp.llama_set_causal_attn(ctx.ptr, self.head.causal)
+            self._mask = int(llama_cpp.llama_vocab_mask(llama_cpp.llama_model_get_vocab(model)))
 
     # -- Drafter protocol -------------------------------------------------------------------------
 
     def prepare(self, context: Sequence[int], max_k: int) -> None:
         self._n_draft = max(1, min(max_k, self.head.n_draft_max))
-        self._written = []
-        llama_cpp.llama_memory_seq_rm(self._memory, 0, 0, -1)
-        self.catch_up(context)
-
-    def lag(self, context: Sequence[int]) -> int:
-        return max(0, self._n_features(context) - self._n_valid(context))
-
-    def catch_up(self, context: Sequence[int]) -> None:
-        self._sync(context)
+        super().prepare(context, max_k)
 
     def propose(
         self, context: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator, *, min_confidence: float = 0.0
     ) -> Draft:
         pos = len(context) - 1  # the block's anchor (the last committed token) goes here
         k = min(k, self._n_draft)
-        if k <= 0 or len(context) < 2 or self._n_features(context) < pos:
+        if k <= 0 or not self._ready(context, pos):
             return EMPTY_DRAFT  # no features for a position before the anchor (the target did not take it in)
-        self._sync(context)
+        self._sync(context, output=False)
         logits, nextn = self._block(context[-1], pos)
         if self._top_k > 0:
             tokens, note = self._walk_lattice(nextn, k, min_confidence)
@@ -217,55 +196,27 @@ class BlockDrafter(HeadResources):
 
     # -- the drafter's cache ----------------------------------------------------------------------
 
-    def _n_features(self, context: Sequence[int]) -> int:
+    def _n_pairs(self, context: Sequence[int]) -> int:
         """Positions whose features the draft may use: before the anchor, and held by the target."""
-        have = common_prefix(self.target.cached_tokens, context, limit=len(context))
-        return max(0, min(len(context) - 1, have))
+        return max(0, min(len(context) - 1, self._held(context)))
 
-    def _n_valid(self, context: Sequence[int]) -> int:
-        """Positions in the drafter's cache still true for `context`: position p needs context[0..p] unchanged."""
-        return common_prefix(self._written, context, limit=len(context))
-
-    def _sync(self, context: Sequence[int]) -> None:
-        """Cut the cache back to the features still true for `context`, inject the missing ones."""
-        n = self._n_features(context)
-        keep = min(self._n_valid(context), n)
-        llama_cpp.llama_memory_seq_rm(self._memory, 0, keep, -1)
-        self._written = list(context[:keep])
-        if keep >= n:
-            return
-        features = self.target.features(keep, n)  # [n - keep, layers * E_target], a view: used at once
-        for start in range(keep, n, self._n_ubatch):
-            stop = min(start + self._n_ubatch, n)
-            self._batch.clear()  # type: ignore[union-attr]
-            for p in range(start, stop):
-                self._batch.add(None, features[p - keep], p, False)  # type: ignore[union-attr]
-            try:
-                self._process()
-            except BaseException:
-                llama_cpp.llama_memory_seq_rm(self._memory, 0, start, -1)  # nothing half-written stays
-                raise
-            self._written = list(context[:stop])
+    def _rows(self, context: Sequence[int], start: int, stop: int) -> PairAt:
+        features = self.target.features(start, stop)  # [n, layers * E_target], a view: used at once
+        return lambda p: (None, features[p - start])
 
     def _block(self, anchor: int, pos: int) -> tuple[np.ndarray, np.ndarray]:
         """Decode [anchor, mask x n] from `pos`; (logits [rows, V], nextn rows [rows, E]) copies. The
         block's K/V leave the cache again: it holds the target's features only."""
+        ctx = self.ctx
         n_block = self.head.block_tokens(self._n_draft)
         outputs = self._top_k == 0  # DFlash2 reads its lattice from the nextn rows, not logits
-        self._batch.clear()  # type: ignore[union-attr]
-        for i in range(n_block):
-            self._batch.add(anchor if i == 0 else self._mask, None, pos + i, outputs)  # type: ignore[union-attr]
         try:
-            self._process()
-            logits = np.empty((0, self._n_vocab), np.float32)
-            if outputs:
-                ptr = llama_cpp.llama_get_logits(self._ctx)
-                logits = np.ctypeslib.as_array(ptr, shape=(n_block, self._n_vocab)).copy()
-            nextn = np.empty((0, self._n_embd), np.float32)
-            if self._top_k > 0 or (self.head.dspark and self.head.confidence):
-                nextn = np.ctypeslib.as_array(llama_ext.nextn_rows(self._ctx), shape=(n_block, self._n_embd)).copy()
+            ctx.run((anchor if i == 0 else self._mask, None, pos + i, outputs) for i in range(n_block))
+            logits = ctx.logits_rows(n_block) if outputs else np.empty((0, ctx.n_vocab), np.float32)
+            read_nextn = self._top_k > 0 or (self.head.dspark and self.head.confidence)
+            nextn = ctx.nextn_rows(n_block) if read_nextn else np.empty((0, ctx.n_nextn), np.float32)
         finally:
-            llama_cpp.llama_memory_seq_rm(self._memory, 0, pos, -1)
+            ctx.cut(pos)
         return logits, nextn
 
     def _walk_lattice(self, lattice: np.ndarray, k: int, min_confidence: float) -> tuple[list[int], str]:
@@ -286,8 +237,3 @@ class BlockDrafter(HeadResources):
             if tokens[-1] in self.target.eog_ids:
                 break
         return tokens, ""
-
-    def _process(self) -> None:
-        assert self._batch is not None
-        process(self._ctx, llama_cpp.LLAMA_PROCESS_TYPE_DECODE, self._batch, what=f"the {self._label} drafter",
-                hint="lower --n-ctx or -k, or use --draft-method model")  # fmt: skip

@@ -15,6 +15,7 @@ say how to install them when they are missing.
 from __future__ import annotations
 
 import json
+import sys
 import threading
 from collections import Counter
 from collections.abc import Sequence
@@ -23,10 +24,17 @@ from typing import Any
 
 import numpy as np
 
-from localspec.backends.base import ByteDetokenizer, ChatMessage, Detokenizer, ModelInfo, RollbackRoute, rollback_route
+from localspec.backends.base import (
+    ByteDetokenizer,
+    CachedModel,
+    ChatMessage,
+    Detokenizer,
+    ModelInfo,
+    RollbackRoute,
+    rollback_route,
+)
 from localspec.errors import (
     BackendUnavailableError,
-    ContextOverflowError,
     GenerationError,
     Interrupted,
     ModelFileError,
@@ -36,6 +44,7 @@ from localspec.vocab import VocabInfo
 
 NAME = "mlx"
 INSTALL_HINT = "install it with `pip install 'localspec[mlx]'` (on Linux this brings mlx[cpu])"
+_ROOM_HINT = "raise --n-ctx (memory permitting) or shorten the prompt"
 
 # Token texts that end a turn in common chat formats; llama.cpp treats them as end-of-generation too.
 _EOG_TEXTS = frozenset(
@@ -47,6 +56,20 @@ _TOKENIZER_PATTERNS = ["*.json", "tokenizer.model", "*.tiktoken", "tiktoken.mode
 
 
 # -- module API (backends.base.BackendModule; used by localspec.pipeline) ------------------------------------------------------------
+
+
+def probe() -> tuple[bool, str]:
+    try:
+        import mlx.core as mx
+
+        metal = bool(getattr(mx, "metal", None) and mx.metal.is_available())
+        device = str(mx.default_device())
+    except Exception as e:
+        return False, f"installed but unusable here: {e}"
+    if metal:
+        return True, "installed, runs on Metal (Apple GPU)"
+    where = "Linux" if sys.platform.startswith("linux") else sys.platform
+    return True, f"installed, CPU only on {where} ({device}); slow, for testing"
 
 
 def peek_vocab(path: str) -> VocabInfo:
@@ -245,7 +268,7 @@ def _vocab_info(wrapper: Any) -> VocabInfo:
 # -- the backend ----------------------------------------------------------------------------------
 
 
-class MLXBackend:
+class MLXBackend(CachedModel):
     """One mlx-lm model and its prompt cache; implements localspec.backends.base.Backend."""
 
     def __init__(
@@ -264,7 +287,6 @@ class MLXBackend:
         self.rollback_routes: Counter[str] = Counter()  # how rollbacks went ("trim", "restore", ...)
         self._n_forward = 0
         self._aborted = False
-        self._n_ctx = n_ctx
         self._n_vocab = self._logits_width()
         self._eog = self._find_eog()
         self._piece_bytes = _byte_pieces(tokenizer._tokenizer)
@@ -291,26 +313,6 @@ class MLXBackend:
         )
 
     # -- facts ------------------------------------------------------------------------------------
-
-    @property
-    def info(self) -> ModelInfo:
-        return self._info
-
-    @property
-    def n_vocab(self) -> int:
-        return self._n_vocab
-
-    @property
-    def n_ctx(self) -> int:
-        return self._n_ctx
-
-    @property
-    def cached_tokens(self) -> Sequence[int]:
-        return self._tokens  # not copied: the engine reads it every round
-
-    @property
-    def eog_ids(self) -> frozenset[int]:
-        return self._eog
 
     def vocab_info(self) -> VocabInfo:
         if self._vocab is None:
@@ -358,7 +360,7 @@ class MLXBackend:
         self._aborted = on
 
     def forward(self, tokens: Sequence[int], *, all_logits: bool = True) -> np.ndarray:
-        self._check_room(len(tokens))
+        self._check_room(len(tokens), _ROOM_HINT)
         if self._recurrent and len(tokens) > 1:
             self.checkpoint()  # a batch may be cut back (the engine's verify): keep the state before it
         if len(tokens) > self.CHUNK and not all_logits:
@@ -375,7 +377,7 @@ class MLXBackend:
             raise ValueError("forward needs at least one token")
         if self._aborted:
             raise Interrupted("stopped before the forward pass")
-        self._check_room(len(tokens))
+        self._check_room(len(tokens), _ROOM_HINT)
         x = mx.array(list(tokens), dtype=mx.uint32)[None]  # [1, n]
         try:
             out = self.model(x, cache=self.cache)  # [1, n, V]
@@ -391,14 +393,6 @@ class MLXBackend:
         if self._n_forward % 256 == 0:  # as mlx-lm's generate does: return freed buffers now and then
             mx.clear_cache()
         return out
-
-    def _check_room(self, n: int) -> None:
-        if len(self._tokens) + n > self._n_ctx:
-            raise ContextOverflowError(
-                f"the context holds {self._n_ctx:,} tokens; {len(self._tokens):,} are cached and "
-                f"{n:,} more do not fit",
-                "raise --n-ctx (memory permitting) or shorten the prompt",
-            )
 
     def _resync(self) -> None:
         """After a failed pass, cut every layer's cache back to the tokens we know it holds."""
@@ -416,12 +410,12 @@ class MLXBackend:
             self.cache = make_cache(self.model, self.config)
             self._tokens.clear()
 
-    def can_rollback(self, n_keep: int) -> bool:
-        return n_keep >= 0 and self._route(n_keep) != "refused"
-
     def _route(self, n_keep: int) -> RollbackRoute:
         ckpt = self._ckpt[0] if self._ckpt is not None else None
         return rollback_route(len(self._tokens), n_keep, recurrent=bool(self._recurrent), checkpoint_at=ckpt)
+
+    def _refused_state(self) -> str:
+        return f"its state was saved at {self._ckpt[0]} tokens" if self._ckpt else "no state was saved"
 
     def checkpoint(self) -> None:
         """Keep the recurrent layers' state at the current length (references: MLX arrays are immutable)."""
@@ -431,20 +425,9 @@ class MLXBackend:
     def rollback(self, n_keep: int) -> None:
         from mlx_lm.models.cache import trim_prompt_cache
 
-        if n_keep < 0:
-            raise ValueError(f"rollback needs n_keep >= 0, got {n_keep}")
-        route = self._route(n_keep)
+        route = self._rollback_route(n_keep)
         if route == "none":
             return
-        self.rollback_routes[route] += 1
-        if route == "refused":
-            at = f"its state was saved at {self._ckpt[0]} tokens" if self._ckpt else "no state was saved"
-            raise UnsupportedModelError(
-                f"{self.info.name} has recurrent layers and {at}, so it cannot drop "
-                f"{len(self._tokens) - n_keep} tokens to keep {n_keep}",
-                "this is a bug in the caller (it must checkpoint before drafting); plain decoding "
-                "(--draft-method none) never rolls back",
-            )
         if self._recurrent:
             self._restore(n_keep)
             return

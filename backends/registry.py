@@ -54,6 +54,16 @@ class BackendSpec:
         except ImportError as e:
             raise BackendUnavailableError(f"the {self.label} backend cannot load: {e}", self.install_hint) from None
 
+    def probe(self) -> tuple[bool, str]:
+        """Whether it can run here, and its device or why not (never raises; loads no model)."""
+        if not self.installed():
+            return False, f"not installed: {self.install_hint}"
+        try:
+            module = importlib.import_module(self.module_path)
+        except Exception as e:  # ImportError, or a shared library that fails to load
+            return False, f"{' and '.join(self.distributions)} does not load: {e}. {self.install_hint}"
+        return cast("BackendModule", module).probe()
+
     def owns_path(self, path: str) -> bool:
         """Whether a model path has this backend's format (from its name alone)."""
         return str(path).lower().endswith(".gguf") == self.single_file

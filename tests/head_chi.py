@@ -1,14 +1,16 @@
 """The chi-square check shared by the head drafters' tests (EAGLE-3, MTP, DFlash/DSpark): the exact joint
 distribution of the first WINDOW tokens from the target's own conditionals, and seeded draws of the same
-window through the engine with a real drafter (compared by test_verify.joint_check)."""
+window through the engine with a real drafter (compared by test_verify.joint_check). Also the first draft
+row after a context, for the tests of what a head's pairs hold."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 import numpy as np
+from localspec.backends.base import Backend, sync_cache
 
-from localspec.backends.base import sync_cache
+from localspec.decoding.drafters import Drafter
 from localspec.decoding.engine import Done, GenerationConfig, generate
 from localspec.sampling import SamplingParams, probabilities
 
@@ -50,3 +52,12 @@ def draws(target, drafter, prompt: list[int], sampling: SamplingParams) -> Calla
         return run(target, drafter, prompt, max_tokens=WINDOW, num_draft=K, sampling=seeded).tokens
 
     return draw
+
+
+def first_draft_q(target: Backend, drafter: Drafter, context: list[int]) -> np.ndarray:
+    """The distribution [V] the drafter draws its first token from after `context` (temperature 1), with the
+    target holding all but the last token, as after a round."""
+    sync_cache(target, context[:-1], logits=False)
+    draft = drafter.propose(context, 1, SamplingParams(temperature=1.0), np.random.default_rng(0))
+    assert draft.q is not None and len(draft.tokens) == 1
+    return draft.q[0]

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from localspec.backends.base import Backend, BackendModule, sync_cache
+
 from localspec.errors import ContextOverflowError, ModelFileError
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -28,13 +28,13 @@ def mlx_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(params=["llama", "mlx"])
 def loaded(request: pytest.FixtureRequest) -> Iterator[tuple[BackendModule, Backend, str]]:
-    from localspec.pipeline import backend_module
+    from localspec.backends.registry import backend_spec
 
     if request.param == "llama":
         path = str(request.getfixturevalue("tiny_ggufs")[0])
     else:
         path = str(request.getfixturevalue("mlx_model_dir"))
-    module = backend_module(request.param)
+    module = backend_spec(request.param).module()
     backend = module.load(path, n_ctx=N_CTX, threads=1)
     try:
         yield module, backend, path

@@ -7,6 +7,7 @@ own cache must come back right after rejected rounds.
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import subprocess
@@ -16,19 +17,34 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
+from head_chi import (
+    CHI_PROMPT,
+    N_SAMPLES,
+    TOP_K,
+    WINDOW,
+    K,
+    draws,
+    expected_joint,
+    first_draft_q,
+    run,
+)
 from localspec.backends import llama_cpp as lb
 from localspec.backends import llama_ext
 from localspec.backends.base import sync_cache
 from localspec.backends.llama_eagle3 import Eagle3Drafter
+from test_verify import joint_check
+
 from localspec.decoding.drafters import NoDrafter
 from localspec.decoding.engine import Done, GenerationConfig
-from localspec.sampling import SamplingParams
-from localspec.errors import BackendUnavailableError, Interrupted, ModelFileError, UnsupportedModelError
+from localspec.errors import (
+    BackendUnavailableError,
+    Interrupted,
+    ModelFileError,
+    UnsupportedModelError,
+)
 from localspec.options import ModelOptions
 from localspec.pipeline import load_pipeline
-from head_chi import CHI_PROMPT, K, N_SAMPLES, TOP_K, WINDOW, draws, expected_joint, run
-from test_verify import joint_check
+from localspec.sampling import SamplingParams
 
 LAYERS = (0, 2, 3)
 
@@ -182,6 +198,25 @@ def test_a_head_whose_q_is_misreported_fails_the_same_check(target, chi) -> None
 # -- the head's own state ------------------------------------------------------------------------------
 
 
+def test_each_pair_holds_the_next_token_so_the_first_draft_reads_the_last_one(
+    files: dict[str, Path], target: lb.LlamaCppBackend
+) -> None:
+    """Pair P is (context[P+1], g[P]): the last pair carries the last context token. Contexts that differ only
+    in it (the target holding the same prefix, so the same features) must give different first drafts. Pairs
+    shifted by one, (context[P], g[P]), never feed the last token: every such draft would be the same, and
+    greedy output would stay right with only the acceptance lost."""
+    prompt = target.tokenize("def fibonacci(n):")
+    drafter = Eagle3Drafter(target, files["head"])
+    try:
+        rows = [first_draft_q(target, drafter, [*prompt, last]) for last in (13, 42, 1000)]
+        again = first_draft_q(target, drafter, [*prompt, 13])
+    finally:
+        drafter.close()
+    np.testing.assert_allclose(again, rows[0], atol=1e-4)  # the same context drafts the same (seen: 7e-7)
+    gaps = [float(np.abs(a - b).max()) for a, b in itertools.combinations(rows, 2)]
+    assert min(gaps) > 0.01, gaps  # seen: 0.08 to 0.26
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_after_rejected_rounds_the_next_proposal_equals_a_fresh_drafters(
     files: dict[str, Path], target, temperature: float
@@ -228,6 +263,22 @@ def test_an_abort_stops_the_head_and_leaves_its_cache_consistent(files: dict[str
         target.abort(False)
         drafter.close()
         fresh.close()
+
+
+def test_closing_a_head_drafter_ends_the_capture_only_when_no_other_needs_it(files: dict[str, Path], target) -> None:  # type: ignore[no-untyped-def]
+    prompt = target.tokenize("def fibonacci(n):")
+    first, second = Eagle3Drafter(target, files["head"]), Eagle3Drafter(target, files["head"])
+    try:
+        sync_cache(target, prompt, logits=False)
+        first.close()
+        assert target.features(0, len(prompt)).shape[0] == len(prompt)  # the second drafter still reads them
+        assert len(second.propose([*prompt, 13], 3, SamplingParams(), np.random.default_rng(0)).tokens) == 3
+    finally:
+        second.close()
+    # The last one released it: a method run next on this target (bench, serve) pays for no capture.
+    sync_cache(target, [*prompt, 13], logits=False)
+    with pytest.raises(ValueError, match="no features"):
+        target.features(0, 1)
 
 
 # -- through the pipeline, and the refusals -----------------------------------------------------------------

@@ -10,11 +10,19 @@ from collections.abc import Sequence
 
 import numpy as np
 import pytest
+from fakes import (
+    EOG,
+    N_VOCAB,
+    FakeBackend,
+    hashed_logits,
+    noisy,
+    scripted_tokens,
+    without,
+)
 
-from fakes import EOG, N_VOCAB, FakeBackend, hashed_logits, noisy, scripted_tokens, without
-from localspec.errors import ContextOverflowError, UsageError
 from localspec.decoding.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
 from localspec.decoding.engine import Done, GenerationConfig, Step, generate
+from localspec.errors import ContextOverflowError, UsageError
 from localspec.sampling import SamplingParams
 
 TARGET = without(hashed_logits(1))  # never ends by itself: runs stop on max_tokens unless a test says
@@ -123,6 +131,28 @@ def test_draft_equal_to_target_at_temperature(rule: str) -> None:
         assert done.stats.n_accepted == done.stats.n_drafted
     else:
         assert done.stats.n_accepted < done.stats.n_drafted
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_a_fully_accepted_draft_earns_the_bonus_token(k: int, temperature: float) -> None:
+    """After all k drafts pass, the target's last row gives one more token: a draft identical to the target
+    makes k+1 tokens per target pass. Dropping the bonus keeps the output right and only loses speed, so
+    count the tokens of every round (the last one drafts fewer where the token budget ends)."""
+    max_tokens = 40
+    target = FakeBackend(TARGET)
+    sampling = SamplingParams(temperature=temperature, seed=3)
+    steps, done = _run(target, _drafter("self"), max_tokens=max_tokens, num_draft=k, sampling=sampling)
+    rounds = [st.round for st in steps if st.round is not None]
+    assert [r.n_drafted for r in rounds[:-1]] == [k] * (len(rounds) - 1)
+    for st in steps[1:]:
+        r = st.round
+        assert r is not None and r.n_accepted == r.n_drafted and r.kind == "bonus"
+        assert r.n_emitted == len(st.tokens) == r.n_drafted + 1
+        assert st.origins == ("draft",) * r.n_drafted + ("target",)
+    assert len(done.tokens) == max_tokens
+    assert done.stats.n_rounds == -(-(max_tokens - 1) // (k + 1))  # the prompt pass's token, then k+1 a round
+    assert len(target.forward_calls) == 1 + done.stats.n_rounds
 
 
 # -- stats -------------------------------------------------------------------------------------------
@@ -480,8 +510,8 @@ def test_greedy_near_ties_are_marked_with_position_and_gap() -> None:
     and one-token arithmetic may part); clear choices are not, and sampling runs list none."""
     from localspec.decoding.drafters import NgramDrafter
     from localspec.decoding.engine import Done, GenerationConfig, generate
-    from localspec.sampling import SamplingParams
     from localspec.decoding.stats import NEAR_TIE_GAP
+    from localspec.sampling import SamplingParams
 
     def logits(tokens: list[int]) -> np.ndarray:
         row = np.zeros(N_VOCAB, dtype=np.float32)

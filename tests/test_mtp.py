@@ -8,6 +8,7 @@ llama.cpp sees them (it would abort the process).
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import subprocess
@@ -17,18 +18,28 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
+from head_chi import (
+    CHI_PROMPT,
+    N_SAMPLES,
+    TOP_K,
+    WINDOW,
+    K,
+    draws,
+    expected_joint,
+    first_draft_q,
+    run,
+)
 from localspec.backends import llama_cpp as lb
 from localspec.backends.base import sync_cache
 from localspec.backends.llama_mtp import MtpDrafter, check_target
+from test_verify import joint_check
+
 from localspec.decoding.drafters import NoDrafter
 from localspec.decoding.engine import Done, GenerationConfig
-from localspec.sampling import SamplingParams
 from localspec.errors import Interrupted, UnsupportedModelError
 from localspec.options import ModelOptions
 from localspec.pipeline import load_pipeline
-from head_chi import CHI_PROMPT, K, N_SAMPLES, TOP_K, WINDOW, draws, expected_joint, run
-from test_verify import joint_check
+from localspec.sampling import SamplingParams
 
 FAVOURED = (100, 101, 102, 103)
 
@@ -123,6 +134,21 @@ def test_exact_rule_matches_the_target_distribution_through_the_head(chi) -> Non
 
 
 # -- the head's own state ------------------------------------------------------------------------------
+
+
+def test_each_pair_holds_its_own_token_so_the_first_draft_reads_the_last_one(target: lb.LlamaCppBackend) -> None:
+    """Pair P is (context[P], h[P-1]): the last pair carries the last context token, so contexts that differ
+    only in it (the target holding the same prefix, so the same states) must give different first drafts."""
+    prompt = target.tokenize("def fibonacci(n):")
+    drafter = MtpDrafter(target)
+    try:
+        rows = [first_draft_q(target, drafter, [*prompt, last]) for last in (13, 42, 1000)]
+        again = first_draft_q(target, drafter, [*prompt, 13])
+    finally:
+        drafter.close()
+    np.testing.assert_allclose(again, rows[0], atol=1e-4)  # the same context drafts the same
+    gaps = [float(np.abs(a - b).max()) for a, b in itertools.combinations(rows, 2)]
+    assert min(gaps) > 0.01, gaps  # seen: 0.11 to 0.13
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
