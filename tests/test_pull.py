@@ -17,13 +17,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hub_server import FakeHub
 
 from localspec import cli
 from localspec.catalog import load_catalog, resolve_pair
 from localspec.errors import CatalogError, IncompatiblePairError, PullError
 from localspec.gguf_meta import read_gguf_header
-
-from hub_server import FakeHub
 
 MiB = 1 << 20
 T_REPO, T_FILE = "test-org/tiny-target-GGUF", "tiny-target-q8_0.gguf"
@@ -486,8 +485,8 @@ def test_a_head_pair_pulls_its_head_and_runs_its_method(
     """A catalog pair whose draft is an EAGLE-3 head: pulled like any pair (the head carries the target's
     tokenizer, so the header check passes), and `--pair` runs eagle3 where auto was left as the default."""
     from localspec.cli import build_parser
-    from localspec.hub import pull_pair
     from localspec.commands.first_use import model_options_from_args
+    from localspec.hub import pull_pair
 
     target, head = eagle3_pair
     hub.add_repo("test-org/tiny-llama-GGUF", {"tiny-llama-F32.gguf": target.read_bytes()})
@@ -684,6 +683,67 @@ def test_cli_errors_and_usage(hub: FakeHub, capsys: pytest.CaptureFixture[str]) 
     assert "compatible:" in capsys.readouterr().out and hub.count("GET", "/cdn/") == 2
 
 
+def test_check_only_checks_a_pair_of_local_files_from_their_headers(
+    tiny_ggufs: tuple[Path, Path, Path], gemma_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same header check on files already here as on Hub files (the one `run` makes before loading)."""
+    from localspec.options import ModelOptions
+    from localspec.pipeline import check_pair
+
+    target, draft = str(tiny_ggufs[0]), str(tiny_ggufs[1])
+    assert _main(["pull", "--check-only", "--target", target, "--draft", draft]) == 0
+    out, err = capsys.readouterr()
+    expected = check_pair(ModelOptions(target=target, draft=draft, draft_method="model")).describe("model")
+    assert out.splitlines()[0] == expected and expected.startswith("compatible: same vocabulary (")
+    assert f"target  {target}" in out and f"draft   {draft}" in out
+    assert f"run it: localspec run --backend llama --target {target} --draft {draft}" in out
+    assert "error" not in err
+
+    # A pair whose vocabularies differ is refused from the headers, as on the Hub, with the reason.
+    assert _main(["pull", "--check-only", "--target", target, "--draft", str(gemma_path)]) == 1
+    out, err = capsys.readouterr()
+    assert not out and "error: " in err and "vocabulary" in err and "hint: " in err and "Traceback" not in err
+
+
+def test_check_only_in_a_fresh_process_on_local_files(tiny_ggufs: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    """The installed CLI: a local pair is checked (exit 0), a local file that is not whole fails (exit 1)."""
+    target, draft = tiny_ggufs[0], tiny_ggufs[1]
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(draft.read_bytes()[: draft.stat().st_size // 2])  # a download that broke off
+    base = [sys.executable, "-m", "localspec.cli", "pull", "--check-only", "--target", str(target)]
+    ok = subprocess.run([*base, "--draft", str(draft)], capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.startswith("compatible: same vocabulary") and "not a Hub model reference" not in ok.stderr
+    bad = subprocess.run([*base, "--draft", str(cut)], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1 and "error: " in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+
+
+def test_local_paths_are_not_pulled_and_say_what_to_use(
+    hub: FakeHub, tiny_ggufs: tuple[Path, Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target, draft = str(tiny_ggufs[0]), str(tiny_ggufs[1])
+    # a pair of local files without --check-only: nothing to download, and the commands that use them
+    assert _main(["pull", "--target", target, "--draft", draft, "--endpoint", hub.url]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {target} is a local file: there is nothing to pull" in err
+    assert "localspec pull --check-only --target" in err and "localspec doctor --target" in err
+    assert f"localspec run --target {target} --draft {draft}" in err
+    # one local file named as the model to pull
+    assert _main(["pull", target, "--endpoint", hub.url]) == 2
+    err = capsys.readouterr().err
+    assert "is a local file" in err and f"localspec run --target {target}" in err and "localspec doctor" in err
+    # one local file and one Hub file: --check-only says it compares like with like
+    mixed = ["--target", target, "--draft", f"{D_REPO}:{D_FILE}"]
+    assert _main(["pull", "--check-only", *mixed, "--endpoint", hub.url]) == 2
+    assert "two local files or two Hub files" in capsys.readouterr().err
+    # a path that is not there: said plainly, not "not a Hub model reference"
+    missing = str(tmp_path / "nowhere.gguf")
+    assert _main(["pull", "--check-only", "--target", missing, "--draft", draft]) == 1
+    err = capsys.readouterr().err
+    assert f"no such file or directory: {missing}" in err and "not a Hub model reference" not in err
+    assert not hub.requests  # none of these asked the Hub anything
+
+
 def test_tty_progress_draws_one_bar_per_file_with_speed_and_eta() -> None:
     from localspec.commands.pull import ProgressPrinter
     from localspec.hub import ProgressEvent
@@ -723,10 +783,12 @@ def test_progress_class_fits_huggingface_hubs_xet_reporter() -> None:
     """Real Hub repos are Xet-backed: hf_xet reports through this reporter, not http_get."""
     from types import SimpleNamespace
 
-    from localspec.hub import Tracker as _Tracker
-
     # A plain import: an upgrade that moves or renames the reporter must fail here, not skip silently.
-    from huggingface_hub.utils._xet_progress_reporting import XetDownloadProgressReporter
+    from huggingface_hub.utils._xet_progress_reporting import (
+        XetDownloadProgressReporter,
+    )
+
+    from localspec.hub import Tracker as _Tracker
 
     events = []
     tracker = _Tracker("w.safetensors", "o/r", "draft", None, events.append, None)

@@ -7,27 +7,40 @@ and pair, chat, stats, stop, engine error. Fake backends only where a test must 
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from fakes import FailingBackend, FakeBackend, GatedBackend, hashed_logits, scripted
+from fakes import (
+    CostedBackend,
+    FailingBackend,
+    FakeBackend,
+    FakeClock,
+    GatedBackend,
+    hashed_logits,
+    noisy,
+    scripted,
+    without,
+)
 from textual.pilot import Pilot
 from textual.widgets import Input, Markdown, OptionList, Select, Static
 
+from localspec.commands import chat as chat_command
 from localspec.decoding.drafters import ModelDrafter
 from localspec.decoding.engine import Done, Step
-from localspec.options import ModelOptions
+from localspec.options import GenerationSettings, ModelOptions
 from localspec.pipeline import Pipeline
 from localspec.tui import models as tui_models
 from localspec.tui.app import ChatApp
 from localspec.tui.chat_screen import ChatScreen
 from localspec.tui.live import fmt_acceptance, fmt_accepted_length, fmt_tps
 from localspec.tui.models import BackendStatus
-from localspec.tui.settings import ChatSettings
 from localspec.tui.settings_screen import SettingsScreen
 from localspec.tui.setup_screen import SetupScreen
 from localspec.tui.widgets import ReplyMessage, StatsPanel
@@ -68,7 +81,7 @@ def fake_app(target: FakeBackend, draft: FakeBackend | None = None, *, tmp_path:
     clock = TickClock()
     return ChatApp(
         options=ModelOptions(target="/fake/target", draft="/fake/draft", draft_method="model"),
-        settings=ChatSettings(**settings),  # type: ignore[arg-type]
+        settings=GenerationSettings(**settings),  # type: ignore[arg-type]
         loader=fake_loader(target, draft, clock),
         clock=clock,
         save_dir=tmp_path,
@@ -170,7 +183,10 @@ def on_screen(view: ReplyMessage) -> str:
 async def test_pick_backend_and_pair_then_chat_with_real_model(smollm2_path: Path, tmp_path: Path) -> None:
     clock = TickClock()
     app = ChatApp(
-        settings=ChatSettings(max_tokens=24), clock=clock, save_dir=tmp_path, load_defaults=ModelOptions("", threads=1)
+        settings=GenerationSettings(max_tokens=24),
+        clock=clock,
+        save_dir=tmp_path,
+        load_defaults=ModelOptions("", threads=1),
     )
     async with app.run_test(size=SIZE) as pilot:
         setup = app.screen
@@ -231,7 +247,7 @@ async def test_stop_mid_generation_with_real_model(
     smollm2_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     opts = ModelOptions(target=str(smollm2_path), draft_method="ngram", threads=1)
-    app = ChatApp(options=opts, settings=ChatSettings(max_tokens=400), save_dir=tmp_path)
+    app = ChatApp(options=opts, settings=GenerationSettings(max_tokens=400), save_dir=tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: app.pipeline is not None, what="models to load")
         engine = EngineReplies(app)
@@ -264,7 +280,7 @@ async def test_esc_while_reading_a_long_prompt_stops_at_once(smollm2_path: Path,
     import time as _time
 
     opts = ModelOptions(target=str(smollm2_path), draft_method="none", threads=2, n_ctx=8192)
-    app = ChatApp(options=opts, settings=ChatSettings(max_tokens=8), save_dir=tmp_path)
+    app = ChatApp(options=opts, settings=GenerationSettings(max_tokens=8), save_dir=tmp_path)
     long_prompt = "Summarise: " + " ".join(f"item {i} is blue and round." for i in range(700))
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: app.pipeline is not None, what="models to load")
@@ -289,7 +305,7 @@ async def test_esc_while_reading_a_long_prompt_stops_at_once(smollm2_path: Path,
 @pytest.mark.asyncio
 async def test_engine_error_shows_in_app_and_chat_goes_on(smollm2_path: Path, tmp_path: Path) -> None:
     opts = ModelOptions(target=str(smollm2_path), draft_method="ngram", n_ctx=256, threads=1)
-    app = ChatApp(options=opts, settings=ChatSettings(max_tokens=8), save_dir=tmp_path)
+    app = ChatApp(options=opts, settings=GenerationSettings(max_tokens=8), save_dir=tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: app.pipeline is not None, what="models to load")
         prompt = app.chat.query_one("#prompt", Input)
@@ -348,14 +364,19 @@ def test_probe_backends_lists_both_with_reasons() -> None:
 async def test_intermediate_states_with_a_gated_engine(tmp_path: Path) -> None:
     target = GatedBackend(scripted(REPLY))
     draft = FakeBackend(scripted(REPLY, wrong_every=3))
-    app = fake_app(target, draft, tmp_path=tmp_path, num_draft=4)
+    app = fake_app(target, draft, tmp_path=tmp_path, k=4)
     async with app.run_test(size=SIZE) as pilot:
         try:
             await until(pilot, lambda: app.pipeline is not None)
             engine = EngineReplies(app)
             await send(pilot, "go")
             target.release(3)  # the prompt pass and two verify rounds
-            await until(pilot, lambda: app.chat.live is not None and app.chat.live.stats is not None and app.chat.live.stats.n_rounds >= 2)
+            await until(
+                pilot,
+                lambda: (
+                    app.chat.live is not None and app.chat.live.stats is not None and app.chat.live.stats.n_rounds >= 2
+                ),
+            )
             await pilot.pause(0.2)
             chat = app.chat
             panel = chat.query_one(StatsPanel)
@@ -388,7 +409,7 @@ async def test_intermediate_states_with_a_gated_engine(tmp_path: Path) -> None:
 async def test_fast_model_updates_merge(tmp_path: Path) -> None:
     long_reply = "word " * 300
     target, draft = FakeBackend(scripted(long_reply)), FakeBackend(scripted(long_reply))
-    app = fake_app(target, draft, tmp_path=tmp_path, num_draft=2, max_tokens=4000)
+    app = fake_app(target, draft, tmp_path=tmp_path, k=2, max_tokens=4000)
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: app.pipeline is not None)
         engine = EngineReplies(app)
@@ -408,7 +429,7 @@ async def test_backend_error_mid_reply_keeps_the_transcript(tmp_path: Path, monk
         """Waits for a permit before each pass, and fails on its n-th."""
 
     target = GatedFailing(scripted(REPLY), fail_at=5)
-    app = fake_app(target, FakeBackend(scripted(REPLY)), tmp_path=tmp_path, num_draft=2)
+    app = fake_app(target, FakeBackend(scripted(REPLY)), tmp_path=tmp_path, k=2)
     async with app.run_test(size=SIZE) as pilot:
         try:
             await until(pilot, lambda: app.pipeline is not None)
@@ -472,6 +493,76 @@ async def test_poor_match_says_a_better_draft_is_the_fix(tmp_path: Path) -> None
         assert advice.display and "larger k does not" in text_of(advice)
 
 
+def plain_auto_app(tmp_path: Path) -> ChatApp:
+    """auto over a draft model that costs what the target costs, on a CPU-like clock where a batch of n
+    tokens costs n single ones (SmolLM2 as its own draft on 2 cores): every round is decoded plainly."""
+    clock = FakeClock()
+    target = CostedBackend(scripted(REPLY), clock, lambda n: 0.01 * n, name="target")
+    draft = CostedBackend(scripted(REPLY), clock, lambda n: 0.01 * n, name="draft")
+    return ChatApp(
+        options=ModelOptions(target="/fake/target", draft="/fake/draft", draft_method="auto"),
+        settings=GenerationSettings(k=32, max_tokens=60, seed=0),
+        loader=fake_pipeline_loader(target, draft, clock),
+        clock=clock,
+        save_dir=tmp_path,
+    )
+
+
+def visible_in(panel: StatsPanel, widget: Static) -> bool:
+    """Whether `widget` is on screen inside the (scrollable) panel without scrolling it."""
+    region = widget.region
+    return bool(region.height) and panel.region.contains_region(region)
+
+
+@pytest.mark.asyncio
+async def test_auto_decoding_plainly_says_what_it_chose_and_why(tmp_path: Path) -> None:
+    from localspec.report import advice
+
+    app = plain_auto_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.pipeline is not None)
+        await send(pilot, "go")
+        await settle(app, pilot)
+        stats = app.chat.transcript.turns[0].stats
+        assert stats is not None and stats.draft_method == "auto" and stats.n_drafted == 0 and stats.n_rounds > 30
+        panel = app.chat.query_one(StatsPanel)
+        acceptance = text_of(panel.query_one("#stat-acceptance", Static))
+        assert acceptance == "acceptance no drafts" and "0/0" not in acceptance
+        # auto's choices (the round sources, as the CLI summary words them) and its reason, at the top
+        choices = panel.query_one("#stat-choices", Static)
+        assert text_of(choices) == f"auto chose {stats.choices()}" == "auto chose plain 100%"
+        reason = panel.query_one("#stat-advice", Static)
+        assert advice(stats) is not None and text_of(reason) == "⚠ " + advice(stats)
+        assert "measured not to pay" in text_of(reason)
+        assert visible_in(panel, choices) and visible_in(panel, reason)
+        # one histogram row (every round produced one token), not one per length up to k + 1 = 33
+        histogram = text_of(panel.query_one("#stat-histogram", Static)).splitlines()
+        assert histogram[0] == "accepted length per round" and len(histogram) == 2
+        assert histogram[1].split()[0] == "1" and histogram[1].split()[-1] == str(stats.n_rounds)
+        assert "no drafts" in text_of(app.chat.query_one(ReplyMessage).query_one(".reply-stats", Static))
+
+
+@pytest.mark.asyncio
+async def test_histogram_shows_the_lengths_that_occur_on_a_compact_scale(tmp_path: Path) -> None:
+    base = hashed_logits(1)
+    target, draft = (FakeBackend(without(base)), FakeBackend(without(noisy(base, 5, scale=1.0))))
+    app = fake_app(target, draft, tmp_path=tmp_path, k=32, max_tokens=400)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.pipeline is not None)
+        await send(pilot, "go")
+        await settle(app, pilot)
+        assert app.chat.live is not None
+        lengths = app.chat.live.length_series
+        assert len(set(lengths)) > 8  # many different accepted lengths, up to k + 1 = 33
+        rows = text_of(app.chat.query_one("#stat-histogram", Static)).splitlines()[1:]
+        assert 1 < len(rows) <= 8  # a compact scale: ranges of lengths, not a row per length
+        shown = {label: int(count) for label, _, count in (row.split() for row in rows)}
+        for label, count in shown.items():  # each row counts the rounds whose length falls in its range
+            lo, _, hi = label.partition("-")
+            assert count == sum(int(lo) <= n <= int(hi or lo) for n in lengths) > 0, label
+        assert sum(shown.values()) == len(lengths) and any("-" in label for label in shown)
+
+
 @pytest.mark.asyncio
 async def test_settings_screen_edits_generation(tmp_path: Path) -> None:
     app = fake_app(FakeBackend(scripted(REPLY)), FakeBackend(scripted(REPLY)), tmp_path=tmp_path)
@@ -504,7 +595,7 @@ async def test_settings_screen_edits_generation(tmp_path: Path) -> None:
 
 @pytest.mark.asyncio
 async def test_unusable_backend_is_shown_with_its_reason(tmp_path: Path) -> None:
-    probe = lambda: [  # noqa: E731
+    probe = lambda: [
         BackendStatus("llama", "llama.cpp", True, "CUDA build: layers offload to the GPU"),
         BackendStatus("mlx", "MLX", False, "not installed: pip install 'localspec[mlx]'"),
     ]
@@ -565,6 +656,108 @@ async def test_pull_a_catalog_pair_from_the_picker(monkeypatch: pytest.MonkeyPat
             gate.release(10)  # a failed assertion must not leave the pull worker waiting
 
 
+def cli_env(tmp_path: Path) -> dict[str, str]:
+    """The environment of a `localspec` subprocess: an empty Hugging Face cache that may not download."""
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_CACHE", "LOCALSPEC_CATALOG")}
+    return {**env, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "XDG_CONFIG_HOME": str(tmp_path / "config"),
+            "TERM": "xterm-256color"}  # fmt: skip
+
+
+def test_chat_without_a_terminal_refuses_at_once_and_points_to_run(
+    tiny_ggufs: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    # Before: the app drew itself into the pipe and waited for keys until killed (here: the timeout).
+    chat = [sys.executable, "-m", "localspec.cli", "chat"]
+    cases = [
+        ([*chat, "--target", str(tiny_ggufs[0])], {"stdin": subprocess.DEVNULL}),  # cron, nohup, CI
+        (chat, {"input": "hello\n"}),  # a prompt piped in: no models given, the default pair not downloaded
+        ([*chat, "--target", str(tmp_path / "missing.gguf"), "--yes"], {"stdin": subprocess.DEVNULL}),
+    ]
+    for argv, stdin in cases:
+        env = cli_env(tmp_path)
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env, **stdin)  # type: ignore[call-overload]
+        assert out.returncode == 2, (argv, out.stderr)
+        err = out.stderr
+        first = err.splitlines()[0]
+        assert first == "error: `localspec chat` is a terminal app, and no terminal is attached to its stdin and stderr"
+        assert 'hint: for a prompt without a terminal (a script, a pipe, CI) use `localspec run "PROMPT"`' in err
+        assert out.stdout == "" and "\x1b" not in err and "Traceback" not in err
+        # refused before anything was read or loaded: the missing file and the missing pair go unmentioned
+        assert "missing.gguf" not in err and "not downloaded" not in err
+    assert not (tmp_path / "hf").exists()
+
+
+def run_in_terminal(argv: list[str], env: dict[str, str], *, stderr_to_pipe: bool = False) -> TerminalRun:
+    """Start `argv` on a pseudo-terminal (120x40), stdin and stdout on it, stderr too unless piped."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    stderr = subprocess.PIPE if stderr_to_pipe else slave
+    proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=stderr, env=env, start_new_session=True)
+    os.close(slave)
+    run = TerminalRun(proc, master)
+    threading.Thread(target=run.read, daemon=True).start()
+    return run
+
+
+@dataclass
+class TerminalRun:
+    proc: subprocess.Popen[bytes]
+    master: int
+    screen: bytearray = field(default_factory=bytearray)  # all the process wrote to the terminal
+
+    def read(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self.master, 65536)
+            except OSError:  # EIO: the process closed the terminal
+                return
+            if not chunk:
+                return
+            self.screen += chunk
+
+    def wait_for_output(self, n_bytes: int, timeout: float) -> None:
+        end = time.monotonic() + timeout
+        while len(self.screen) < n_bytes and self.proc.poll() is None and time.monotonic() < end:
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        os.close(self.master)
+
+
+def test_chat_on_a_terminal_starts_the_app_and_ctrl_q_quits(
+    tiny_ggufs: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    argv = [sys.executable, "-m", "localspec.cli", "chat", "--target", str(tiny_ggufs[0]), "--draft-method", "none",
+            "--threads", "1"]  # fmt: skip
+    run = run_in_terminal(argv, cli_env(tmp_path))
+    try:
+        run.wait_for_output(4000, timeout=120)  # the app drew its screen
+        assert run.proc.poll() is None, bytes(run.screen).decode(errors="replace")
+        assert b"localspec chat" in run.screen and b"No reply yet" in run.screen  # its title and stats panel
+        time.sleep(1.0)
+        os.write(run.master, b"\x11")  # Ctrl+Q
+        assert run.proc.wait(timeout=60) == 0
+        assert b"terminal app" not in run.screen
+    finally:
+        run.stop()
+    # stdin a terminal but stderr (where the app draws) redirected: refused the same way, naming stderr
+    run = run_in_terminal(argv, cli_env(tmp_path), stderr_to_pipe=True)
+    try:
+        assert run.proc.wait(timeout=60) == 2
+        assert run.proc.stderr is not None
+        assert b"no terminal is attached to its stderr\n" in run.proc.stderr.read()
+    finally:
+        run.stop()
+
+
 def test_cli_chat_options_skip_the_pickers(monkeypatch: pytest.MonkeyPatch, smollm2_path: Path, tmp_path: Path) -> None:
     from localspec import cli
 
@@ -575,6 +768,7 @@ def test_cli_chat_options_skip_the_pickers(monkeypatch: pytest.MonkeyPatch, smol
 
     seen: dict[str, ChatApp] = {}
     monkeypatch.setattr(ChatApp, "run", lambda self: seen.setdefault("app", self))
+    monkeypatch.setattr(chat_command, "require_terminal", lambda: None)  # pytest's stdin is no terminal
     rc = cli.main(["chat", "--target", str(smollm2_path), "--draft-method", "ngram", "-k", "3", "--temperature", "0.5"])
     assert rc == 0
     app = seen["app"]
@@ -615,11 +809,11 @@ async def test_settings_k_reaches_the_engine_for_auto_and_fixed_methods(tmp_path
     # drafts as long as it may).
     long_reply = "one two three four five six seven eight nine ten " * 12
     for method in ("auto", "model"):
-        target, draft = FakeBackend(scripted(long_reply)), FakeBackend(scripted(long_reply))
+        target, draft = (FakeBackend(scripted(long_reply)), FakeBackend(scripted(long_reply)))
         clock = TickClock()
         app = ChatApp(
             options=ModelOptions(target="/fake/target", draft="/fake/draft", draft_method=method),
-            settings=ChatSettings(num_draft=4, max_tokens=200),
+            settings=GenerationSettings(k=4, max_tokens=200),
             loader=fake_pipeline_loader(target, draft, clock),
             clock=clock,
             save_dir=tmp_path,
@@ -678,6 +872,7 @@ def test_the_same_pair_gets_the_same_draft_method_in_run_and_chat(
     run_method = json.loads(out.stdout)["stats"]["draft_method"]
     seen: dict[str, ChatApp] = {}
     monkeypatch.setattr(ChatApp, "run", lambda self: seen.setdefault("app", self))
+    monkeypatch.setattr(chat_command, "require_terminal", lambda: None)  # pytest's stdin is no terminal
     assert cli.main(["chat", "--target", t, "--draft", d]) == 0
     assert seen["app"].options is not None and seen["app"].options.draft_method == run_method == "auto"
     seen.clear()
@@ -699,7 +894,9 @@ async def test_final_stats_in_the_app_equal_run_json(tiny_ggufs: tuple[Path, Pat
     assert out.returncode == 0, out.stderr
     expected = json.loads(out.stdout)
     opts = ModelOptions(target=t, draft=d, draft_method="model", threads=1)
-    app = ChatApp(options=opts, settings=ChatSettings(num_draft=3, temperature=0.8, seed=11, max_tokens=40), save_dir=tmp_path)
+    app = ChatApp(
+        options=opts, settings=GenerationSettings(k=3, temperature=0.8, seed=11, max_tokens=40), save_dir=tmp_path
+    )
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: app.pipeline is not None, what="models to load")
         await send(pilot, "Tell me a story")
@@ -723,7 +920,9 @@ async def test_picker_offers_head_methods_only_when_the_files_fit(
     target, head = eagle3_pair
     qwen2 = tmp_path / "qwen2-target.gguf"  # an architecture whose graph cannot hand over hidden states
     write_tiny_llama(qwen2, smollm2_path, seed=0, n_layer=4, arch="qwen2")
-    app = ChatApp(settings=ChatSettings(max_tokens=6), save_dir=tmp_path, load_defaults=ModelOptions("", threads=1))
+    app = ChatApp(
+        settings=GenerationSettings(max_tokens=6), save_dir=tmp_path, load_defaults=ModelOptions("", threads=1)
+    )
     async with app.run_test(size=SIZE) as pilot:
         setup = app.screen
         assert isinstance(setup, SetupScreen)

@@ -9,15 +9,14 @@ from pathlib import Path
 
 import pytest
 from fakes import FakeBackend, scripted
+from test_tui import REPLY, TickClock, fake_loader, plain_auto_app, until
 from textual.pilot import Pilot
 from textual.widgets import Input
-from test_tui import REPLY, TickClock, fake_loader, until
 
-from localspec.options import ModelOptions
+from localspec.options import GenerationSettings, ModelOptions
 from localspec.tui import setup_screen
 from localspec.tui.app import ChatApp
 from localspec.tui.models import BackendStatus, PairEntry
-from localspec.tui.settings import ChatSettings
 
 SIZE = (130, 40)
 
@@ -26,7 +25,7 @@ def chat_app(tmp_path: Path) -> ChatApp:
     clock = TickClock()
     return ChatApp(
         options=ModelOptions(target="/fake/target", draft="/fake/draft", draft_method="model"),
-        settings=ChatSettings(seed=0, num_draft=4),
+        settings=GenerationSettings(seed=0, k=4),
         loader=fake_loader(FakeBackend(scripted(REPLY)), FakeBackend(scripted(REPLY, wrong_every=4)), clock),
         clock=clock,
         save_dir=tmp_path,
@@ -45,11 +44,13 @@ async def chat_once(pilot: Pilot) -> None:
 
 def test_snapshot_setup_screen(snap_compare, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     entries = [
-        PairEntry("qwen2.5-coder-1.5b", "Qwen2.5-Coder 1.5B with the 0.5B as draft", True, "1.6 GB", "/m/t.gguf", "/m/d.gguf"),
+        PairEntry(
+            "qwen2.5-coder-1.5b", "Qwen2.5-Coder 1.5B with the 0.5B as draft", True, "1.6 GB", "/m/t.gguf", "/m/d.gguf"
+        ),
         PairEntry("llama-3.2-3b", "Llama 3.2 3B with the 1B as draft", False, "2.6 GB"),
     ]
     monkeypatch.setattr(setup_screen, "catalog_entries", lambda backend: (entries, None))
-    probe = lambda: [  # noqa: E731
+    probe = lambda: [
         BackendStatus("llama", "llama.cpp", True, "CPU build (this llama-cpp-python has no GPU offload)"),
         BackendStatus("mlx", "MLX", False, "not installed: pip install 'localspec[mlx]'"),
     ]
@@ -82,3 +83,8 @@ def test_snapshot_settings(snap_compare, tmp_path: Path) -> None:  # type: ignor
         await pilot.pause()
 
     assert snap_compare(chat_app(tmp_path), terminal_size=SIZE, run_before=run_before)
+
+
+def test_snapshot_auto_decoding_plainly(snap_compare, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """auto found no draft that pays: the panel says what it chose and why, above a one-row histogram."""
+    assert snap_compare(plain_auto_app(tmp_path), terminal_size=SIZE, run_before=chat_once)

@@ -4,16 +4,13 @@ the picker opens when that pair is not downloaded and may not be now (F3 opens i
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
+from typing import TextIO
 
 from localspec.commands.first_use import model_options_from_args
-from localspec.options import (
-    ModelOptions,
-    add_generation_options,
-    add_model_options,
-    generation_config_from_args,
-    models_given,
-)
+from localspec.errors import UsageError
+from localspec.options import GenerationSettings, ModelOptions, add_generation_options, add_model_options, models_given
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -30,11 +27,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 
 def run(args: argparse.Namespace) -> int:
+    require_terminal()  # first: no download, no model and no screen for a chat nobody can type into
     from localspec.tui.app import ChatApp
-    from localspec.tui.settings import ChatSettings
 
-    config = generation_config_from_args(args)  # bad values fail here, before the screen takes over
-    settings = ChatSettings.from_config(config, args.system)
+    settings = GenerationSettings.from_args(args)
+    settings.config()  # bad values fail here, before the screen takes over
     options, notice = initial_options(args)
     defaults = ModelOptions(  # for models picked in the app
         target="",
@@ -66,3 +63,22 @@ def initial_options(args: argparse.Namespace) -> tuple[ModelOptions | None, str 
         if models_given(args):
             raise
         return None, error_text(e)
+
+
+def require_terminal() -> None:
+    """UsageError unless stdin and stderr are terminals: the app reads keys from stdin and draws on stderr
+    (Textual's driver), so without them it would draw into a pipe and wait for keys that never come."""
+    missing = [name for name, stream in (("stdin", sys.stdin), ("stderr", sys.stderr)) if not is_terminal(stream)]
+    if missing:
+        raise UsageError(
+            f"`localspec chat` is a terminal app, and no terminal is attached to its {' and '.join(missing)}",
+            'for a prompt without a terminal (a script, a pipe, CI) use `localspec run "PROMPT"` '
+            "(`localspec run -` reads the prompt from stdin)",
+        )
+
+
+def is_terminal(stream: TextIO | None) -> bool:
+    try:
+        return stream is not None and stream.isatty()
+    except (ValueError, AttributeError):  # a closed or replaced stream
+        return False

@@ -3,6 +3,7 @@
     localspec pull NAME [--backend auto|llama|mlx]         a pair from `localspec models`
     localspec pull REPO[:FILE][@REV]                       one model (a GGUF file, or an mlx-lm repo)
     localspec pull --target REPO:FILE --draft REPO:FILE    your own pair, checked from headers first
+    localspec pull --check-only --target T --draft D       the header check alone (Hub files or local paths)
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from localspec.backends.registry import BACKENDS, LLAMA, backend_choices
 from localspec.formatting import format_bytes
 
 if TYPE_CHECKING:
@@ -39,15 +42,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("what", nargs="?", metavar="NAME|REPO[:FILE]", help="a catalog pair name, or a Hub repo")
     p.add_argument(
         "--backend",
-        choices=("auto", "llama", "mlx"),
+        choices=backend_choices(),
         default=None,
-        help="which files of a pair: llama (GGUF) or mlx (mlx-lm repos); default auto (MLX on Apple silicon "
-        "with mlx-lm installed, else llama)",
+        help="which files of a pair: "
+        + ", ".join(f"{spec.name} ({spec.model_format})" for spec in BACKENDS.values())
+        + "; default auto (as --backend auto of run)",
     )
     p.add_argument("--target", metavar="REPO[:FILE]", help="custom pair: the target model")
     p.add_argument("--draft", metavar="REPO[:FILE]", help="custom pair: the draft model")
     p.add_argument("--no-check", action="store_true", help="skip the vocabulary check from the GGUF headers")
-    p.add_argument("--check-only", action="store_true", help="check a GGUF pair from its headers; download nothing")
+    p.add_argument(
+        "--check-only",
+        action="store_true",
+        help="check a pair's vocabularies from the headers alone (Hub GGUF files, or local files); download nothing",
+    )
     p.add_argument("--endpoint", default=None, help="Hub URL (default: $HF_ENDPOINT or https://huggingface.co)")
     p.set_defaults(handler=run)
 
@@ -64,6 +72,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(
             "nothing to pull", "name a pair (see `localspec models`), a repo REPO[:FILE], or --target/--draft"
         )
+    _refuse_missing_paths(args.what, args.target, args.draft)
+    if not args.check_only:
+        _refuse_local_paths(args)  # before any request: a file on disk has nothing to download
     with progress_display(sys.stderr) as printer:
         common = dict(progress=printer, endpoint=args.endpoint, log=printer.log)
         if args.check_only:
@@ -111,12 +122,17 @@ def _check_only(args: argparse.Namespace, custom: bool) -> int:
 
     if custom:
         target, draft = args.target, args.draft
+        if is_local_path(target) and is_local_path(draft):
+            return _check_local(target, draft, args.backend or "auto")
+        _refuse_mixed_pair(target, draft)
     else:
         from localspec.catalog import load_catalog
 
-        if "/" in (args.what or ""):
-            raise UsageError("--check-only checks a pair", "pass a pair name or --target/--draft")
-        bp = load_catalog().get(args.what).backend("llama")
+        if "/" in (args.what or "") or is_local_path(args.what):
+            raise UsageError(
+                "--check-only checks a pair", "pass a pair name, or --target and --draft (Hub files or local paths)"
+            )
+        bp = load_catalog().get(args.what).backend(LLAMA.name)  # the header check reads GGUF files
         target, draft = bp.target, bp.draft
     report = check_remote_pair(target, draft, endpoint=args.endpoint)
     print(
@@ -124,6 +140,79 @@ def _check_only(args: argparse.Namespace, custom: bool) -> int:
         f"({report.target_vocab:,} / {report.draft_vocab:,} tokens); read {format_bytes(report.bytes_read)} of headers"
     )
     return 0
+
+
+def _check_local(target: str, draft: str, backend: str) -> int:
+    """The header check of a pair on disk: the one `run` makes before loading (vocabularies, whole files)."""
+    from localspec.options import ModelOptions
+    from localspec.pipeline import check_pair
+
+    check = check_pair(ModelOptions(target=target, draft=draft, backend=backend, draft_method="model"))
+    print(check.describe("model"))
+    print(f"  {'target':<7} {target}\n  {'draft':<7} {draft}")
+    print(f"checked from the models' metadata alone ({check.backend}); no weights loaded")
+    print(f"run it: localspec run --backend {check.backend} --target {target} --draft {draft}")
+    return 0
+
+
+# -- local paths where Hub references are expected ----------------------------------------------
+
+
+def is_local_path(spec: str | None) -> bool:
+    """An existing file, or a directory named as a path (an mlx-lm model): what `run --target` loads from
+    disk. A bare name that happens to be a directory here stays a catalog pair name."""
+    if not spec:
+        return False
+    path = Path(spec).expanduser()
+    return path.is_file() or (path.is_dir() and "/" in spec)
+
+
+def _looks_like_path(spec: str) -> bool:
+    # a Hub GGUF reference is REPO:FILE.gguf, so a colon-free name ending in .gguf is meant as a file
+    return spec.startswith(("/", "./", "../", "~")) or (":" not in spec and spec.endswith(".gguf"))
+
+
+def _refuse_missing_paths(*specs: str | None) -> None:
+    from localspec.errors import ModelFileError
+
+    for spec in specs:
+        if spec and _looks_like_path(spec) and not Path(spec).expanduser().exists():
+            raise ModelFileError(
+                f"no such file or directory: {spec}",
+                "give an existing model file (or mlx-lm directory), or a Hub reference REPO[:FILE]",
+            )
+
+
+def _refuse_local_paths(args: argparse.Namespace) -> None:
+    """A clear UsageError for a local path given to pull (there is nothing to download), naming what to use."""
+    from localspec.errors import UsageError
+
+    local = [spec for spec in (args.what, args.target, args.draft) if is_local_path(spec)]
+    if not local:
+        return
+    if len(local) == 2:  # a pair on disk
+        pair = f"--target {args.target} --draft {args.draft}"
+        hint = (
+            f"to check the pair from its headers: `localspec pull --check-only {pair}`; to use it: "
+            f'`localspec run {pair} "PROMPT"`; `localspec doctor {pair}` checks the setup'
+        )
+    else:
+        hint = (
+            f'to use it: `localspec run --target {local[0]} "PROMPT"`; `localspec doctor --target {local[0]}` checks it'
+        )
+    kind = "directory" if Path(local[0]).expanduser().is_dir() else "file"
+    raise UsageError(f"{local[0]} is a local {kind}: there is nothing to pull (pull downloads from the Hub)", hint)
+
+
+def _refuse_mixed_pair(target: str, draft: str) -> None:
+    from localspec.errors import UsageError
+
+    local = [spec for spec in (target, draft) if is_local_path(spec)]
+    if local:
+        raise UsageError(
+            f"--check-only compares two local files or two Hub files; {local[0]} is local and the other is not",
+            "pull the Hub model first (`localspec pull REPO:FILE` prints its path), then check the two paths",
+        )
 
 
 def ready_line(result: PullResult, pair: str | None) -> str:
@@ -140,7 +229,7 @@ def _print_result(result: PullResult, pair: str | None) -> None:
             print(f"  {family:<7} {path}  (a drafter beside it: --draft {path} --draft-method {family})")
     if pair:
         print(f"run it: localspec run --pair {pair} --backend {result.backend}")
-    elif len(result.models) == 2 and result.backend in ("llama", "mlx"):
+    elif len(result.models) == 2 and result.backend in BACKENDS:
         print(f"run it: localspec run --backend {result.backend} --target {result.target} --draft {result.draft}")
 
 

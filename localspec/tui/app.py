@@ -17,12 +17,11 @@ from textual.app import App
 from textual.binding import Binding
 
 from localspec.errors import error_text
-from localspec.options import ModelOptions
+from localspec.options import GenerationSettings, ModelOptions
 from localspec.pipeline import Pipeline, load_pipeline
 from localspec.tui import messages as msg
 from localspec.tui.chat_screen import ChatScreen
 from localspec.tui.models import BackendStatus, probe_backends
-from localspec.tui.settings import ChatSettings
 from localspec.tui.setup_screen import SetupScreen
 
 Loader = Callable[[ModelOptions], Pipeline]
@@ -37,7 +36,7 @@ class ChatApp(App[None]):
         self,
         *,
         options: ModelOptions | None = None,
-        settings: ChatSettings | None = None,
+        settings: GenerationSettings | None = None,
         load_defaults: ModelOptions | None = None,
         loader: Loader | None = None,
         probe: Callable[[], list[BackendStatus]] = probe_backends,
@@ -50,7 +49,7 @@ class ChatApp(App[None]):
         (the engine times the run with `clock`). `notice`: shown once at start (why the picker opened)."""
         super().__init__()
         self.options = options
-        self.settings = settings or ChatSettings()
+        self.settings = settings or GenerationSettings()
         self.load_defaults = load_defaults or options or ModelOptions(target="")
         self.load_cancel = threading.Event()  # set on quit: a load in progress stops at once
         self.loader: Loader = loader or (lambda opts: load_pipeline(opts, clock=clock, cancel=self.load_cancel))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from rich.text import Text
@@ -18,14 +19,14 @@ from textual.widgets import Footer, Header, Input, Static
 from localspec.backends.base import ChatMessage
 from localspec.decoding.engine import Done, GenerationConfig, Segment, Step
 from localspec.errors import LocalspecError, error_text
-from localspec.options import ModelOptions
+from localspec.options import GenerationSettings, ModelOptions
 from localspec.pipeline import Pipeline
 from localspec.tui import messages as msg
 from localspec.tui.live import LiveStats
-from localspec.tui.settings import ChatSettings
 from localspec.tui.stream import RenderPacer, StreamBuffer
 from localspec.tui.transcript import Transcript, Turn
-from localspec.tui.widgets import ReplyMessage, StatsPanel, Transcript as TranscriptView, UserMessage, legend
+from localspec.tui.widgets import ReplyMessage, StatsPanel, UserMessage, legend
+from localspec.tui.widgets import Transcript as TranscriptView
 
 if TYPE_CHECKING:
     from localspec.tui.app import ChatApp
@@ -72,8 +73,7 @@ class ChatScreen(Screen[None]):
 
     def on_mount(self) -> None:
         self.query_one("#legend").display = False
-        self.query_one("#stat-advice").display = False
-        self.transcript.system = self.app.settings.system
+        self.transcript.system = self.app.settings.system or ""
         self.query_one("#prompt", Input).focus()
 
     # -- status ----------------------------------------------------------------------------------------
@@ -116,7 +116,7 @@ class ChatScreen(Screen[None]):
             self.notify("A reply is still generating: Esc stops it.", severity="warning")
             return
         try:
-            config = self.app.settings.generation_config(pipeline.options.draft_method)
+            config = replace(self.app.settings, method=pipeline.options.draft_method).config()
         except LocalspecError as e:
             self.notify(error_text(e), severity="error", title="Settings")
             return
@@ -126,7 +126,7 @@ class ChatScreen(Screen[None]):
     async def start_reply(self, text: str, config: GenerationConfig) -> None:
         pipeline = self.app.pipeline
         assert pipeline is not None
-        self.transcript.system = self.app.settings.system
+        self.transcript.system = self.app.settings.system or ""
         self.turn = Turn(user=text)
         self.transcript.turns.append(self.turn)
         messages = self.transcript.messages()
@@ -255,7 +255,7 @@ class ChatScreen(Screen[None]):
             self.stop_now()
             self.notify("Stopping the reply first; press Ctrl+N again for a new chat.")
             return
-        self.transcript = Transcript(system=self.app.settings.system)
+        self.transcript = Transcript(system=self.app.settings.system or "")
         self.turn, self.reply_view, self.live = None, None, None
         await self.query_one("#transcript", TranscriptView).remove_children()
         self.query_one(StatsPanel).clear()
@@ -284,14 +284,16 @@ class ChatScreen(Screen[None]):
     def action_settings(self) -> None:
         from localspec.tui.settings_screen import SettingsScreen
 
-        def apply(result: ChatSettings | None) -> None:
+        def apply(result: GenerationSettings | None) -> None:
             if result is not None:
                 self.app.settings = result
-                self.transcript.system = result.system
+                self.transcript.system = result.system or ""
                 self.notify("Settings apply from the next message.")
 
-        method = self.app.pipeline.options.draft_method if self.app.pipeline is not None else None
-        self.app.push_screen(SettingsScreen(self.app.settings, method), apply)
+        settings = self.app.settings
+        if self.app.pipeline is not None:  # k is checked against the loaded method
+            settings = replace(settings, method=self.app.pipeline.options.draft_method)
+        self.app.push_screen(SettingsScreen(settings), apply)
 
     def action_models(self) -> None:
         from localspec.tui.setup_screen import SetupScreen

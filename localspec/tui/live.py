@@ -44,7 +44,14 @@ def fmt_tps(stats: SpecStats) -> str:
 def fmt_acceptance(stats: SpecStats) -> str:
     if stats.draft_method == "none":
         return "n/a (no draft)"
+    if not stats.n_drafted:  # auto decoding plainly, or lookups that found nothing: a rate of 0/0 means nothing
+        return "no drafts"
     return f"{stats.acceptance_rate:.1%} ({stats.n_accepted}/{stats.n_drafted})"
+
+
+def fmt_choices(stats: SpecStats) -> str:
+    """auto's choices: shares of rounds by draft source (`plain 70%, suffix 30%`); "" for a fixed method."""
+    return stats.choices() if stats.draft_method == "auto" else ""
 
 
 def fmt_accepted_length(stats: SpecStats) -> str:
@@ -54,7 +61,8 @@ def fmt_accepted_length(stats: SpecStats) -> str:
 def reply_summary(stats: SpecStats) -> str:
     parts = [f"{stats.n_generated} tokens", fmt_tps(stats)]
     if stats.draft_method != "none":
-        parts += [f"acceptance {stats.acceptance_rate:.0%}", f"{stats.mean_accepted_length:.2f} tokens/round"]
+        accepted = f"acceptance {stats.acceptance_rate:.0%}" if stats.n_drafted else "no drafts"
+        parts += [accepted, f"{stats.mean_accepted_length:.2f} tokens/round"]
     if stats.n_prompt_cached:
         parts.append(f"{stats.n_prompt_cached}/{stats.n_prompt} prompt tokens cached")
     if stats.stop_reason == "stopped":

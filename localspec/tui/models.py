@@ -3,13 +3,13 @@ check from metadata alone, and catalog pulls with progress. No Textual here: wor
 
 from __future__ import annotations
 
-import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from localspec.errors import IncompatiblePairError, LocalspecError, error_text
 from localspec.formatting import format_bytes
+from localspec.backends.registry import BACKENDS
 from localspec.families import registry
 from localspec.options import ModelOptions
 
@@ -21,49 +21,15 @@ def plain_methods() -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class BackendStatus:
-    name: str  # "llama" | "mlx": the LoadOptions.backend value
+    name: str  # the backend's name in the table: the LoadOptions.backend value
     label: str  # what the picker shows
     usable: bool
     detail: str  # the device it runs on, or why it cannot run here
 
 
 def probe_backends() -> list[BackendStatus]:
-    """Both backends, usable or not (an unusable one carries the reason). Loads no model."""
-    return [_probe_llama(), _probe_mlx()]
-
-
-def _probe_llama() -> BackendStatus:
-    try:
-        from localspec.backends import llama_cpp
-    except Exception as e:  # ImportError, or a shared library that fails to load
-        return BackendStatus(
-            "llama", "llama.cpp", False, f"llama-cpp-python does not load: {e}. Install: pip install llama-cpp-python"
-        )
-    try:
-        kind = llama_cpp.gpu_kind()
-    except Exception as e:
-        return BackendStatus("llama", "llama.cpp", False, f"llama.cpp does not initialise: {e}")
-    if kind:
-        return BackendStatus("llama", "llama.cpp", True, f"{kind} build: layers offload to the GPU")
-    return BackendStatus("llama", "llama.cpp", True, "CPU build (this llama-cpp-python has no GPU offload)")
-
-
-def _probe_mlx() -> BackendStatus:
-    from localspec.backends.registry import MLX
-
-    if not MLX.installed():
-        return BackendStatus("mlx", "MLX", False, "not installed: pip install 'localspec[mlx]'")
-    try:
-        import mlx.core as mx
-
-        metal = bool(getattr(mx, "metal", None) and mx.metal.is_available())
-        device = str(mx.default_device())
-    except Exception as e:
-        return BackendStatus("mlx", "MLX", False, f"installed but unusable here: {e}")
-    if metal:
-        return BackendStatus("mlx", "MLX", True, "installed, runs on Metal (Apple GPU)")
-    where = "Linux" if sys.platform.startswith("linux") else sys.platform
-    return BackendStatus("mlx", "MLX", True, f"installed, CPU only on {where} ({device}); slow, for testing")
+    """Every backend in the table, usable or not (an unusable one carries the reason). Loads no model."""
+    return [BackendStatus(spec.name, spec.label, *spec.probe()) for spec in BACKENDS.values()]
 
 
 def check_pair(backend: str, target: str, draft: str, method: str) -> tuple[bool, str]:

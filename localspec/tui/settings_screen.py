@@ -1,6 +1,8 @@
-"""The settings dialog (F2): k, rule, sampling, seed, max tokens, system prompt."""
+"""The settings dialog (F2): k, rule, sampling, seed, max tokens, system prompt, as a GenerationSettings."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from rich.text import Text
 from textual import on
@@ -11,11 +13,10 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Footer, Input, Label, Select, Static
 
 from localspec.errors import LocalspecError, error_text
-from localspec.options import DEFAULT_DRAFT_METHOD
-from localspec.tui.settings import ChatSettings
+from localspec.options import GenerationSettings
 
 
-class SettingsScreen(ModalScreen[ChatSettings | None]):
+class SettingsScreen(ModalScreen[GenerationSettings | None]):
     BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "save", "Apply")]
 
     FIELDS = (
@@ -28,10 +29,9 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
         ("max_tokens", "max tokens per reply", int),
     )
 
-    def __init__(self, settings: ChatSettings, method: str | None = None) -> None:
+    def __init__(self, settings: GenerationSettings) -> None:
         super().__init__()
-        self.settings = settings
-        self.method = method  # the loaded pipeline's draft method: k is checked against it
+        self.settings = settings  # its method is the loaded pipeline's: k is checked against it
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="settings-dialog"):
@@ -51,7 +51,7 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
                 )
             with Horizontal(classes="field"):
                 yield Label("system prompt")
-                yield Input(self.settings.system, id="set-system", placeholder="(none)")
+                yield Input(self.settings.system or "", id="set-system", placeholder="(none)")
             yield Static("", id="settings-error", markup=False)
             with Horizontal(classes="buttons"):
                 yield Button("Apply", variant="primary", id="settings-apply")
@@ -61,22 +61,41 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
     def on_mount(self) -> None:
         self.query_one("#set-num_draft", Input).focus()
 
-    def read(self) -> ChatSettings:
-        values: dict[str, object] = {}
-        for name, label, kind in self.FIELDS:
-            raw = self.query_one(f"#set-{name}", Input).value.strip()
-            if name == "seed" and not raw:
-                values[name] = None
-                continue
-            try:
-                values[name] = kind(raw)
-            except ValueError:
-                raise LocalspecError(f"{label}: {raw!r} is not a number") from None
-        rule = self.query_one("#set-rule", Select).value
-        system = self.query_one("#set-system", Input).value
-        settings = ChatSettings(rule=str(rule), system=system, **values)  # type: ignore[arg-type]
-        settings.generation_config(self.method or DEFAULT_DRAFT_METHOD)  # raises for values the engine refuses
+    def read(self) -> GenerationSettings:
+        seed = self._int("seed") if self._raw("seed") else None
+        settings = replace(
+            self.settings,
+            k=self._int("num_draft"),
+            rule=str(self.query_one("#set-rule", Select).value),
+            temperature=self._float("temperature"),
+            top_k=self._int("top_k"),
+            top_p=self._float("top_p"),
+            min_p=self._float("min_p"),
+            seed=seed,
+            max_tokens=self._int("max_tokens"),
+            system=self.query_one("#set-system", Input).value or None,
+        )
+        settings.config()  # raises for values the engine refuses, in the CLI's words
         return settings
+
+    def _raw(self, name: str) -> str:
+        return self.query_one(f"#set-{name}", Input).value.strip()
+
+    def _int(self, name: str) -> int:
+        try:
+            return int(self._raw(name))
+        except ValueError:
+            raise self._not_a_number(name) from None
+
+    def _float(self, name: str) -> float:
+        try:
+            return float(self._raw(name))
+        except ValueError:
+            raise self._not_a_number(name) from None
+
+    def _not_a_number(self, name: str) -> LocalspecError:
+        label = next(text for field, text, _ in self.FIELDS if field == name)
+        return LocalspecError(f"{label}: {self._raw(name)!r} is not a number")
 
     def action_save(self) -> None:
         try:

@@ -15,6 +15,7 @@ from textual.timer import Timer
 from textual.widgets import Button, Footer, Header, Input, Label, OptionList, ProgressBar, Select, Static
 from textual.widgets.option_list import Option
 
+from localspec.backends.registry import BACKENDS, backend_names
 from localspec.errors import error_text
 from localspec.options import DEFAULT_DRAFT_METHOD, ModelOptions
 from localspec.tui import messages as msg
@@ -46,7 +47,7 @@ class SetupScreen(Screen[None]):
     def __init__(self) -> None:
         super().__init__()
         self.backends: list[BackendStatus] = []
-        self.backend = "llama"
+        self.backend = backend_names()[0]  # until the probe says which can run
         self.entries: list[PairEntry] = []  # the catalog's pairs for the chosen backend
         self.pair_name: str | None = None
         self.check: msg.PairChecked | None = None
@@ -103,7 +104,7 @@ class SetupScreen(Screen[None]):
         try:
             found = self.app.probe()
         except Exception as e:
-            found = [BackendStatus("llama", "llama.cpp", False, error_text(e))]
+            found = [BackendStatus(spec.name, spec.label, False, error_text(e)) for spec in BACKENDS.values()]
         self.post_message(msg.BackendsProbed(found))
 
     def on_backends_probed(self, message: msg.BackendsProbed) -> None:
@@ -114,7 +115,7 @@ class SetupScreen(Screen[None]):
             mark = ("✓ ", "green") if b.usable else ("✗ ", "red")
             prompt = Text.assemble(mark, (b.label, "bold"), "\n  ", (b.detail, "dim" if b.usable else "red"))
             ol.add_option(Option(prompt, id=b.name, disabled=not b.usable))
-        wanted = self.app.options.backend if self.app.options is not None else "llama"
+        wanted = self.app.options.backend if self.app.options is not None else backend_names()[0]
         usable = [b.name for b in self.backends if b.usable]
         choice = wanted if wanted in usable else (usable[0] if usable else None)
         if choice is not None:
@@ -153,25 +154,27 @@ class SetupScreen(Screen[None]):
         if default is not None and self.pair_name is None:
             ol.highlighted = default  # the pair `localspec chat` uses when none is given: offer it first
 
-    @on(OptionList.OptionHighlighted, "#pairs")
-    def _pair_highlighted(self, event: OptionList.OptionHighlighted) -> None:
-        entry = next((e for e in self.entries if e.name == event.option.id), None)
+    def _downloaded_entry(self, option_id: str | None) -> PairEntry | None:
+        """The pair an option names, once it is downloaded; a pair to pull first says so and gives None."""
+        entry = next((e for e in self.entries if e.name == option_id), None)
         if entry is None:
-            return
+            return None
         self.pair_name = entry.name
         if not entry.downloaded:
             self.set_pair_status(False, entry.pull_offer)
-        elif (entry.target_path, entry.draft_path) != self.current()[1:3]:
+            return None
+        return entry
+
+    @on(OptionList.OptionHighlighted, "#pairs")
+    def _pair_highlighted(self, event: OptionList.OptionHighlighted) -> None:
+        entry = self._downloaded_entry(event.option.id)
+        if entry is not None and (entry.target_path, entry.draft_path) != self.current()[1:3]:
             self.set_pair_status(True, f"{entry.name} is downloaded: Enter picks it")
 
     @on(OptionList.OptionSelected, "#pairs")
     def _pair_selected(self, event: OptionList.OptionSelected) -> None:
-        entry = next((e for e in self.entries if e.name == event.option.id), None)
+        entry = self._downloaded_entry(event.option.id)
         if entry is None:
-            return
-        self.pair_name = entry.name
-        if not entry.downloaded:
-            self.set_pair_status(False, entry.pull_offer)
             return
         self.query_one("#target", Input).value = entry.target_path or ""
         self.query_one("#draft", Input).value = entry.draft_path or ""

@@ -10,20 +10,19 @@ from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Markdown, Sparkline, Static
 
-from localspec.report import advice
-from localspec.decoding.stats import SpecStats
 from localspec.decoding.engine import Segment
-from localspec.tui.live import fmt_acceptance, fmt_accepted_length, fmt_tps, reply_summary
+from localspec.decoding.stats import SpecStats
+from localspec.report import advice
+from localspec.tui.live import fmt_acceptance, fmt_accepted_length, fmt_choices, fmt_tps, reply_summary
 
 DRAFT_STYLE = "bold #5fd787"  # accepted draft token: the friend got it right
 TARGET_STYLE = "#87afff"  # the target chose the token itself (first, recovered or bonus)
 ORIGIN_STYLES = {"draft": DRAFT_STYLE, "target": TARGET_STYLE}
+HISTOGRAM_ROWS = 8  # more distinct accepted lengths than this: grouped on a doubling scale (1, 2, 3-4, 5-8, ...)
 
 
 def legend() -> Text:
-    return Text.assemble(
-        ("■ ", DRAFT_STYLE), "accepted draft token   ", ("■ ", TARGET_STYLE), "token from the target"
-    )
+    return Text.assemble(("■ ", DRAFT_STYLE), "accepted draft token   ", ("■ ", TARGET_STYLE), "token from the target")
 
 
 def coloured(segments: Sequence[Segment]) -> Text:
@@ -37,6 +36,22 @@ def bar(fraction: float, width: int) -> str:
     fraction = min(max(fraction, 0.0), 1.0)
     full = int(round(fraction * width))
     return "█" * full + "░" * (width - full)
+
+
+def length_rows(lengths: Sequence[int]) -> list[tuple[str, int]]:
+    """(label, rounds) for the accepted lengths that occur, shortest first; on a doubling scale when there
+    are more than HISTOGRAM_ROWS of them (k goes up to 64: a row per possible length would fill the panel)."""
+    counts = Counter(lengths)
+    if len(counts) <= HISTOGRAM_ROWS:
+        return [(str(n), counts[n]) for n in sorted(counts)]
+    groups = Counter(length_group(n) for n in lengths)
+    return [(f"{lo}" if lo == hi else f"{lo}-{hi}", groups[lo, hi]) for lo, hi in sorted(groups)]
+
+
+def length_group(n: int) -> tuple[int, int]:
+    """The doubling-scale group of an accepted length: 1, 2, 3-4, 5-8, 9-16, ..."""
+    hi = 1 << (n - 1).bit_length()  # the power of two at or above n
+    return (hi // 2 + 1, hi) if hi > 2 else (n, n)
 
 
 class UserMessage(Static):
@@ -120,22 +135,21 @@ class StatsPanel(Vertical):
         yield Static("decode –", id="stat-tps", markup=False)
         yield Sparkline([], id="spark-tps")
         yield Static("acceptance –", id="stat-acceptance", markup=False)
+        yield Static("", id="stat-choices", markup=False)
         yield Static("accepted length –", id="stat-length", markup=False)
         yield Sparkline([], id="spark-length")
+        yield Static("", id="stat-advice", markup=False)  # above the details: why the numbers look so
         yield Static("", id="stat-histogram", markup=False)
         yield Static("", id="stat-positions", markup=False)
         yield Static("", id="stat-shares", markup=False)
-        yield Static("", id="stat-advice", markup=False)
         yield Static("", id="stat-run", markup=False)
 
+    def on_mount(self) -> None:
+        for name in ("#stat-choices", "#stat-advice"):  # lines that only some replies have
+            self.query_one(name, Static).display = False
+
     def show(
-        self,
-        stats: SpecStats,
-        *,
-        live: bool,
-        rates: Sequence[float] = (),
-        lengths: Sequence[int] = (),
-        note: str = "",
+        self, stats: SpecStats, *, live: bool, rates: Sequence[float] = (), lengths: Sequence[int] = (), note: str = ""
     ) -> None:
         self.stats, self.live = stats, live
         q = self.query_one
@@ -144,12 +158,15 @@ class StatsPanel(Vertical):
         if rates:
             q("#spark-tps", Sparkline).data = list(rates)
         q("#stat-acceptance", Static).update(Text.assemble(("acceptance ", "dim"), (fmt_acceptance(stats), "bold")))
+        choices = fmt_choices(stats)
+        q("#stat-choices", Static).update(Text.assemble(("auto chose ", "dim"), (choices, "bold")) if choices else "")
+        q("#stat-choices", Static).display = bool(choices)
         q("#stat-length", Static).update(
             Text.assemble(("accepted length ", "dim"), (fmt_accepted_length(stats), "bold"))
         )
         if lengths:
             q("#spark-length", Sparkline).data = [float(x) for x in lengths]
-        q("#stat-histogram", Static).update(self._histogram(lengths, stats.num_draft) if lengths else "")
+        q("#stat-histogram", Static).update(self._histogram(lengths) if lengths else "")
         q("#stat-positions", Static).update(self._positions(stats))
         q("#stat-shares", Static).update(self._shares(stats))
         tip = advice(stats)  # below ~2 tokens per round: a better draft, not a larger k
@@ -164,8 +181,10 @@ class StatsPanel(Vertical):
     def clear(self, title: str = "No reply yet") -> None:
         self.stats, self.live = None, False
         self.query_one("#stats-title", Static).update(title)
-        for name in ("#stat-histogram", "#stat-positions", "#stat-shares", "#stat-advice", "#stat-run"):
+        lines = ("#stat-choices", "#stat-histogram", "#stat-positions", "#stat-shares", "#stat-advice", "#stat-run")
+        for name in lines:
             self.query_one(name, Static).update("")
+        self.query_one("#stat-choices", Static).display = False
         self.query_one("#stat-tps", Static).update("decode –")
         self.query_one("#stat-acceptance", Static).update("acceptance –")
         self.query_one("#stat-length", Static).update("accepted length –")
@@ -174,13 +193,13 @@ class StatsPanel(Vertical):
         self.query_one("#stat-advice", Static).display = False
 
     @staticmethod
-    def _histogram(lengths: Sequence[int], k: int) -> Text:
-        counts = Counter(lengths)
-        top = max(counts.values()) if counts else 1
+    def _histogram(lengths: Sequence[int]) -> Text:
+        rows = length_rows(lengths)
+        top = max((c for _, c in rows), default=1)
+        width = max([2, *(len(label) for label, _ in rows)])  # as wide as the positions below, or the widest group
         text = Text("accepted length per round\n", style="dim")
-        for n in range(1, max(k + 1, max(counts, default=1)) + 1):
-            c = counts.get(n, 0)
-            text.append(f"{n:>2} {bar(c / top, 14)} {c}\n")
+        for label, c in rows:
+            text.append(f"{label:>{width}} {bar(c / top, 14)} {c}\n")
         return text
 
     @staticmethod
@@ -199,7 +218,11 @@ class StatsPanel(Vertical):
             return Text("")
         d = stats.draft_s / busy
         return Text.assemble(
-            ("time  ", "dim"), ("draft ", DRAFT_STYLE), f"{d:.0%}  ", ("verify ", TARGET_STYLE), f"{1 - d:.0%}\n",
+            ("time  ", "dim"),
+            ("draft ", DRAFT_STYLE),
+            f"{d:.0%}  ",
+            ("verify ", TARGET_STYLE),
+            f"{1 - d:.0%}\n",
             (bar(d, 20), DRAFT_STYLE),
         )
 
@@ -207,10 +230,10 @@ class StatsPanel(Vertical):
     def _run_line(stats: SpecStats, live: bool) -> Text:
         text = Text(style="dim")
         text.append(f"{stats.n_generated} tokens in {stats.decode_s:.2f} s")
-        if stats.draft_method == "auto" and stats.sources:
-            text.append(f"\nauto chose {stats.choices()}")
         if not live:
             text.append(f" · stop: {(stats.stop_reason or 'running').replace('_', ' ')}")
-            text.append(f"\nprompt {stats.prompt_tps:.0f} tok/s ({stats.n_prompt} tokens, {stats.n_prompt_cached} cached)")
+            text.append(
+                f"\nprompt {stats.prompt_tps:.0f} tok/s ({stats.n_prompt} tokens, {stats.n_prompt_cached} cached)"
+            )
             text.append(f"\nrule {stats.rule} · k={stats.num_draft} · seed {stats.seed}")
         return text
