@@ -3,7 +3,7 @@
 Same GGUF, same prompt tokens, same threads, context and batch size; greedy; the two loops alternate
 repetitions (and which goes first) so that a slow spell on a shared machine hits both. Both rates
 count the tokens after the first one (the prompt pass) over the time from the first token to the
-last. Bar (issue 6): the engine runs at >= 95% of llama-cpp-python's loop.
+last. Bar: the engine runs at >= 95% of llama-cpp-python's loop.
 
     python benchmarks/engine_overhead.py MODEL.gguf [--threads 2] [--tokens 96] [--reps 5]
 """

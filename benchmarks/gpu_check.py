@@ -1,4 +1,4 @@
-"""The GPU check (issue 15): what speculation can win on a CUDA machine, in one short offline command.
+"""The GPU check: what speculation can win on a CUDA machine, in one short offline command.
 
 On a machine with CUDA, CMake, ninja and a Python with numpy, and no network, from the payload that
 `benchmarks/gpu_prepare.py` wrote (llama.cpp sources, the llama-cpp-python bindings, gguf, localspec,

@@ -1,4 +1,4 @@
-"""Prepare what `benchmarks/gpu_check.py` carries to a GPU machine with no network (issue 15).
+"""Prepare what `benchmarks/gpu_check.py` carries to a GPU machine with no network.
 
 Writes an ignored folder of the repository (default `benchmarks/gpu_payload/`) holding:
 

@@ -4,7 +4,7 @@
 
 Not a measurement of speed: the target is a scripted fake that writes a given answer (tokenized with
 the real model's tokenizer), and a fake clock charges every forward pass T(n) from the curve measured
-on an idle 2-core machine with the Qwen2.5-Coder 1.5B Q4_K_M (DESIGN.md: n=2 1.8x, 4 2.95x, 8 6.8x,
+on an idle 2-core machine with the Qwen2.5-Coder 1.5B Q4_K_M (measured: n=2 1.8x, 4 2.95x, 8 6.8x,
 16 8.2x, 32 15x, 64 25x of one token, interpolated between). Drafting, acceptance and auto's choices
 are the real code's. Use it where the machine is too loaded to time real runs; `localspec bench` is the
 measurement.
@@ -67,7 +67,7 @@ def main() -> None:
     all_suites = suites()
     t = cost(args.ms_per_token)
     known = CostModel(target={n: t(n) for n in range(1, 66)}, draft_token=0.65 * t(1))
-    print(f"modelled: T(n) from DESIGN.md's idle-machine curve x {args.ms_per_token} ms; {args.max_tokens} tokens; greedy")
+    print(f"modelled: T(n) from the idle-machine curve x {args.ms_per_token} ms; {args.max_tokens} tokens; greedy")
     print(f"{'answer':<18}{'none tok/s':>11}{'ngram k=4':>11}{'suffix':>9}{'auto':>8}   auto: passes, accepted/drafted")
     try:
         for name, answer in ANSWERS.items():

@@ -36,7 +36,7 @@ from localspec.decoding.policy import CostModel  # noqa: E402
 from localspec.sampling import SamplingParams  # noqa: E402
 from localspec.decoding.suffix import SuffixDrafter  # noqa: E402
 
-CURVE = {1: 1.0, 2: 1.7, 4: 2.8, 5: 3.6, 8: 7.0, 16: 8.0, 32: 14.0, 64: 25.0}  # T(n)/T(1), issue 14
+CURVE = {1: 1.0, 2: 1.7, 4: 2.8, 5: 3.6, 8: 7.0, 16: 8.0, 32: 14.0, 64: 25.0}  # T(n)/T(1), a 2-core CPU's measured curve
 MS_PER_TOKEN = 35.0
 
 

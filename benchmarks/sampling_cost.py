@@ -1,6 +1,6 @@
 """The engine's per-round work around the two models at temperature > 0: sampling and verification.
 
-Budget (issue 6): at most 2 ms per draft position with a 150k-token vocabulary. One round with k
+Budget: at most 2 ms per draft position with a 150k-token vocabulary. One round with k
 drafts does, outside the models:
   draft side   k x (probabilities(row) + sample)                 -> q [k, V]
   target side  probabilities([k+1, V]) + verify_exact(d, q, p)   -> accepted prefix + recovered/bonus

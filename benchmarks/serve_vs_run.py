@@ -6,7 +6,7 @@ tokens/s and prompt time, and the server's decode tokens/s as the client sees it
 first over the time from the first text delta to the last chunk) and its time to first token (from
 sending the request to the first text delta). Each (repetition, prompt) is a new user message, so
 the server cannot answer from its cache beyond the shared template prefix (its cache_n is shown).
-Bar (issue 11): server decode >= 0.95x run's, and TTFT within 50 ms of run's prompt time.
+Bar: server decode >= 0.95x run's, and TTFT within 50 ms of run's prompt time.
 
     python benchmarks/serve_vs_run.py --target T.gguf --draft D.gguf [--max-tokens 96] [--reps 2]
 """

@@ -28,13 +28,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from localspec.backends.registry import backend_names, backend_spec
 from localspec.errors import CatalogError, NotDownloadedError
+from localspec.families import registry
 
-BACKENDS = ("llama", "mlx")
-_PAIR_KEYS = {"name", "default", "description", "num_draft", "hardware", "notes", "base", "method", "llama", "mlx"}
-# What a pair's draft file is: a draft model, or a drafter that reads the target's hidden states (the head
-# GGUF; for MTP the file holding the MTP layers, which is the target itself in "-MTP-GGUF" releases).
-PAIR_METHODS = ("model", "eagle3", "mtp", "dflash", "dspark")
+BACKENDS = backend_names()  # each may have its [pair.NAME] table
+_PAIR_KEYS = {"name", "default", "description", "num_draft", "hardware", "notes", "base", "method", *BACKENDS}
+
+
+def pair_methods() -> tuple[str, ...]:
+    """What a pair's draft file can be: a draft model, or a drafter that reads the target's hidden states
+    (a head file; for layers inside the target, the file holding them, often the target itself)."""
+    return tuple(f.name for f in registry.families() if f.needs != "nothing")
+
 _BACKEND_KEYS = {"target", "draft", "size_gb"}
 _REF_KEYS = {"repo", "file", "revision"}
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -93,7 +99,7 @@ class Pair:
     source: str = "built-in"  # "built-in" or the user file's path
     default: bool = False  # marked `default = true` in its file (Catalog.default says which one wins)
     base: BaseModels | None = None  # the original Hub models (for vLLM, which serves those)
-    method: str = "model"  # PAIR_METHODS: how the draft file drafts (--draft-method when auto is asked for)
+    method: str = "model"  # pair_methods(): how the draft file drafts (--draft-method when auto is asked for)
 
     def backend(self, backend: str) -> BackendPair:
         if backend not in self.backends:
@@ -223,16 +229,21 @@ def _parse_pair(raw: Any, *, where: str, source: str) -> Pair:
     if not isinstance(num_draft, int) or isinstance(num_draft, bool) or not 1 <= num_draft <= 64:
         raise CatalogError(f"{where}: num_draft must be an integer from 1 to 64, got {num_draft!r}", _FORMAT_HINT)
     method = raw.get("method", "model")
-    if method not in PAIR_METHODS:
-        raise CatalogError(f"{where}: method must be one of {', '.join(PAIR_METHODS)}, got {method!r}", _FORMAT_HINT)
+    if method not in pair_methods():
+        raise CatalogError(f"{where}: method must be one of {', '.join(pair_methods())}, got {method!r}", _FORMAT_HINT)
     backends: dict[str, BackendPair] = {}
     for backend in BACKENDS:
         if backend in raw:
             backends[backend] = _parse_backend(raw[backend], backend=backend, where=f"{where} [{backend}]")
     if not backends:
-        raise CatalogError(f"{where}: a pair needs a [pair.llama] and/or [pair.mlx] table", _FORMAT_HINT)
-    if method != "model" and set(backends) != {"llama"}:
-        raise CatalogError(f"{where}: a {method} drafter runs on llama.cpp only: remove [pair.mlx]", _FORMAT_HINT)
+        tables = " and/or ".join(f"[pair.{b}]" for b in BACKENDS)
+        raise CatalogError(f"{where}: a pair needs a {tables} table", _FORMAT_HINT)
+    runs_on = registry.family(method).backends
+    extra = [b for b in backends if runs_on is not None and b not in runs_on]
+    if extra:
+        where_it_runs = " and ".join(backend_spec(b).label for b in runs_on or ())
+        tables = ", ".join(f"[pair.{b}]" for b in extra)
+        raise CatalogError(f"{where}: a {method} drafter runs on {where_it_runs} only: remove {tables}", _FORMAT_HINT)
     return Pair(
         name=name,
         description=_str(raw, "description", where),
@@ -290,10 +301,11 @@ def _parse_ref(raw: Any, *, backend: str, where: str) -> ModelRef:
         ref = ModelRef(repo, file or None, rev)
     else:
         raise CatalogError(f"{where}: expected {{ repo = ..., file = ... }} or 'REPO:FILE'", _FORMAT_HINT)
-    if backend == "llama" and not (ref.file and ref.file.endswith(".gguf")):
-        raise CatalogError(f"{where}: a llama model needs file = '....gguf' (got {ref.file!r})", _FORMAT_HINT)
-    if backend == "mlx" and ref.file:
-        raise CatalogError(f"{where}: an mlx model is a whole repo; remove file = {ref.file!r}", _FORMAT_HINT)
+    spec = backend_spec(backend)
+    if spec.single_file and not (ref.file and ref.file.endswith(".gguf")):
+        raise CatalogError(f"{where}: a {backend} model needs file = '....gguf' (got {ref.file!r})", _FORMAT_HINT)
+    if not spec.single_file and ref.file:
+        raise CatalogError(f"{where}: a {backend} model is a whole repo; remove file = {ref.file!r}", _FORMAT_HINT)
     return ref
 
 
@@ -348,8 +360,8 @@ def _pair_line(text: str, name: object, index: int) -> int:
 
 _FORMAT_HINT = (
     "each pair is a [[pair]] table with name, description, num_draft, hardware, optionally default = true and "
-    "method = model|eagle3|mtp|dflash|dspark, and a [pair.llama] "
-    "and/or [pair.mlx] table holding target = { repo = ..., file = ... } and draft = { ... }; "
+    f"method = {'|'.join(pair_methods())}, and a {' and/or '.join(f'[pair.{b}]' for b in BACKENDS)} "
+    "table holding target = { repo = ..., file = ... } and draft = { ... }; "
     "see the built-in models.toml for examples"
 )
 
@@ -373,7 +385,7 @@ def hub_cache_dir() -> str:
 def cached_model_path(ref: ModelRef, backend: str, *, cache_dir: str | None = None) -> str | None:
     """Local path of a fully downloaded model, from the cache alone (no network); None if absent."""
     cache = cache_dir or hub_cache_dir()
-    if backend == "llama":
+    if backend_spec(backend).single_file:
         if not ref.file:
             return None
         from huggingface_hub import try_to_load_from_cache
@@ -435,7 +447,7 @@ def disk_size(path: str | None, backend: str) -> int:
     if not path:
         return 0
     p = Path(path)
-    if backend == "llama":
+    if backend_spec(backend).single_file:
         parent, name = p.parent, p.name
         return sum((parent / f).stat().st_size for f in split_gguf_parts(name) if (parent / f).exists())
     return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
@@ -448,7 +460,7 @@ def pull_command(name: str, backend: str) -> str:
 def resolve_pair(name: str, backend: str, *, cache_dir: str | None = None) -> tuple[str, str]:
     """Local (target, draft) paths of a catalog pair, from the HF cache only (never the network)."""
     if backend not in BACKENDS:
-        raise CatalogError(f"unknown backend {backend!r}", "choose llama or mlx")
+        raise CatalogError(f"unknown backend {backend!r}", f"choose {' or '.join(BACKENDS)}")
     pair = load_catalog().get(name)
     bp = pair.backend(backend)
     paths, missing = [], []

@@ -68,7 +68,7 @@ def check_pair(opts: ModelOptions) -> PairCheck:
     backend, note, tv = _check_target(opts)
     dv, draft_note = _check_draft(opts, backend, tv)
     backend_spec(backend).module().check_path(opts.target)  # the vocabularies first (headers alone), then whole files
-    return PairCheck(backend, note, tv, dv, describe_path(opts.target, backend), draft_note)
+    return PairCheck(backend, note, tv, dv, describe_path(opts.target), draft_note)
 
 
 def _check_target(opts: ModelOptions, *, auto_head: bool = True) -> tuple[str, str, VocabInfo]:
@@ -92,7 +92,7 @@ def _check_draft(opts: ModelOptions, backend: str, tv: VocabInfo) -> tuple[Vocab
     dv = module.peek_vocab(opts.draft)
     check_compatible(tv, dv, target_name=opts.target, draft_name=opts.draft)
     module.check_path(opts.draft)
-    return dv, describe_path(opts.draft, backend)
+    return dv, describe_path(opts.draft)
 
 
 # -- the loaded pipeline ---------------------------------------------------------------------------

@@ -10,6 +10,8 @@ config.json `model_type` values.
 
 from __future__ import annotations
 
+from typing import Literal
+
 GGUF_RECURRENT = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"})
 GGUF_HYBRID = frozenset({
     "jamba", "falcon-h1", "plamo2", "granitehybrid", "lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe", "qwen3next",
@@ -28,41 +30,50 @@ MLX_HYBRID = frozenset({
 })  # fmt: skip
 
 
-def kind(architecture: str | None, backend: str) -> str:
-    """"recurrent", "hybrid" or "" for an architecture name of a backend ("llama" or "mlx")."""
+Naming = Literal["gguf", "hf"]  # GGUF `general.architecture` values, or config.json `model_type` values
+GGUF: Naming = "gguf"
+HF: Naming = "hf"
+_TABLES: dict[Naming, tuple[frozenset[str], frozenset[str]]] = {
+    GGUF: (GGUF_RECURRENT, GGUF_HYBRID),
+    HF: (MLX_RECURRENT, MLX_HYBRID),
+}
+
+
+def kind(architecture: str | None, naming: Naming) -> str:
+    """"recurrent", "hybrid" or "" for an architecture name in a naming (GGUF's or config.json's)."""
     arch = (architecture or "").lower()
-    recurrent, hybrid = (GGUF_RECURRENT, GGUF_HYBRID) if backend == "llama" else (MLX_RECURRENT, MLX_HYBRID)
+    recurrent, hybrid = _TABLES[naming]
     return "recurrent" if arch in recurrent else "hybrid" if arch in hybrid else ""
 
 
-def describe(architecture: str | None, backend: str) -> str:
+def describe(architecture: str | None, naming: Naming) -> str:
     """One line for doctor and the picker: what the architecture keeps and what a rollback costs; "" for
     attention-only models."""
-    k = kind(architecture, backend)
+    k = kind(architecture, naming)
     if not k:
         return ""
     arch = (architecture or "").lower()
-    if backend == "llama" and arch in GGUF_SNAPSHOTS:
+    if naming == GGUF and arch in GGUF_SNAPSHOTS:
         cost = "llama.cpp keeps snapshots for the drafted tokens (memory for k copies of the recurrent state)"
     else:
         cost = "each rejected draft restores a saved state and feeds the kept tokens again (one extra small batch)"
     return f"{k} ({arch}): speculative decoding works; {cost}"
 
 
-def describe_path(path: str, backend: str) -> str:
-    """describe() for a model file (GGUF header) or mlx-lm directory (config.json); "" when unreadable
-    or not local (a Hub repo id: nothing is downloaded to find out)."""
+def describe_path(path: str) -> str:
+    """describe() for a model file (GGUF header) or model directory (config.json); "" when unreadable or
+    not local (a Hub repo id: nothing is downloaded to find out)."""
     import json
     from pathlib import Path
 
     p = Path(path).expanduser()
     try:
-        if backend == "mlx":
-            if not (p / "config.json").is_file():
-                return ""
-            return describe(json.loads((p / "config.json").read_text()).get("model_type"), "mlx")
+        if p.is_dir():
+            return describe(json.loads((p / "config.json").read_text()).get("model_type"), HF)
+        if not p.is_file():
+            return ""
         from localspec.gguf_meta import read_gguf_header
 
-        return describe(read_gguf_header(p, check_size=False).architecture, "llama")
+        return describe(read_gguf_header(p, check_size=False).architecture, GGUF)
     except Exception:  # a model the pair check will reject with its own, better message
         return ""

@@ -8,18 +8,31 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import pytest
-
 import numpy as np
+import pytest
+from fakes import (
+    N_VOCAB,
+    CostedBackend,
+    FakeBackend,
+    FakeClock,
+    hashed_logits,
+    scripted_draft,
+    without,
+)
 
-from fakes import N_VOCAB, CostedBackend, FakeBackend, FakeClock, hashed_logits, scripted_draft, without
 from localspec.decoding.auto import AutoDrafter, auto_ngram
 from localspec.decoding.calibrate import calibrate
-from localspec.decoding.policy import Controller, CostModel, expected_tokens, match_bucket, survival
 from localspec.decoding.drafters import ModelDrafter, NoDrafter
 from localspec.decoding.engine import Done, GenerationConfig, generate
-from localspec.sampling import SamplingParams
+from localspec.decoding.policy import (
+    Controller,
+    CostModel,
+    expected_tokens,
+    match_bucket,
+    survival,
+)
 from localspec.decoding.stats import RoundStats
+from localspec.sampling import SamplingParams
 
 TARGET = without(hashed_logits(1))
 PROMPT = list(b"def add(a, b):\n    return a + b\n")
@@ -41,7 +54,7 @@ def gpu_like(n: int) -> float:  # a batch is nearly free
     return 0.010 + 0.0005 * (n - 1)
 
 
-def cpu_like(n: int) -> float:  # DESIGN.md: a batch of 4 costs ~1.6x one token
+def cpu_like(n: int) -> float:  # a CPU-like curve: a batch of 4 costs ~1.6x one token
     return 0.010 * (1 + 0.2 * (n - 1))
 
 
@@ -125,7 +138,7 @@ def test_copies_that_held_earn_long_drafts_from_a_middling_match() -> None:
     flat part of this CPU-like batch curve (8 to 16 tokens cost about the same)."""
     curve = {1: 1.0, 2: 1.7, 3: 2.4, 4: 2.8, 5: 3.6, 8: 7.0, 16: 8.0, 32: 14.0}
     sizes = sorted(curve)
-    t = lambda n: 0.035 * float(np.interp(n, sizes, [curve[s] for s in sizes]))  # noqa: E731
+    t = lambda n: 0.035 * float(np.interp(n, sizes, [curve[s] for s in sizes]))
     c = Controller(CostModel(target={n: t(n) for n in range(1, 34)}))
     for _ in range(4):
         c.observe_lookup(16, 24, 24)  # copies of 16 to 39 tokens held, round after round
@@ -215,7 +228,7 @@ def test_cheap_draft_with_perfect_acceptance_drafts_long() -> None:
 def test_backs_off_when_acceptance_drops_and_returns_when_it_recovers() -> None:
     clock = FakeClock()
     n0 = len(PROMPT)
-    good = lambda pos: not (n0 + 150 <= pos < n0 + 300)  # noqa: E731
+    good = lambda pos: not (n0 + 150 <= pos < n0 + 300)
     target, drafter = _auto(clock, gpu_like, lambda n: 0.001, good)
     rounds, done = _run(target, drafter, clock, 600)
     before = _by_position(rounds, 20, 150)
@@ -355,7 +368,7 @@ def test_ngram_acceptance_is_learned_during_plain_rounds_for_free() -> None:
     # A steep batch curve (a batch of 2 costs 1.5x one), where a failed n-gram draft is expensive. Unused
     # n-gram proposals are graded against the text the target then writes, so auto learns that the text
     # repeats without spending a verify pass on it, and n-gram drafting takes over.
-    steep = lambda n: 0.010 * (1 + 0.5 * (n - 1))  # noqa: E731
+    steep = lambda n: 0.010 * (1 + 0.5 * (n - 1))
     body = list(b"for item in items:\n    total += item.price * item.count\n" * 3)
     script = PROMPT + body[:60] + body
     fn = _by_position_script(script, ord(" "))

@@ -1,4 +1,4 @@
-"""What a first trial found (issue 10): Ctrl-C in every phase, pull that never hangs, chat formats for
+"""What a first trial found: Ctrl-C in every phase, pull that never hangs, chat formats for
 models without a template, near-ties marked in --json. Real processes, real models, a real socket."""
 
 from __future__ import annotations
@@ -194,7 +194,6 @@ def test_run_on_gemma_says_which_format_and_writes_no_chatml(gemma_path: Path) -
 
 def test_unrecognised_model_falls_back_to_plain_text_and_says_so(tmp_path: Path, smollm2_path: Path) -> None:
     from gguf_factory import write_tiny_llama
-
     from localspec.backends.base import ChatMessage, chat_prompt_tokens
     from localspec.backends.chat_template import choose_chat_format
     from localspec.backends.llama_cpp import load
@@ -221,6 +220,7 @@ def test_chat_template_option_errors_and_files(tmp_path: Path, smollm2_path: Pat
     from localspec.backends.base import ChatMessage
     from localspec.backends.chat_template import choose_chat_format, conversation_text
     from localspec.backends.llama_cpp import load
+
     from localspec.errors import UsageError
 
     with pytest.raises(UsageError, match="neither a known format nor a file"):

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from localspec.backends.registry import LLAMA
 from localspec.formatting import format_bytes
 from localspec.options import DEFAULT_N_CTX, add_model_options
 
@@ -59,7 +60,7 @@ class Facts:
     n_ctx: int = DEFAULT_N_CTX
     n_batch: int = 512
     n_gpu_layers: int = -1
-    backend: str = "llama"
+    backend: str = LLAMA.name
     models: list[dict[str, Any]] = field(default_factory=list)  # path, size, layers, ctx_train, kv bytes/token
     pair: str | None = None  # the catalog pair checked, if any
     pair_note: str = ""  # e.g. "the default pair", or why it was not checked
@@ -274,7 +275,7 @@ def _model_facts(role: str, path: str) -> dict[str, Any]:
         out["size"] = sum(x.stat().st_size for x in p.rglob("*") if x.is_file())
         try:
             model_type = json.loads((p / "config.json").read_text()).get("model_type")
-            out["recurrent"] = recurrent.describe(model_type, "mlx")
+            out["recurrent"] = recurrent.describe(model_type, recurrent.HF)
         except (OSError, ValueError):
             pass
         return out
@@ -284,7 +285,7 @@ def _model_facts(role: str, path: str) -> dict[str, Any]:
 
         h = read_gguf_header(p)
         m, a = h.metadata, h.architecture
-        out["recurrent"] = recurrent.describe(a, "llama")
+        out["recurrent"] = recurrent.describe(a, recurrent.GGUF)
         out["layers"] = m.get(f"{a}.block_count")
         out["ctx_train"] = m.get(f"{a}.context_length")
         n_embd, n_head = m.get(f"{a}.embedding_length"), m.get(f"{a}.attention.head_count")
@@ -332,15 +333,15 @@ def findings(f: Facts) -> list[Finding]:
         out.append(Finding("fix", "Python runs under Rosetta (x86_64 on Apple silicon): no Metal, slow CPU code",
                            "install an arm64 Python (e.g. from python.org or `brew install python`) and reinstall localspec"))
     if f.llama_error:
-        out.append(Finding("fix" if f.backend != "mlx" else "warn", f"llama-cpp-python does not load: {f.llama_error}",
+        out.append(Finding("fix" if f.backend == LLAMA.name else "warn", f"llama-cpp-python does not load: {f.llama_error}",
                            "pip install -U llama-cpp-python"))
-    elif f.llama_gpu is None and f.gpu_hardware and f.backend != "mlx":
+    elif f.llama_gpu is None and f.gpu_hardware and f.backend == LLAMA.name:
         hw = ", ".join(f.gpu_hardware)
         flag = "-DGGML_METAL=on" if "Metal" in hw else "-DGGML_HIPBLAS=on" if "ROCm" in hw else "-DGGML_CUDA=on"
         out.append(Finding("fix", f"this machine has {hw} but llama-cpp-python was built for the CPU only",
                            f'reinstall it with the GPU backend: CMAKE_ARGS="{flag}" pip install --force-reinstall '
                            "--no-cache-dir llama-cpp-python"))
-    if f.llama_gpu is not None and f.n_gpu_layers >= 0 and f.backend != "mlx":
+    if f.llama_gpu is not None and f.n_gpu_layers >= 0 and f.backend == LLAMA.name:
         for m in f.models:
             layers = m.get("layers")
             if layers and f.n_gpu_layers < int(layers) + 1:
@@ -396,7 +397,7 @@ def findings(f: Facts) -> list[Finding]:
                            "pip install 'localspec[mlx]'"))
     if f.measured:
         out.extend(_measured_findings(f.measured))
-    elif f.llama_gpu is None and f.backend != "mlx" and not f.llama_error:
+    elif f.llama_gpu is None and f.backend == LLAMA.name and not f.llama_error:
         out.append(Finding("info", "CPU decoding: a batch of k+1 tokens costs much more than one, so a model draft "
                            "roughly breaks even; n-gram drafts (free) win on text that repeats its input",
                            "`--draft-method auto` measures this and falls back to plain decoding; "

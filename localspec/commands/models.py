@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
-
-from localspec.formatting import format_bytes
 import json
 import sys
+
+from localspec.backends.registry import backend_names
+from localspec.formatting import format_bytes
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -16,7 +17,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="List the target/draft pairs of the catalog (built-in models.toml plus your own file) "
         "with their download state per backend. Reads only the local Hugging Face cache.",
     )
-    p.add_argument("--backend", choices=("llama", "mlx"), default=None, help="only this backend")
+    p.add_argument("--backend", choices=backend_names(), default=None, help="only this backend")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(handler=run)
 

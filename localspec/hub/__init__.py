@@ -3,21 +3,20 @@
 API (safe to call from a UI worker thread; `progress` and `log` run on the downloading thread, so a
 Textual app should forward them with `call_from_thread` / `post_message`):
 
-    pull_pair(name, backend="auto", *, progress=None, endpoint=None, token=None, cache_dir=None,
-              check=True, cancel=None, log=None, plan=None) -> PullResult
+    Connection: endpoint, token, cache_dir, progress, cancel, log (keywords, each None by default)
+    pull_pair(name, backend="auto", *, check=True, plan=None, **Connection) -> PullResult
         A catalog pair. backend "auto" picks MLX on Apple silicon with mlx-lm, else llama.cpp
         (pair_backend_for). `plan`: a PairPlan from plan_pair, so its listing is not asked for twice.
     plan_pair(name, backend="auto", *, endpoint=None, token=None, cache_dir=None, log=None) -> PairPlan
         What pull_pair would fetch (files, sizes, what is cached), from the Hub's file listing only:
         metadata requests, no file content. PullError under HF_HUB_OFFLINE.
-    pair_backend_for(pair, backend) -> "llama" | "mlx"
+    pair_backend_for(pair, backend) -> a backend name (backends.registry)
         The backend a pair is pulled and run with ("auto": MLX on Apple silicon, else llama.cpp;
         the pair's first backend when it lacks that one).
-    pull_model(spec, *, backend=None, progress=None, endpoint=None, token=None, cache_dir=None,
-               cancel=None, log=None) -> PullResult
+    pull_model(spec, *, backend=None, **Connection) -> PullResult
         One model: "REPO:FILE" (a GGUF, with all parts of a split GGUF), "REPO" (its only GGUF,
         else an mlx-lm snapshot; a repo with several GGUFs is refused with the list), "...@REV".
-    pull_custom_pair(target, draft, *, backend=None, ...same keywords as pull_pair...) -> PullResult
+    pull_custom_pair(target, draft, *, backend=None, check=True, **Connection) -> PullResult
         Two models given as "REPO:FILE" (llama) or "REPO" (mlx).
     With check=True (the default) a GGUF pair is checked from its headers before any large
     transfer, and an MLX pair from its tokenizer files (fetched first; needs mlx-lm) before the
@@ -46,6 +45,7 @@ headers.py (remote GGUF headers), progress.py (events), errors.py (messages and 
 from __future__ import annotations
 
 import threading
+from typing import TypedDict, Unpack
 
 from localspec.backends.registry import resolve_backend
 from localspec.catalog import ModelRef, Pair, load_catalog
@@ -63,8 +63,6 @@ from localspec.hub.types import (
     PulledModel,
     PullResult,
 )
-
-
 
 # -- public entry points ------------------------------------------------------------------------
 
@@ -101,21 +99,28 @@ def plan_pair(
     return PairPlan(name, backend, hub.endpoint, hub.cache_dir, models)
 
 
+class Connection(TypedDict, total=False):
+    """How a pull reaches the Hub and reports: the keywords pull_pair, pull_custom_pair and pull_model share
+    (each None by default: HF_ENDPOINT or huggingface.co, the saved token, the HF cache, no reports)."""
+
+    endpoint: str | None
+    token: str | bool | None
+    cache_dir: str | None
+    progress: ProgressFn | None
+    cancel: threading.Event | None
+    log: LogFn | None
+
+
+def _hub(conn: Connection) -> Hub:
+    get = conn.get
+    return Hub(get("endpoint"), get("token"), get("cache_dir"), get("progress"), get("cancel"), get("log"))
+
+
 def pull_pair(
-    name: str,
-    backend: str = "auto",
-    *,
-    progress: ProgressFn | None = None,
-    endpoint: str | None = None,
-    token: str | bool | None = None,
-    cache_dir: str | None = None,
-    check: bool = True,
-    cancel: threading.Event | None = None,
-    log: LogFn | None = None,
-    plan: PairPlan | None = None,
+    name: str, backend: str = "auto", *, check: bool = True, plan: PairPlan | None = None, **conn: Unpack[Connection]
 ) -> PullResult:
     """Download a catalog pair's target and draft for one backend (checking llama pairs first)."""
-    hub = Hub(endpoint, token, cache_dir, progress, cancel, log)
+    hub = _hub(conn)
     if plan is not None and not offline():
         return hub.pull_planned(list(plan.models), check=check)
     pair = load_catalog().get(name)
@@ -129,36 +134,18 @@ def pull_custom_pair(
     draft: str | ModelRef,
     *,
     backend: str | None = None,
-    progress: ProgressFn | None = None,
-    endpoint: str | None = None,
-    token: str | bool | None = None,
-    cache_dir: str | None = None,
     check: bool = True,
-    cancel: threading.Event | None = None,
-    log: LogFn | None = None,
+    **conn: Unpack[Connection],
 ) -> PullResult:
     """Download a target and a draft not in the catalog; GGUF pairs are checked from headers first."""
     t, d = as_ref(target), as_ref(draft)
     backend = backend or pair_backend(t, d)
-    hub = Hub(endpoint, token, cache_dir, progress, cancel, log)
-    return hub.pull([("target", t), ("draft", d)], backend, check=check)
+    return _hub(conn).pull([("target", t), ("draft", d)], backend, check=check)
 
 
-def pull_model(
-    spec: str | ModelRef,
-    *,
-    backend: str | None = None,
-    progress: ProgressFn | None = None,
-    endpoint: str | None = None,
-    token: str | bool | None = None,
-    cache_dir: str | None = None,
-    cancel: threading.Event | None = None,
-    log: LogFn | None = None,
-) -> PullResult:
+def pull_model(spec: str | ModelRef, *, backend: str | None = None, **conn: Unpack[Connection]) -> PullResult:
     """Download one model given as REPO[:FILE][@REV]."""
-    ref = as_ref(spec)
-    hub = Hub(endpoint, token, cache_dir, progress, cancel, log)
-    return hub.pull([("", ref)], backend, check=False)
+    return _hub(conn).pull([("", as_ref(spec))], backend, check=False)
 
 
 def check_remote_pair(
@@ -180,6 +167,7 @@ def check_remote_pair(
 
 __all__ = [
     "CompatReport",
+    "Connection",
     "PairPlan",
     "ProgressEvent",
     "PullCancelled",

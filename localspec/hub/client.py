@@ -11,14 +11,35 @@ from pathlib import Path
 from typing import Any
 
 from localspec.backends.registry import backend_spec
-from localspec.catalog import ModelRef, cached_model_path, hub_cache_dir, split_gguf_parts
+from localspec.catalog import (
+    ModelRef,
+    cached_model_path,
+    hub_cache_dir,
+    split_gguf_parts,
+)
 from localspec.errors import BackendUnavailableError, IncompatiblePairError, PullError
 from localspec.formatting import format_bytes
 from localspec.hub.errors import hub_errors, map_error
-from localspec.hub.files import FilePlan, ModelPlan, pinned, select_files, sidecars
+from localspec.hub.files import (
+    FILE_BACKEND,
+    REPO_BACKEND,
+    FilePlan,
+    ModelPlan,
+    pinned,
+    select_files,
+    sidecars,
+)
 from localspec.hub.progress import Tracker
 from localspec.hub.timeouts import hub_timeout, install_timeouts
-from localspec.hub.types import CompatReport, LogFn, ProgressEvent, ProgressFn, PullCancelled, PulledModel, PullResult
+from localspec.hub.types import (
+    CompatReport,
+    LogFn,
+    ProgressEvent,
+    ProgressFn,
+    PullCancelled,
+    PulledModel,
+    PullResult,
+)
 from localspec.vocab import VocabInfo, check_compatible
 
 _DISK_MARGIN = 64 << 20
@@ -59,8 +80,8 @@ class Hub:
     # -- the whole pull ----------------------------------------------------------------------
 
     def pull(self, refs: list[tuple[str, ModelRef]], backend: str | None, *, check: bool) -> PullResult:
-        if backend is not None and backend not in ("llama", "mlx"):
-            raise PullError(f"unknown backend {backend!r}", "choose llama or mlx")
+        if backend is not None and backend not in (FILE_BACKEND, REPO_BACKEND):
+            raise PullError(f"unknown backend {backend!r}", f"choose {FILE_BACKEND} or {REPO_BACKEND}")
         if offline():
             return self._from_cache_offline(refs, backend)
         return self.pull_planned([self.plan(ref, role, backend) for role, ref in refs], check=check)
@@ -68,7 +89,7 @@ class Hub:
     def pull_planned(self, plans: list[ModelPlan], *, check: bool) -> PullResult:
         """Check (a pair), then download what the plans list and the cache lacks."""
         header_bytes, checked = 0, False
-        if check and len(plans) == 2 and all(p.backend == "llama" for p in plans):
+        if check and len(plans) == 2 and all(p.backend == FILE_BACKEND for p in plans):
             t, d = plans
             self.log("checking that the draft's vocabulary matches the target's (GGUF headers only)")
             report = self.check_pair(pinned(t), pinned(d), t.files[0].cached_path, d.files[0].cached_path)
@@ -78,7 +99,7 @@ class Hub:
         for p in plans:
             self._drop_partials(p.ref.repo)
         self._check_disk(plans)
-        if check and len(plans) == 2 and all(p.backend == "mlx" for p in plans):
+        if check and len(plans) == 2 and all(p.backend == REPO_BACKEND for p in plans):
             self.log("checking that the draft's tokenizer matches the target's (tokenizer files first)")
             checked = self._check_mlx_pair(*plans)
         models = tuple(self._download(p) for p in plans)
@@ -97,7 +118,7 @@ class Hub:
         }
         backend, files = select_files(ref, backend, sizes)
         plan = ModelPlan(role, ref, backend, commit)
-        if backend == "llama":  # the drafter files llama.cpp's -hf would fetch with this model
+        if backend == FILE_BACKEND:  # the drafter files llama.cpp's -hf would fetch with this model
             plan.sidecars = sidecars(list(sizes), files[0])
             files = files + [p for p in plan.sidecars.values() if p not in files]
         for f in files:
@@ -178,7 +199,7 @@ class Hub:
         )
 
     def _model_path(self, plan: ModelPlan) -> str:
-        if plan.backend == "mlx":
+        if plan.backend == REPO_BACKEND:
             from huggingface_hub.file_download import repo_folder_name
 
             folder = repo_folder_name(repo_id=plan.ref.repo, repo_type="model")
@@ -190,7 +211,7 @@ class Hub:
 
         Needs mlx-lm (its tokenizer loader); without it the check is skipped and False returned.
         """
-        small = lambda path: not path.endswith(".safetensors")  # noqa: E731
+        small = lambda path: not path.endswith(".safetensors")
         for plan in (target, draft):
             self._download(plan, only=small)
         try:
@@ -198,7 +219,7 @@ class Hub:
             tv, dv = module.peek_vocab(self._model_path(target)), module.peek_vocab(self._model_path(draft))
             check_compatible(tv, dv, target_name=str(target.ref), draft_name=str(draft.ref))
         except BackendUnavailableError:
-            self.log("mlx-lm is not installed here: skipping the tokenizer check of the MLX pair")
+            self.log(f"{target.backend} is not installed here: skipping the tokenizer check of the pair")
             return False
         except IncompatiblePairError:
             raise
@@ -214,7 +235,10 @@ class Hub:
         Files are fetched by commit (consistent with the listing, and a second pull then costs no
         request per file); huggingface_hub writes refs only for the revision it was called with.
         """
-        from huggingface_hub.file_download import _cache_commit_hash_for_specific_revision, repo_folder_name
+        from huggingface_hub.file_download import (
+            _cache_commit_hash_for_specific_revision,
+            repo_folder_name,
+        )
 
         folder = Path(self.cache_dir) / repo_folder_name(repo_id=ref.repo, repo_type="model")
         try:
@@ -235,23 +259,23 @@ class Hub:
     def _from_cache_offline(self, refs: list[tuple[str, ModelRef]], backend: str | None) -> PullResult:
         models = []
         for role, ref in refs:
-            b = backend or ("llama" if ref.file and ref.file.endswith(".gguf") else "mlx")
-            path = cached_model_path(ref, b, cache_dir=self.cache_dir) if (b == "mlx" or ref.file) else None
+            b = backend or (FILE_BACKEND if ref.file and ref.file.endswith(".gguf") else REPO_BACKEND)
+            path = cached_model_path(ref, b, cache_dir=self.cache_dir) if (b == REPO_BACKEND or ref.file) else None
             if path is None:
                 raise PullError(
                     f"HF_HUB_OFFLINE is set and {ref} is not in the cache ({self.cache_dir})",
                     "unset HF_HUB_OFFLINE (or set it to 0) to download it",
                 )
-            files = tuple(split_gguf_parts(ref.file)) if b == "llama" and ref.file else ()
-            size = sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file()) if b == "mlx" else 0
-            if b == "llama":
+            files = tuple(split_gguf_parts(ref.file)) if b == FILE_BACKEND and ref.file else ()
+            size = sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file()) if b == REPO_BACKEND else 0
+            if b == FILE_BACKEND:
                 size = sum(
                     os.path.getsize(os.path.join(os.path.dirname(path), os.path.basename(p))) for p in files
                 )
             for f in files or (ref.repo,):
                 self._emit(ProgressEvent(f, ref.repo, role, size, size, None, None, True, True))
             models.append(PulledModel(role, ref.repo, ref.revision, None, files, path, 0, size))
-        kind = backend or ("llama" if refs[0][1].file else "mlx")
+        kind = backend or (FILE_BACKEND if refs[0][1].file else REPO_BACKEND)
         return PullResult(tuple(models), kind)
 
     # -- headers -----------------------------------------------------------------------------

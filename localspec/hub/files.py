@@ -6,8 +6,10 @@ import fnmatch
 import re
 from dataclasses import dataclass, field
 
+from localspec.backends.registry import BACKENDS
 from localspec.catalog import ModelRef, parse_model_ref, split_gguf_parts
 from localspec.errors import CatalogError, PullError
+from localspec.families import registry
 from localspec.formatting import format_bytes
 
 MLX_ALLOW_PATTERNS = (
@@ -23,11 +25,17 @@ class FilePlan:
     cached_path: str | None  # local path if already complete in the cache
 
 
+# The hub fetches two kinds of model: one GGUF file (maybe split in parts), or a whole repo snapshot; the
+# backends' table says which backend reads each.
+FILE_BACKEND = next(spec.name for spec in BACKENDS.values() if spec.single_file)
+REPO_BACKEND = next(spec.name for spec in BACKENDS.values() if not spec.single_file)
+
+
 @dataclass
 class ModelPlan:
     role: str
     ref: ModelRef
-    backend: str  # "llama" | "mlx"
+    backend: str  # FILE_BACKEND | REPO_BACKEND
     commit: str | None
     files: list[FilePlan] = field(default_factory=list)
     local: dict[str, str] = field(default_factory=dict)  # fetched so far: repo path -> local path
@@ -36,7 +44,7 @@ class ModelPlan:
 
     @property
     def main_file(self) -> str | None:
-        return self.files[0].path if self.backend == "llama" and self.files else None
+        return self.files[0].path if self.backend == FILE_BACKEND and self.files else None
 
     @property
     def bytes_to_download(self) -> int:
@@ -51,8 +59,8 @@ class ModelPlan:
 def select_files(ref: ModelRef, backend: str | None, sizes: dict[str, int | None]) -> tuple[str, list[str]]:
     ggufs = sorted(p for p in sizes if p.endswith(".gguf"))
     if ref.file:
-        if backend == "mlx":
-            raise PullError(f"{ref}: an MLX model is a whole repo, not one file", f"pull {ref.repo} without :FILE")
+        if backend == REPO_BACKEND:
+            raise PullError(f"{ref}: a {REPO_BACKEND} model is a whole repo, not one file", f"pull {ref.repo} without :FILE")
         parts = split_gguf_parts(ref.file)
         missing = [p for p in parts if p not in sizes]
         if missing:
@@ -60,28 +68,28 @@ def select_files(ref: ModelRef, backend: str | None, sizes: dict[str, int | None
                 f"file {missing[0]} not found in {ref.repo} (revision {ref.revision})",
                 gguf_choice_hint(ref.repo, ggufs, sizes) if ggufs else f"files there: {', '.join(sorted(sizes)[:20])}",
             )
-        return "llama" if ref.file.endswith(".gguf") else "file", parts
+        return FILE_BACKEND if ref.file.endswith(".gguf") else "file", parts
     models = gguf_models(ggufs)
     has_weights = any(fnmatch.fnmatch(p, "model*.safetensors") for p in sizes)
-    if backend == "llama" or (backend is None and models):
+    if backend == FILE_BACKEND or (backend is None and models):
         if not models:
             raise PullError(
                 f"{ref.repo} has no GGUF model files",
-                "it looks like an MLX/safetensors repo: use --backend mlx" if has_weights else "check the repo id",
+                f"it looks like a safetensors repo: use --backend {REPO_BACKEND}" if has_weights else "check the repo id",
             )
         if len(models) > 1:
             raise PullError(
                 f"{ref.repo} has {len(models)} GGUF models; say which one to pull",
                 gguf_choice_hint(ref.repo, ggufs, sizes),
             )
-        return "llama", split_gguf_parts(models[0])
+        return FILE_BACKEND, split_gguf_parts(models[0])
     if not has_weights:
         raise PullError(
             f"{ref.repo} has no safetensors weights, so it is not an mlx-lm model repo",
-            "for a GGUF repo use --backend llama and REPO:FILE" if ggufs else "check the repo id",
+            f"for a GGUF repo use --backend {FILE_BACKEND} and REPO:FILE" if ggufs else "check the repo id",
         )
     files = [p for p in sorted(sizes) if any(fnmatch.fnmatch(p, pat) for pat in MLX_ALLOW_PATTERNS)]
-    return "mlx", files
+    return REPO_BACKEND, files
 
 
 def gguf_models(ggufs: list[str]) -> list[str]:
@@ -104,14 +112,14 @@ def gguf_models(ggufs: list[str]) -> list[str]:
 # drafters that read its hidden states: a .gguf whose path holds the family's keyword, in the model's own
 # folder or one above it; the deepest such folder wins, then the quantization closest to the model's.
 
-SIDECAR_KEYWORDS = {"mtp": "mtp-", "eagle3": "eagle3-", "dflash": "dflash-", "dspark": "dspark-"}
+SIDECAR_KEYWORDS = {f.name: f.sidecar_prefix for f in registry.head_families() if f.sidecar_prefix}
 _SPLIT_SUFFIX = re.compile(r"^(.+)-([0-9]{5})-of-([0-9]{5})$", re.IGNORECASE)
 _QUANT_TAG = re.compile(r"[-.]([A-Z0-9_]+)$", re.IGNORECASE)
 
 
 def quant_bits(path: str) -> int:
     """The bits of a GGUF name's quantization tag (Q4_K_M -> 4, F16 -> 16, Q8_0 -> 8), 0 without one."""
-    stem = path[: -len(".gguf")] if path.endswith(".gguf") else path
+    stem = path.removesuffix(".gguf")
     if m := _SPLIT_SUFFIX.match(stem):
         stem = m[1]
     tag = m[1] if (m := _QUANT_TAG.search(stem)) else ""
@@ -164,14 +172,12 @@ def gguf_choice_hint(repo: str, ggufs: list[str], sizes: dict[str, int | None]) 
 
 
 def pair_backend(t: ModelRef, d: ModelRef) -> str:
-    kinds = {"llama" if (r.file or "").endswith(".gguf") else ("mlx" if not r.file else "?") for r in (t, d)}
-    if kinds == {"llama"}:
-        return "llama"
-    if kinds == {"mlx"}:
-        return "mlx"
+    kinds = {FILE_BACKEND if (r.file or "").endswith(".gguf") else (REPO_BACKEND if not r.file else "?") for r in (t, d)}
+    if len(kinds) == 1 and "?" not in kinds:
+        return kinds.pop()
     raise PullError(
         f"target {t} and draft {d} are not the same kind of model",
-        "give two GGUF files (REPO:FILE.gguf, llama.cpp) or two mlx-lm repos (REPO, MLX)",
+        f"give two GGUF files (REPO:FILE.gguf, {FILE_BACKEND}) or two model repos (REPO, {REPO_BACKEND})",
     )
 
 

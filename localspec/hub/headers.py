@@ -9,8 +9,14 @@ from urllib.parse import urlparse
 from localspec.catalog import ModelRef, cached_model_path
 from localspec.errors import ModelFileError, PullError
 from localspec.formatting import format_bytes
-from localspec.gguf_meta import GGUFHeader, NeedMoreBytes, parse_header, read_gguf_header
+from localspec.gguf_meta import (
+    GGUFHeader,
+    NeedMoreBytes,
+    parse_header,
+    read_gguf_header,
+)
 from localspec.hub.errors import hub_errors
+from localspec.hub.files import FILE_BACKEND
 
 if TYPE_CHECKING:
     from localspec.hub.client import Hub
@@ -22,7 +28,7 @@ HEADER_MAX_READ = 256 << 20
 def gguf_header(hub: Hub, ref: ModelRef, local: str | None = None) -> tuple[GGUFHeader, int, int | None]:
     """The GGUF header of ref: from the local file if given, else by HTTP Range reads."""
     if local is None:
-        local = cached_model_path(ref, "llama", cache_dir=hub.cache_dir) if ref.file else None
+        local = cached_model_path(ref, FILE_BACKEND, cache_dir=hub.cache_dir) if ref.file else None
     if local:
         return read_gguf_header(local, check_size=False), 0, os.path.getsize(local)
     assert ref.file
