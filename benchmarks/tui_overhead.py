@@ -23,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 DEFAULT_PROMPT = "Write a Python function that checks whether a string is a palindrome, with a short docstring."
@@ -77,9 +78,8 @@ def run_app(args: argparse.Namespace) -> dict:
 async def child_app(args: argparse.Namespace) -> dict:
     from textual.widgets import Input
 
-    from localspec.options import ModelOptions
+    from localspec.options import GenerationSettings, ModelOptions
     from localspec.tui.app import ChatApp
-    from localspec.tui.settings import ChatSettings
 
     m = method(args)
     options = ModelOptions(
@@ -89,7 +89,7 @@ async def child_app(args: argparse.Namespace) -> dict:
         n_ctx=args.n_ctx,
         threads=args.threads,
     )
-    app = ChatApp(options=options, settings=ChatSettings(num_draft=args.num_draft, max_tokens=args.max_tokens, seed=0))
+    app = ChatApp(options=options, settings=GenerationSettings(k=args.num_draft, max_tokens=args.max_tokens, seed=0))
     async with app.run_test(size=(140, 44)) as pilot:
         while app.pipeline is None:
             if not app.loading and app.pipeline is None:
@@ -120,23 +120,22 @@ async def inproc(args: argparse.Namespace) -> dict[str, list[dict]]:
 
     from localspec.backends.base import ChatMessage
     from localspec.decoding.engine import Done
-    from localspec.options import ModelOptions
+    from localspec.options import GenerationSettings, ModelOptions
     from localspec.tui.app import ChatApp
-    from localspec.tui.settings import ChatSettings
 
     m = method(args)
     options = ModelOptions(
         target=args.target, draft=args.draft if m == "model" else None, draft_method=m, n_ctx=args.n_ctx,
         threads=args.threads,
     )
-    settings = ChatSettings(num_draft=args.num_draft, max_tokens=args.max_tokens, seed=0)
+    settings = GenerationSettings(k=args.num_draft, max_tokens=args.max_tokens, seed=0)
     app = ChatApp(options=options, settings=settings)
     runs: dict[str, list[dict]] = {"run": [], "app": []}
 
     def plain() -> dict:  # the `localspec run` loop, on a thread while the app sits idle
         p = app.pipeline
         assert p is not None
-        config = settings.generation_config(p.options.draft_method)
+        config = replace(settings, method=p.options.draft_method).config()
         for event in p.generate([ChatMessage("user", args.prompt)], config):
             if isinstance(event, Done):
                 s = event.stats

@@ -18,6 +18,7 @@ from localspec.tui.live import fmt_acceptance, fmt_accepted_length, fmt_choices,
 DRAFT_STYLE = "bold #5fd787"  # accepted draft token: the friend got it right
 TARGET_STYLE = "#87afff"  # the target chose the token itself (first, recovered or bonus)
 ORIGIN_STYLES = {"draft": DRAFT_STYLE, "target": TARGET_STYLE}
+OPTIONAL_LINES = ("#stat-choices", "#stat-advice")  # lines only some replies have: hidden when empty
 HISTOGRAM_ROWS = 8  # more distinct accepted lengths than this: grouped on a doubling scale (1, 2, 3-4, 5-8, ...)
 
 
@@ -129,6 +130,7 @@ class StatsPanel(Vertical):
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.stats: SpecStats | None = None
         self.live = False
+        self._shown: dict[str, str] = {}  # each line's content as last put (markup)
 
     def compose(self) -> ComposeResult:
         yield Static("No reply yet", id="stats-title", markup=False)
@@ -145,52 +147,57 @@ class StatsPanel(Vertical):
         yield Static("", id="stat-run", markup=False)
 
     def on_mount(self) -> None:
-        for name in ("#stat-choices", "#stat-advice"):  # lines that only some replies have
+        for name in OPTIONAL_LINES:
             self.query_one(name, Static).display = False
 
     def show(
         self, stats: SpecStats, *, live: bool, rates: Sequence[float] = (), lengths: Sequence[int] = (), note: str = ""
     ) -> None:
         self.stats, self.live = stats, live
-        q = self.query_one
-        q("#stats-title", Static).update("This reply (live)" if live else "Last reply")
-        q("#stat-tps", Static).update(Text.assemble(("decode ", "dim"), (fmt_tps(stats), "bold")))
+        put = self._put
+        put("#stats-title", "This reply (live)" if live else "Last reply")
+        put("#stat-tps", Text.assemble(("decode ", "dim"), (fmt_tps(stats), "bold")))
         if rates:
-            q("#spark-tps", Sparkline).data = list(rates)
-        q("#stat-acceptance", Static).update(Text.assemble(("acceptance ", "dim"), (fmt_acceptance(stats), "bold")))
+            self.query_one("#spark-tps", Sparkline).data = list(rates)
+        put("#stat-acceptance", Text.assemble(("acceptance ", "dim"), (fmt_acceptance(stats), "bold")))
         choices = fmt_choices(stats)
-        q("#stat-choices", Static).update(Text.assemble(("auto chose ", "dim"), (choices, "bold")) if choices else "")
-        q("#stat-choices", Static).display = bool(choices)
-        q("#stat-length", Static).update(
-            Text.assemble(("accepted length ", "dim"), (fmt_accepted_length(stats), "bold"))
-        )
+        put("#stat-choices", Text.assemble(("auto chose ", "dim"), (choices, "bold")) if choices else "")
+        put("#stat-length", Text.assemble(("accepted length ", "dim"), (fmt_accepted_length(stats), "bold")))
         if lengths:
-            q("#spark-length", Sparkline).data = [float(x) for x in lengths]
-        q("#stat-histogram", Static).update(self._histogram(lengths) if lengths else "")
-        q("#stat-positions", Static).update(self._positions(stats))
-        q("#stat-shares", Static).update(self._shares(stats))
+            self.query_one("#spark-length", Sparkline).data = [float(x) for x in lengths]
+        put("#stat-histogram", self._histogram(lengths) if lengths else "")
+        put("#stat-positions", self._positions(stats))
+        put("#stat-shares", self._shares(stats))
         tip = advice(stats)  # below ~2 tokens per round: a better draft, not a larger k
-        adv = q("#stat-advice", Static)
-        adv.update(Text("⚠ " + tip) if tip else "")
-        adv.display = bool(tip)
+        put("#stat-advice", Text("⚠ " + tip) if tip else "")
         run = self._run_line(stats, live)
         if note:
             run.append(f"\ndrafter: {note}")
-        q("#stat-run", Static).update(run)
+        put("#stat-run", run)
+
+    def _put(self, name: str, content: Text | str) -> None:
+        """Update a line only when its content changed (each update lays the panel out again); a line that
+        only some replies have (auto's choices, advice) shows only when it has content."""
+        key = content.markup if isinstance(content, Text) else content
+        if self._shown.get(name) == key:
+            return
+        self._shown[name] = key
+        line = self.query_one(name, Static)
+        line.update(content)
+        if name in OPTIONAL_LINES:
+            line.display = bool(key)
 
     def clear(self, title: str = "No reply yet") -> None:
         self.stats, self.live = None, False
-        self.query_one("#stats-title", Static).update(title)
-        lines = ("#stat-choices", "#stat-histogram", "#stat-positions", "#stat-shares", "#stat-advice", "#stat-run")
-        for name in lines:
-            self.query_one(name, Static).update("")
-        self.query_one("#stat-choices", Static).display = False
-        self.query_one("#stat-tps", Static).update("decode –")
-        self.query_one("#stat-acceptance", Static).update("acceptance –")
-        self.query_one("#stat-length", Static).update("accepted length –")
+        put = self._put
+        put("#stats-title", title)
+        for name in ("#stat-choices", "#stat-histogram", "#stat-positions", "#stat-shares", "#stat-advice", "#stat-run"):
+            put(name, "")
+        put("#stat-tps", "decode –")
+        put("#stat-acceptance", "acceptance –")
+        put("#stat-length", "accepted length –")
         self.query_one("#spark-tps", Sparkline).data = []
         self.query_one("#spark-length", Sparkline).data = []
-        self.query_one("#stat-advice", Static).display = False
 
     @staticmethod
     def _histogram(lengths: Sequence[int]) -> Text:
