@@ -5,15 +5,17 @@ or are scripted."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
-
 import pytest
-
 from fakes import CostedBackend, FakeBackend, FakeClock, hashed_logits, without
 from localspec.backends.base import Backend, ChatMessage
+
 from localspec.bench.measure import (
     BenchResult,
     Method,
@@ -26,11 +28,11 @@ from localspec.bench.measure import (
 from localspec.bench.report import bench_lines
 from localspec.bench.suites import Suite, suites
 from localspec.commands.doctor import Facts, findings
+from localspec.decoding.policy import CostModel
+from localspec.decoding.stats import SpecStats
 from localspec.errors import UsageError
 from localspec.options import ModelOptions
 from localspec.pipeline import DraftSlot, Pipeline, make_drafter
-from localspec.decoding.policy import CostModel
-from localspec.decoding.stats import SpecStats
 from localspec.sampling import SamplingParams
 
 TARGET = without(hashed_logits(1))
@@ -90,12 +92,15 @@ def test_builtin_suites() -> None:
 
 
 def test_run_bench_on_fakes_interleaves_and_aggregates() -> None:
-    target = FakeBackend(TARGET, n_ctx=8192)
-    draft = FakeBackend(TARGET, n_ctx=8192, name="draft")  # draft = target: every draft token accepted
+    # Scripted costs: on the real clock a fake's microsecond passes spread widely, and bench withholds the bound.
+    clock = FakeClock()
+    target = CostedBackend(TARGET, clock, lambda n: 0.010 + 0.001 * (n - 1), n_ctx=8192)
+    draft = CostedBackend(TARGET, clock, lambda n: 0.002, n_ctx=8192, name="draft")  # = target: all accepted
     suite = Suite("tiny", "a tiny suite", ((ChatMessage("user", "hello there"),), (ChatMessage("user", "bye now"),)))
     methods = parse_methods("none,ngram:3,model:2,auto:4", has_draft=True)
     seen: list[str] = []
-    result = run_bench(_over(target, draft), [suite], methods, reps=2, max_tokens=20, sampling=SamplingParams(), progress=seen.append)
+    result = run_bench(_over(target, draft, clock), [suite], methods, reps=2, max_tokens=20, sampling=SamplingParams(),
+                       progress=seen.append)  # fmt: skip
     assert len(result.runs) == 2 * 2 * len(methods)
     # Interleaved: the method that runs first changes between repetitions.
     firsts = [r.method for i, r in enumerate(result.runs) if i % len(methods) == 0]
@@ -116,7 +121,7 @@ def test_run_bench_on_fakes_interleaves_and_aggregates() -> None:
 
 
 def test_session_suite_runs_turns_with_one_drafter_per_conversation(monkeypatch: pytest.MonkeyPatch) -> None:
-    import localspec.pipeline as pipeline
+    from localspec import pipeline
 
     built: list[object] = []
     make = pipeline.make_drafter
@@ -144,14 +149,13 @@ def test_session_suite_runs_turns_with_one_drafter_per_conversation(monkeypatch:
 
 def _run(method: str, rep: int, tokens: int, seconds: float, **kw) -> RunResult:  # type: ignore[no-untyped-def]
     per_round = kw.pop("drafted_per_round", {0: tokens})
-    stats = dict(
+    stats = SpecStats(
         backend="fake", device="CPU", target="t", draft="d", draft_method=method.split()[0], rule="greedy",
         num_draft=4, temperature=0.0, seed=0, n_prompt=10, n_prompt_cached=0, n_generated=tokens + 1,
         decode_s=seconds, prompt_s=0.1, n_rounds=tokens, n_drafted=0, n_accepted=0, draft_s=0.0, verify_s=seconds,
         drafted_by_position=(), accepted_by_position=(), stop_reason="max_tokens",
-    )
-    stats.update(kw)
-    return RunResult("s", 0, method, rep, SpecStats(**stats), per_round)  # type: ignore[arg-type]
+    )  # fmt: skip
+    return RunResult("s", 0, method, rep, replace(stats, **kw), per_round)
 
 
 def test_speedup_is_paired_per_repetition_and_bound_uses_measured_costs() -> None:
@@ -195,6 +199,145 @@ def test_bench_with_scripted_costs_reports_what_the_clock_says() -> None:
     assert rows["none"].tps_median == pytest.approx(100.0)
     assert rows["model k=4"].tps_median == pytest.approx(5 / 0.022)
     assert rows["model k=4"].of_bound == pytest.approx(1.0)
+
+
+# -- the cost curve's timings, and whether they can carry the bound -------------------------------------
+
+USERS_MS = {1: 2015.7, 2: 74.6, 3: 79.9, 4: 84.1, 5: 90.3}  # `localspec bench` on a busy machine (a user's report)
+
+
+def _model_k4_result(costs: SuiteCosts) -> BenchResult:
+    """A bench result over `costs`: plain decoding, and model k=4 with 3 of 4 drafts accepted."""
+    result = BenchResult("t", "d", "fake", "CPU", 2, 100, 1, 0.0, [Method("none", 0), Method("model", 4)], ["s"])
+    result.costs["s"] = costs
+    result.runs = [
+        _run("none", 0, 100, 1.0),
+        _run("model k=4", 0, 100, 1 / 1.5, n_rounds=25, n_drafted=100, n_accepted=75, drafted_per_round={4: 25},
+             drafted_by_position=(25, 25, 25, 25), accepted_by_position=(25, 25, 25, 0)),
+    ]  # fmt: skip
+    return result
+
+
+def test_users_busy_machine_curve_is_unreliable_and_no_bound_is_shown() -> None:
+    costs = CostModel(target={n: t / 1e3 for n, t in USERS_MS.items()}, draft_token=0.004)
+    result = _model_k4_result(SuiteCosts("s", 10, costs))
+    row = {r.method: r for r in summarize(result)}["model k=4"]
+    assert row.bound_speedup is None and row.of_bound is None
+    lines = bench_lines(result)
+    why = [x for x in lines if x.startswith("bound: not shown, timings unreliable")]
+    assert len(why) == 1 and "T(2) = 74.6 ms is 0.04x T(1) = 2015.7 ms" in why[0]
+    assert any("WARNING: timings unreliable" in x for x in lines)
+    assert json.loads(json.dumps(result.to_json()))["costs"]["s"]["reliable"] is False
+
+
+def test_users_timings_judged_one_by_one_are_unreliable() -> None:
+    from localspec.bench.costs import CostSamples, judge
+
+    timings = {1: [2015.7, 1890.2, 2210.4, 31.0, 2040.0], 2: [74.6, 70.1, 80.3, 75.0, 2100.0]}
+    samples = CostSamples(target={n: [t / 1e3 for t in ts] for n, ts in timings.items()})
+    verdict = judge(samples.model().target, samples)
+    # Steady within each size (IQR/median 7-8%), but no machine runs 2 tokens 27x faster than one.
+    assert verdict.reasons == ("T(2) = 75.0 ms is 0.04x T(1) = 2015.7 ms: no batch costs under 0.5x one token's pass",)
+    assert not verdict.notes
+
+
+def _steady(base_s: float, jitter: tuple[float, ...] = (0.98, 1.0, 1.01, 1.03, 0.99)) -> list[float]:
+    return [base_s * j for j in jitter]
+
+
+def test_consistent_timings_show_the_bound_with_their_spread() -> None:
+    from localspec.bench.costs import CostSamples
+
+    target = {n: 0.010 + 0.002 * (n - 1) for n in range(1, 6)}
+    samples = CostSamples(target={n: _steady(t) for n, t in target.items()}, draft_token=_steady(0.004))
+    sc = SuiteCosts("s", 10, samples.model())
+    sc.add(samples)
+    assert sc.verdict.reliable and not sc.verdict.notes
+    result = _model_k4_result(sc)
+    row = {r.method: r for r in summarize(result)}["model k=4"]
+    # 4 tokens per round / (4 drafts x 4 ms + T(5) = 18 ms), x T(1) = 10 ms
+    assert row.bound_speedup == pytest.approx(4 / 0.034 * 0.010)
+    text = "\n".join(bench_lines(result))
+    assert "bound: not shown" not in text and "WARNING" not in text
+    assert f"{row.bound_speedup:.2f}x" in text
+    t1_row = next(x.split() for x in text.splitlines() if x.strip().startswith("1 ") and "ms" in x)
+    assert t1_row == ["1", "10.0ms", "9.8-10.3ms", "2%", "5", "1.00x"]  # n, median, min-max, IQR/median, count
+    payload = json.loads(json.dumps(result.to_json()))["costs"]["s"]
+    assert payload["reliable"] is True and payload["reasons"] == []
+    t1 = payload["timings"]["target_s"]["1"]
+    assert t1["count"] == 5 and t1["min"] == pytest.approx(0.0098) and t1["max"] == pytest.approx(0.0103)
+    assert t1["iqr_over_median"] == pytest.approx(0.02)
+
+
+def test_a_wide_spread_alone_withholds_the_bound() -> None:
+    from localspec.bench.costs import CostSamples
+
+    target = {n: _steady(0.010 + 0.002 * (n - 1)) for n in range(1, 6)}
+    target[1] = [0.010, 0.010, 0.010, 0.025, 0.026]  # a plausible median, but half the timings ran slow
+    samples = CostSamples(target=target, draft_token=_steady(0.004))
+    sc = SuiteCosts("s", 10, samples.model())
+    sc.add(samples)
+    assert sc.verdict.reasons == ("timings spread over 25% (IQR/median): T(1) 150%",)
+    result = _model_k4_result(sc)
+    assert {r.method: r for r in summarize(result)}["model k=4"].bound_speedup is None
+    assert "bound: not shown, timings unreliable (timings spread over 25%" in "\n".join(bench_lines(result))
+
+
+def test_a_curve_that_falls_beyond_noise_is_unreliable() -> None:
+    from localspec.bench.costs import CostSamples, judge
+
+    samples = CostSamples(target={1: _steady(0.010), 2: _steady(0.012), 3: _steady(0.030), 4: _steady(0.013)})
+    verdict = judge(samples.model().target, samples)
+    assert verdict.reasons == ("T(3) = 30.0 ms is 2.3x T(4) = 13.0 ms: no batch costs over 2x a larger one",)
+
+
+def test_one_timing_per_size_is_noted_as_too_few_to_judge() -> None:
+    from localspec.bench.costs import CostSamples, judge
+
+    samples = CostSamples(target={1: [0.010], 2: [0.012]})
+    verdict = judge(samples.model().target, samples)
+    assert verdict.reliable and "too few to judge their spread" in verdict.notes[0]
+
+
+class _Recorded(CostedBackend):
+    """A costed fake that remembers the size of every forward pass."""
+
+    def __init__(self, *a, **kw) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*a, **kw)
+        self.passes: list[int] = []
+
+    def forward(self, tokens, *, all_logits: bool = True):  # type: ignore[no-untyped-def]
+        self.passes.append(len(tokens))
+        return super().forward(tokens, all_logits=all_logits)
+
+
+def test_cost_timings_pair_every_batch_with_a_one_token_pass() -> None:
+    from localspec.bench.measure import measure_costs
+
+    clock = FakeClock()
+    target = _Recorded(TARGET, clock, lambda n: 0.010 + 0.001 * (n - 1), n_ctx=8192)
+    samples = measure_costs(target, None, list(range(5, 25)), max_batch=5, reps=3, clock=clock)
+    assert {n: len(ts) for n, ts in samples.target.items()} == {1: 12, 2: 3, 3: 3, 4: 3, 5: 3}
+    batches = target.passes[1:]  # after the prompt
+    assert all(batches[i - 1] == 1 for i, n in enumerate(batches) if n > 1)
+    assert samples.model().target == pytest.approx({n: 0.010 + 0.001 * (n - 1) for n in range(1, 6)})
+
+
+def test_a_busy_spell_while_timing_slows_both_sides_and_leaves_the_curve_right() -> None:
+    from localspec.bench.measure import measure_costs
+
+    clock, calls = FakeClock(), [0]
+
+    def cost(n: int) -> float:  # the prompt, then 12 passes 40x slower (a busy spell), then quiet
+        calls[0] += 1
+        return (0.010 + 0.001 * (n - 1)) * (40 if 2 <= calls[0] <= 13 else 1)
+
+    target = CostedBackend(TARGET, clock, cost, n_ctx=8192)
+    samples = measure_costs(target, None, list(range(5, 25)), max_batch=5, reps=5, clock=clock)
+    sc = SuiteCosts("s", 20, samples.model())
+    sc.add(samples)
+    assert sc.verdict.reliable
+    assert sc.costs.target == pytest.approx({n: 0.010 + 0.001 * (n - 1) for n in range(1, 6)})
 
 
 # -- doctor's rules ------------------------------------------------------------------------------------
@@ -352,11 +495,9 @@ def test_doctor_flags_a_busy_cpu() -> None:
 # -- the commands, as a user runs them (tiny generated GGUFs) --------------------------------------------
 
 
-def _cli(*args: str) -> "subprocess.CompletedProcess[str]":
-    import subprocess
-    import sys
-
-    return subprocess.run([sys.executable, "-m", "localspec.cli", *args], capture_output=True, text=True, timeout=600)
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "localspec.cli", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
 
 
 def test_bench_command_json_on_tiny_models(tiny_ggufs, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -431,8 +572,8 @@ def test_interrupted_bench_reports_what_finished() -> None:
 def test_run_summary_tells_when_auto_found_speculation_does_not_pay() -> None:
     from dataclasses import replace as dc_replace
 
-    from localspec.report import advice
     from localspec.decoding.stats import SpecStats
+    from localspec.report import advice
 
     base = SpecStats(
         backend="llama.cpp", device="CPU", target="t", draft="auto(ngram)", draft_method="auto", rule="greedy",

@@ -11,7 +11,8 @@ method actually reached: expected tokens per round over the cost of a round,
 
 with T(n) the target's measured time for a batch of n tokens and d the draft's time per token
 (zero for n-gram lookup), and the bound speedup is that times T(1). Achieved / bound shows how much
-the engine leaves on the table around the two models.
+the engine leaves on the table around the two models. Where the cost timings spread widely or form a
+curve no machine has (localspec.bench.costs), no bound is given.
 """
 
 from __future__ import annotations
@@ -25,18 +26,19 @@ from pathlib import Path
 from typing import Any
 
 from localspec.backends.base import Backend, ChatMessage
+from localspec.bench.costs import CostSamples, Verdict, judge, keeping
 from localspec.bench.suites import Suite
-from localspec.decoding.calibrate import calibrate
+from localspec.decoding.calibrate import time_drafter, time_rollback, time_target
 from localspec.decoding.drafters import Drafter, ModelDrafter
 from localspec.decoding.engine import Done, GenerationConfig
 from localspec.decoding.policy import CostModel
-from localspec.sampling import SamplingParams
 from localspec.decoding.stats import SpecStats, format_choices
 from localspec.errors import UsageError
 from localspec.families import registry
 from localspec.families.base import DrafterFamily
 from localspec.options import MAX_K, default_k
 from localspec.pipeline import Pipeline
+from localspec.sampling import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -119,18 +121,28 @@ class RunResult:
 class SuiteCosts:
     suite: str
     n_context: int
-    costs: CostModel  # the median over repetitions of each measured cost
-    per_rep: list[CostModel] = field(default_factory=list)
+    costs: CostModel  # the median of each cost over all its timings (every repetition's)
+    per_rep: list[CostModel] = field(default_factory=list)  # each repetition's medians
+    samples: CostSamples = field(default_factory=CostSamples)  # every timing, pooled over repetitions
 
-    def add(self, measured: CostModel) -> None:
-        self.per_rep.append(measured)
-        sizes = sorted(set().union(*(c.target for c in self.per_rep)))
-        target = {n: statistics.median(c.target[n] for c in self.per_rep if n in c.target) for n in sizes}
-        drafts = [c.draft_token for c in self.per_rep if c.draft_token is not None]
-        rollback = statistics.median(c.rollback_round for c in self.per_rep)
-        self.costs = CostModel(
-            target=target, draft_token=statistics.median(drafts) if drafts else None, rollback_round=rollback
-        )
+    def add(self, measured: CostSamples) -> None:
+        self.per_rep.append(measured.model())
+        self.samples.extend(measured)
+        self.costs = self.samples.model()
+
+    @property
+    def verdict(self) -> Verdict:
+        """Whether these timings can carry the analytic bound (localspec.bench.costs)."""
+        return judge(self.costs.target, self.samples)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "n_context": self.n_context,
+            **self.costs.as_dict(),
+            "per_rep": [x.as_dict() for x in self.per_rep],
+            "timings": self.samples.to_json(),
+            **self.verdict.to_json(),
+        }
 
 
 @dataclass
@@ -164,10 +176,7 @@ class BenchResult:
             "suites": self.suites,
             "wall_s": self.wall_s,
             "interrupted": self.interrupted,
-            "costs": {
-                s: {"n_context": c.n_context, **c.costs.as_dict(), "per_rep": [x.as_dict() for x in c.per_rep]}
-                for s, c in self.costs.items()
-            },
+            "costs": {s: c.to_json() for s, c in self.costs.items()},
             "runs": [{**asdict(r), "stats": r.stats.to_dict()} for r in self.runs],
             "summary": [asdict(row) for row in summarize(self)],
         }
@@ -181,16 +190,25 @@ def measure_costs(
     max_batch: int,
     reps: int = 5,
     clock: Callable[[], float] = time.perf_counter,
-) -> CostModel:
-    """T(n) and the draft's seconds per token, on a cache holding `prompt` (realistic attention): every n
-    up to 9, then the sizes long drafts use (12, 16, 24, 32 and the top), the rest interpolated."""
+) -> CostSamples:
+    """Timings of T(n) and of the draft's seconds per token, on a cache holding `prompt` (realistic
+    attention): every n up to 9, then the sizes long drafts use (12, 16, 24, 32 and the top), the rest
+    interpolated. Each size is timed `reps` times, each time right after a 1-token pass (kept as a T(1)
+    timing), cycling through the sizes, so that a busy spell slows T(1) and T(n) alike."""
     target.rollback(0)
     target.forward(list(prompt), all_logits=False)
-    drafter = ModelDrafter(draft) if draft is not None else None
-    sizes = [n for n in (*range(1, 10), 12, 16, 24, 32) if n < max_batch] + [max_batch]
-    return calibrate(
-        target, drafter, prompt, max_batch=max_batch, sizes=sizes, reps=reps, clock=clock, stat=statistics.median
-    )
+    sizes = [n for n in (*range(2, 10), 12, 16, 24, 32) if n < max_batch] + [max(max_batch, 1)]
+    out = CostSamples()
+    for i in range(reps):
+        shift = i % len(sizes)
+        for n in sizes[shift:] + sizes[:shift]:  # rotated: no size always timed first
+            out.add_target(time_target(target, [1, n], reps=1, clock=clock))  # n = 1: a lone T(1)
+    if target.info.is_recurrent:  # a KV cache is cut in microseconds: not worth the passes
+        time_rollback(target, max_batch - 1, reps=reps, clock=clock, stat=keeping(out.rollback))
+    if draft is not None:
+        tokens = max(2, min(max_batch, 4))
+        time_drafter(ModelDrafter(draft), prompt, tokens_per_draft=tokens, reps=reps, clock=clock, stat=keeping(out.draft_token))
+    return out
 
 
 def run_bench(
@@ -255,15 +273,15 @@ def _measure_all(
     t0 = time.perf_counter()
     for rep in range(reps):
         for suite in suites:
-            # The cost curve is measured in every repetition too (median over them), so that a busy spell
-            # during one measurement does not decide the bound.
+            # The cost curve is measured in every repetition too (all timings pooled, localspec.bench.costs), so
+            # that a busy spell during one measurement does not decide the bound, or shows in its spread.
             first = prompts[suite.name][0]
             progress(f"measuring costs on {suite.name} ({len(first)} tokens of context)")
             measured = measure_costs(
                 pipeline.target, pipeline.draft, first, max_batch=k_top + 1, reps=cost_reps, clock=pipeline.clock
             )
             if suite.name not in result.costs:
-                result.costs[suite.name] = SuiteCosts(suite.name, len(first), measured)
+                result.costs[suite.name] = SuiteCosts(suite.name, len(first), measured.model())
             result.costs[suite.name].add(measured)
             for pi, prompt in enumerate(prompts[suite.name]):
                 order = list(methods)
@@ -321,7 +339,7 @@ class Row:
     acceptance: float | None
     mean_accepted_length: float
     acceptance_by_position: tuple[float, ...]
-    bound_speedup: float | None  # what the measured costs allow for the measured acceptance
+    bound_speedup: float | None  # what the measured costs allow for the measured acceptance (None: unreliable)
     of_bound: float | None  # speedup / bound_speedup
     decisions: str = ""
     verify_ms: float = 0.0  # target time per round (verify pass and rollback)
@@ -333,7 +351,7 @@ def summarize(result: BenchResult) -> list[Row]:
     for suite in result.suites:
         if suite not in result.costs:
             continue
-        costs = result.costs[suite].costs
+        costs, reliable = result.costs[suite].costs, result.costs[suite].verdict.reliable
         plain = _per_rep_tps(result, suite, "none")
         for m in result.methods:
             runs = [r for r in result.runs if r.suite == suite and r.method == m.label]
@@ -347,7 +365,8 @@ def summarize(result: BenchResult) -> list[Row]:
             n_rounds = sum(r.stats.n_rounds for r in runs)
             by_d = _sum_tuples([r.stats.drafted_by_position for r in runs])
             by_a = _sum_tuples([r.stats.accepted_by_position for r in runs])
-            bound = _bound_speedup(runs, costs, m) if _fixed_drafts(m.method) else None
+            # No bound from timings that cannot be trusted (bench prints why instead).
+            bound = _bound_speedup(runs, costs, m) if reliable and _fixed_drafts(m.method) else None
             speedup = statistics.median(speed) if speed else 0.0
             decisions = Counter[str]()
             for r in runs:

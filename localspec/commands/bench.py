@@ -22,7 +22,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="measure plain vs speculative decoding on this machine",
         description="Run built-in prompt suites (code generation, code editing, chat, long-context summary) with "
         "plain decoding, n-gram and model drafting at several k, and auto; print decode tokens/s, speedup, "
-        "acceptance, and the speedup the measured costs allow (the analytic bound).",
+        "acceptance, and the speedup the measured costs allow (the analytic bound; withheld, with the reason, when "
+        "the cost timings spread too widely or form an implausible curve, as on a busy machine).",
     )
     add_model_options(p, method=False)  # bench runs every method itself (--methods)
     g = p.add_argument_group("benchmark")
@@ -35,7 +36,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         f"give way to the head's: e.g. eagle3:2,eagle3:4 (default then: {HEAD_DEFAULT_METHODS.format(m='HEAD')})",
     )
     g.add_argument("--reps", type=int, default=2, help="repetitions of every run, interleaved (default: 2)")
-    g.add_argument("--cost-reps", type=int, default=5, help="timings per batch size for the cost curve (default: 5)")
+    g.add_argument(
+        "--cost-reps",
+        type=int,
+        default=5,
+        help="timings per batch size for the cost curve in each repetition, each right after a 1-token pass "
+        "(default: 5)",
+    )
     g.add_argument("--prompts", type=int, default=None, help="prompts per suite (default: all, 2 each)")
     g.add_argument("--max-tokens", type=int, default=96, help="tokens generated per run (default: 96)")
     g.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default: 0)")
@@ -49,9 +56,9 @@ def run(args: argparse.Namespace) -> int:
     from localspec.bench.measure import parse_methods, run_bench
     from localspec.bench.report import bench_lines
     from localspec.bench.suites import suites
-    from localspec.sampling import SamplingParams
     from localspec.commands.first_use import model_options_from_args
     from localspec.pipeline import load_pipeline
+    from localspec.sampling import SamplingParams
 
     if args.reps < 1 or args.max_tokens < 2:
         raise UsageError("--reps must be >= 1 and --max-tokens >= 2", "try --reps 2 --max-tokens 96")
