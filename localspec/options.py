@@ -192,15 +192,6 @@ class GenerationSettings:
         )
 
 
-def generation_config(
-    *, method: str, k: int | None = None, pair_k: int | None = None, rule: str = DEFAULT_RULE,
-    temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, seed: int | None = None,
-    max_tokens: int = DEFAULT_MAX_TOKENS,
-) -> GenerationConfig:  # fmt: skip
-    """TEMPORARY: the server's requests still call this; they move to GenerationSettings next."""
-    return GenerationSettings(method, k, pair_k, rule, temperature, top_k, top_p, min_p, seed, max_tokens).config()
-
-
 def generation_config_from_args(args: argparse.Namespace) -> GenerationConfig:
     return GenerationSettings.from_args(args).config()
 

@@ -18,7 +18,9 @@ import pytest
 openai = pytest.importorskip("openai")
 parser = pytest.importorskip("prometheus_client.parser")
 
-from serve_process import ServeProcess, httpx  # noqa: E402
+from serve_process import ServeProcess, httpx
+
+from localspec.options import FIXED_K
 
 PROMPT = "Write a short story about a robot who learns to paint."
 
@@ -113,7 +115,8 @@ def test_stats_fields_present_and_consistent(server: ServeProcess) -> None:
     assert r.usage.prompt_tokens_details.cached_tokens == t["cache_n"]
     assert 0 <= t["draft_n_accepted"] <= t["draft_n"] and t["draft_n"] > 0
     assert t["acceptance_rate"] == pytest.approx(t["draft_n_accepted"] / t["draft_n"])
-    assert t["mean_accepted_length"] == pytest.approx((t["draft_n_accepted"] + t["rounds"]) / t["rounds"])
+    # tokens per target pass: what the rounds added after the prompt pass's first token
+    assert t["mean_accepted_length"] == pytest.approx((t["predicted_n"] - 1) / t["rounds"])
     assert sum(t["accepted_by_position"]) == t["draft_n_accepted"] and sum(t["drafted_by_position"]) == t["draft_n"]
     if t["predicted_n"] > 1:
         assert t["predicted_per_second"] == pytest.approx((t["predicted_n"] - 1) / (t["predicted_ms"] / 1000), rel=1e-6)
@@ -201,7 +204,7 @@ def test_greedy_output_equals_run(server: ServeProcess, tiny_ggufs) -> None:  # 
     prompt = "Explain why the sky is blue."
     run = subprocess.run([sys.executable, "-m", "localspec.cli", "run", prompt, "--target", str(target), "--draft",
                           str(draft), "--draft-method", "model", "-k", "3", "--n-ctx", "512", "--max-tokens", "32",
-                          "--json"], capture_output=True, text=True, timeout=300)  # fmt: skip
+                          "--json"], capture_output=True, text=True, check=False, timeout=300)  # fmt: skip
     assert run.returncode == 0, run.stderr
     expected = json.loads(run.stdout)
     r = chat(server.client(), prompt, max_tokens=32)
@@ -215,8 +218,117 @@ def test_speculative_extension_per_request(server: ServeProcess) -> None:
     assert plain["draft_method"] == "none" and plain["draft_n"] == 0
     ngram = chat(client, extra_body={"speculative": {"method": "ngram", "k": 2}}).model_extra["timings"]
     assert ngram["draft_method"] == "ngram" and ngram["k"] == 2
+    # serve's -k 3 is its own method's; another method without k drafts its own default length
+    assert chat(client, extra_body={"speculative": {"method": "ngram"}}).model_extra["timings"]["k"] == FIXED_K
+    assert chat(client, extra_body={"speculative": {"method": "model"}}).model_extra["timings"]["k"] == 3
     with pytest.raises(openai.BadRequestError, match="speculative.method"):
         chat(client, extra_body={"speculative": {"method": "magic"}})
+
+
+def _head_method_errors(s: ServeProcess) -> dict[str, dict[str, Any]]:
+    """Each head family asked for per request: its error (400 expected), by method."""
+    from localspec.families import registry
+
+    out = {}
+    for fam in registry.head_families():
+        body = {"messages": HELLO, "max_tokens": 4, "speculative": {"method": fam.name}}
+        err = _assert_openai_error(_post(s, CHAT, json=body), 400, code="invalid_value")
+        assert err["type"] == "invalid_request_error" and err["param"] == "speculative.method", err
+        assert f"speculative.method {fam.name} cannot draft on this server" in err["message"]
+        out[fam.name] = err
+    return out
+
+
+def test_a_head_method_the_draft_model_cannot_run_is_a_400(server: ServeProcess) -> None:
+    """A head family asked of a server whose draft is an ordinary model: the client's mistake (400, which
+    the openai client does not retry), saying why; not a 500 from building the drafter."""
+    errors = _head_method_errors(server)
+    assert "not an EAGLE-3 head" in errors["eagle3"]["message"]
+    assert "not a DFlash drafter" in errors["dflash"]["message"]
+    assert "no MTP layers" in errors["mtp"]["message"]
+    # Checked before the request is queued: a stream is refused with a 400 too, not begun and then ended
+    # by an error event.
+    streamed = _post(server, CHAT, json={"messages": HELLO, "stream": True, "speculative": {"method": "eagle3"}})
+    assert _assert_openai_error(streamed, 400)["param"] == "speculative.method"
+    with pytest.raises(openai.BadRequestError):  # max_retries=0 aside, a 400 is never retried
+        chat(server.client(), extra_body={"speculative": {"method": "eagle3"}})
+    assert chat(server.client(), max_tokens=2).choices[0].message.content is not None  # still serving
+
+
+@pytest.fixture(scope="module")
+def glm_mtp(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> Path:
+    """A tiny glm4moe target whose file keeps an MTP layer."""
+    from gguf_factory import write_tiny_glm4moe
+
+    path = tmp_path_factory.mktemp("serve-mtp") / "glm4moe-mtp.gguf"
+    write_tiny_glm4moe(path, smollm2_path, seed=0)
+    return path
+
+
+def test_mtp_on_a_target_loaded_without_its_layers_is_a_400(glm_mtp: Path) -> None:
+    """The target's file has MTP layers, but the server loaded it for plain decoding (without them)."""
+    s = ServeProcess("--target", str(glm_mtp), "--draft-method", "none", "--n-ctx", "256")
+    try:
+        body = {"prompt": "Once upon a time", "max_tokens": 4, "speculative": {"method": "mtp"}}
+        err = _assert_openai_error(_post(s, "/v1/completions", json=body), 400, code="invalid_value")
+        assert err["param"] == "speculative.method" and "loaded without" in err["message"], err
+        assert "--draft-method mtp" in err["message"]
+    finally:
+        s.close()
+    own = ServeProcess("--target", str(glm_mtp), "--draft-method", "mtp", "--n-ctx", "256")
+    try:
+        body = {"prompt": "Once upon a time", "max_tokens": 4, "speculative": {"method": "mtp"}}
+        r = _post(own, "/v1/completions", json=body)
+        assert r.status_code == 200 and r.json()["timings"]["draft_method"] == "mtp", r.text
+    finally:
+        own.close()
+
+
+def test_a_head_method_the_server_has_the_head_for_runs_per_request(eagle3_pair: tuple[Path, Path]) -> None:
+    """The check up front refuses only what cannot run: with an EAGLE-3 head loaded (auto drives it), a
+    request may ask for eagle3 itself; a draft model it has not got is still a 400."""
+    target, head = eagle3_pair
+    s = ServeProcess("--target", str(target), "--draft", str(head), "--draft-method", "auto", "--n-ctx", "512")
+    try:
+        body = {"messages": HELLO, "max_tokens": 8, "temperature": 0, "speculative": {"method": "eagle3", "k": 2}}
+        r = _post(s, CHAT, json=body)
+        assert r.status_code == 200, r.text
+        assert r.json()["timings"]["draft_method"] == "eagle3"
+        err = _assert_openai_error(_post(s, CHAT, json={**body, "speculative": {"method": "model"}}), 400)
+        assert err["param"] == "speculative.method" and "needs a draft model" in err["message"]
+    finally:
+        s.close()
+
+
+SETTINGS_ONLY = """
+import json, sys
+from fastapi.testclient import TestClient
+from localspec.cli import build_parser
+from localspec.commands.first_use import model_options_from_args
+from localspec.commands.serve import build_server
+args = build_parser().parse_args(["serve", "--target", sys.argv[1], "--draft-method", "none", "--n-ctx", "256",
+                                  "--threads", "1", "--temperature", "0.7", "--seed", "9", "--max-tokens", "3"])
+app, pipeline, name = build_server(args, model_options_from_args(args))
+try:
+    with TestClient(app) as client:
+        for body in ({}, {"seed": 4, "max_tokens": 2, "temperature": 0}):
+            r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}], **body})
+            print(json.dumps(r.json()))
+finally:
+    pipeline.close()
+"""
+
+
+def test_requests_are_serves_generation_settings_with_their_fields_replaced(tiny_ggufs) -> None:  # type: ignore[no-untyped-def]
+    """serve's flags are a GenerationSettings; a request replaces the fields it sets."""
+    r = subprocess.run([sys.executable, "-c", SETTINGS_ONLY, str(tiny_ggufs[0])], capture_output=True, text=True,
+                       check=False, timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    defaults, replaced = (json.loads(line) for line in r.stdout.splitlines())
+    t = defaults["timings"]
+    assert (t["seed"], t["rule"], defaults["usage"]["completion_tokens"]) == (9, "exact", 3)  # serve's flags
+    t = replaced["timings"]
+    assert (t["seed"], t["rule"], replaced["usage"]["completion_tokens"]) == (4, "greedy", 2)  # the request's
 
 
 # -- the cache, the queue, disconnects -------------------------------------------------------------------
@@ -311,6 +423,7 @@ def _assert_openai_error(r: httpx.Response, status: int, *, code: str | None = N
 
 CHAT = "/v1/chat/completions"
 HELLO = [{"role": "user", "content": "hello"}]
+USAGE = "stream_options.include_usage"
 
 
 @pytest.mark.parametrize(
@@ -326,6 +439,20 @@ HELLO = [{"role": "user", "content": "hello"}]
         ({"json": {"messages": HELLO, "temperature": -1}}, 400, "invalid_value", None),
         ({"json": {"messages": [{"role": "tool", "content": "x"}]}}, 400, "invalid_value", "messages[0].role"),
         ({"json": {"messages": HELLO, "model": "gpt-4"}}, 404, "model_not_found", "model"),
+        # strict types: nothing is coerced (a bool is no int, a string no number, "yes" no bool)
+        ({"json": {"messages": HELLO, "max_tokens": True}}, 400, "invalid_type", "max_tokens"),
+        ({"json": {"messages": HELLO, "max_tokens": "10"}}, 400, "invalid_type", "max_tokens"),
+        ({"json": {"messages": HELLO, "max_tokens": 10.0}}, 400, "invalid_type", "max_tokens"),
+        ({"json": {"messages": HELLO, "stream": "yes"}}, 400, "invalid_type", "stream"),
+        ({"json": {"messages": HELLO, "stream": 1}}, 400, "invalid_type", "stream"),
+        ({"json": {"messages": HELLO, "temperature": True}}, 400, "invalid_type", "temperature"),
+        ({"json": {"messages": HELLO, "top_p": "0.5"}}, 400, "invalid_type", "top_p"),
+        ({"json": {"messages": HELLO, "seed": "7"}}, 400, "invalid_type", "seed"),
+        ({"json": {"messages": HELLO, "stop": 5}}, 400, "invalid_type", "stop"),
+        ({"json": {"messages": HELLO, "speculative": {"k": "2"}}}, 400, "invalid_type", "speculative.k"),
+        ({"json": {"messages": HELLO, "stream_options": {"include_usage": 1}}}, 400, "invalid_type", USAGE),
+        ({"json": {"messages": [{"role": "user", "content": 5}]}}, 400, "invalid_type", "messages[0].content"),
+        ({"json": {"messages": [{"role": True, "content": "x"}]}}, 400, "invalid_type", "messages[0].role"),
     ],
 )
 def test_request_errors_are_openai_shaped(server: ServeProcess, send: dict[str, Any], status: int, code: str,
@@ -333,6 +460,33 @@ def test_request_errors_are_openai_shaped(server: ServeProcess, send: dict[str, 
     err = _assert_openai_error(_post(server, CHAT, **send), status, code=code)
     assert err["param"] == param
     assert err["type"] == ("not_found_error" if status == 404 else "invalid_request_error")
+
+
+def test_ints_for_numbers_and_nulls_for_optional_fields_are_accepted(server: ServeProcess) -> None:
+    """Strict, not stricter: an integer where a number is expected, and JSON null where OpenAI's fields are
+    optional (clients send `"stop": null`, `"stream": null`)."""
+    nulls = {key: None for key in ("model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
+                                   "n", "stream", "stream_options", "logprobs", "speculative",
+                                   "max_completion_tokens", "top_logprobs")}  # fmt: skip
+    r = _post(server, CHAT, json={"messages": HELLO, **nulls})
+    assert r.status_code == 200 and r.json()["object"] == "chat.completion", r.text  # null stream: not streamed
+    ints = {"messages": HELLO, "max_tokens": 4, "temperature": 1, "top_p": 1, "min_p": 0, "seed": 3}
+    r = _post(server, CHAT, json=ints)
+    assert r.status_code == 200, r.text
+    assert r.json()["timings"]["seed"] == 3
+    done = _post(server, "/v1/completions", json={"prompt": "Hi", "max_tokens": 2, "echo": None, "prompt_tokens": None})
+    assert done.status_code == 200, done.text
+    tok = _post(server, "/tokenize", json={"content": "hi", "add_special": "yes"})
+    _assert_openai_error(tok, 400, code="invalid_type")
+
+
+def test_wrong_http_method_is_an_invalid_request(server: ServeProcess) -> None:
+    """405 in OpenAI's shape: the request's mistake (invalid_request_error), with the methods allowed."""
+    r = httpx.get(f"{server.url}{CHAT}")
+    err = _assert_openai_error(r, 405, code="method_not_allowed")
+    assert err["type"] == "invalid_request_error" and "GET" in err["message"]
+    assert r.headers.get("allow") == "POST"
+    assert _assert_openai_error(httpx.post(f"{server.url}/v1/models"), 405)["type"] == "invalid_request_error"
 
 
 def test_context_overflow_and_body_limit(server: ServeProcess) -> None:
@@ -362,6 +516,12 @@ def test_api_key_required_and_compared_and_cors(tiny_ggufs) -> None:  # type: ig
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
             r = httpx.post(f"{s.url}{CHAT}", json={"messages": HELLO}, headers=headers)
             _assert_openai_error(r, 401, code="invalid_api_key")
+        # Keys that share the real one's start: all of it compared, not a prefix of it (nor of them).
+        for near in ("s3cr", "s3cra", "s3crXXXX", "s3cre", "s3cret2", "s3cret s3cret", "S3CRET"):
+            for headers in ({"Authorization": f"Bearer {near}"}, {"X-API-Key": near}):
+                r = httpx.post(f"{s.url}{CHAT}", json={"messages": HELLO, "max_tokens": 1}, headers=headers)
+                _assert_openai_error(r, 401, code="invalid_api_key")
+        assert httpx.get(f"{s.url}/v1/models", headers={"X-API-Key": "s3cret"}).status_code == 200
         assert httpx.get(f"{s.url}/v1/models").status_code == 401
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=f"{s.url}/v1", api_key="wrong", max_retries=0).models.list()
@@ -444,26 +604,26 @@ def test_errors_are_counted(server: ServeProcess) -> None:
 
 def test_print_vllm_uses_the_catalogs_base_models() -> None:
     r = subprocess.run([sys.executable, "-m", "localspec.cli", "serve", "--pair", "qwen2.5-coder-1.5b", "--print-vllm",
-                        "-k", "5"], capture_output=True, text=True, timeout=60)  # fmt: skip
+                        "-k", "5"], capture_output=True, text=True, check=False, timeout=60)  # fmt: skip
     assert r.returncode == 0, r.stderr
     cmd = r.stdout.strip()
     assert cmd.startswith("vllm serve Qwen/Qwen2.5-Coder-1.5B-Instruct --speculative-config ")
     config = json.loads(cmd.split("--speculative-config ")[1].split(" --")[0].strip("'"))
     assert config == {"method": "draft_model", "model": "Qwen/Qwen2.5-Coder-0.5B-Instruct", "num_speculative_tokens": 5}
     ngram = subprocess.run([sys.executable, "-m", "localspec.cli", "serve", "--pair", "qwen2.5-coder-1.5b",
-                            "--print-vllm", "--draft-method", "ngram"], capture_output=True, text=True, timeout=60)  # fmt: skip
+                            "--print-vllm", "--draft-method", "ngram"], capture_output=True, text=True, check=False, timeout=60)  # fmt: skip
     assert '"method": "ngram"' in ngram.stdout and '"num_speculative_tokens": 4' in ngram.stdout
     bare = subprocess.run([sys.executable, "-m", "localspec.cli", "serve", "--print-vllm", "--target", "x.gguf"],
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+                          capture_output=True, text=True, check=False, timeout=60)  # fmt: skip
     assert bare.returncode == 2 and "needs a catalog pair" in bare.stderr and "Traceback" not in bare.stderr
     default = subprocess.run([sys.executable, "-m", "localspec.cli", "serve", "--print-vllm"],
-                             capture_output=True, text=True, timeout=60)  # fmt: skip
+                             capture_output=True, text=True, check=False, timeout=60)  # fmt: skip
     assert default.returncode == 0 and default.stdout.startswith("vllm serve Qwen/Qwen2.5-Coder-1.5B-Instruct ")
 
 
 def test_bad_server_flags_are_refused_before_loading(tiny_ggufs) -> None:  # type: ignore[no-untyped-def]
     r = subprocess.run([sys.executable, "-m", "localspec.cli", "serve", "--target", str(tiny_ggufs[0]), "--port", "-5"],
-                       capture_output=True, text=True, timeout=60)  # fmt: skip
+                       capture_output=True, text=True, check=False, timeout=60)  # fmt: skip
     assert r.returncode == 2 and "--port -5" in r.stderr and "Traceback" not in r.stderr
 
 

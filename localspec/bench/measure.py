@@ -381,7 +381,7 @@ def summarize(result: BenchResult) -> list[Row]:
                     tps_max=max(vals, default=0.0),
                     speedup=speedup,
                     acceptance=n_accepted / n_drafted if n_drafted else None,
-                    mean_accepted_length=(n_accepted + n_rounds) / n_rounds if n_rounds else 0.0,
+                    mean_accepted_length=sum(r.stats.decode_tokens for r in runs) / n_rounds if n_rounds else 0.0,  # as SpecStats
                     acceptance_by_position=tuple(a / d if d else 0.0 for a, d in zip(by_a, by_d)),
                     bound_speedup=bound,
                     of_bound=speedup / bound if bound else None,

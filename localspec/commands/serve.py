@@ -7,6 +7,7 @@ import argparse
 import ipaddress
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,11 +15,10 @@ from localspec.commands.first_use import model_options_from_args
 from localspec.errors import UsageError
 from localspec.options import (
     DEFAULT_MAX_TOKENS,
+    GenerationSettings,
     ModelOptions,
     add_generation_options,
     add_model_options,
-    generation_config_from_args,
-    pair_num_draft,
 )
 
 DEFAULT_HOST = "127.0.0.1"
@@ -79,7 +79,7 @@ def serve(args: argparse.Namespace) -> int:
         return 0
     if args.max_tokens is not None and args.max_tokens < 1:
         raise UsageError(f"--max-tokens must be at least 1, got {args.max_tokens}", "leave it out: answers end with the context")
-    generation_config_from_args(_with_max_tokens(args))  # refuse bad flags before any model loads
+    GenerationSettings.from_args(args).config(room=DEFAULT_MAX_TOKENS)  # refuse bad flags before any model loads
     opts = model_options_from_args(args)
     if not is_loopback(args.host) and not args.api_key:
         print(f"warning: serving on {args.host} without --api-key: anyone who can reach this port can use the model",
@@ -106,19 +106,15 @@ def build_server(args: argparse.Namespace, opts: ModelOptions) -> tuple[FastAPI,
     the pipeline."""
     from localspec.pipeline import load_pipeline
     from localspec.server.app import ServerSettings, create_app
-    from localspec.server.requests import Defaults
 
     pipeline = load_pipeline(opts)
     try:
         name = args.model_name or opts.pair or Path(opts.target).name.removesuffix(".gguf")
         settings = ServerSettings(
             model_name=name,
-            defaults=Defaults(
-                method=opts.draft_method, k=args.num_draft,
-                pair_k=pair_num_draft(args.pair) if args.pair else None, rule=args.rule,
-                temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed,
-                max_tokens=args.max_tokens, system=args.system,
-            ),  # fmt: skip
+            # the method the models were loaded for (a catalog pair whose draft is a head has its own)
+            defaults=replace(GenerationSettings.from_args(args), method=opts.draft_method),
+            model_aliases=(opts.pair,) if opts.pair and opts.pair != name else (),
             api_key=args.api_key or None,
             max_queue=args.max_queue,
             cors_origins=tuple(args.cors_origin),
@@ -151,9 +147,3 @@ def is_loopback(host: str) -> bool:
 def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
-
-def _with_max_tokens(args: argparse.Namespace) -> argparse.Namespace:
-    """The flags with a concrete max_tokens, only to validate them through the shared options."""
-    ns = argparse.Namespace(**vars(args))
-    ns.max_tokens = args.max_tokens or DEFAULT_MAX_TOKENS
-    return ns

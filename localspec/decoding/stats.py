@@ -106,8 +106,12 @@ class SpecStats:
 
     @property
     def mean_accepted_length(self) -> float:
-        """Tokens per target pass: accepted drafts + 1, averaged over rounds (1.0 for plain decoding)."""
-        return (self.n_accepted + self.n_rounds) / self.n_rounds if self.n_rounds else 0.0
+        """Tokens per target pass: what each round added to the answer (its accepted drafts and the target's
+        own token; RoundStats.n_emitted), averaged over every round, drafted or not: 1.0 for plain decoding.
+        A round that ends the answer counts only what came before the end-of-generation token (drafts it
+        accepted past that token are no part of the answer). 0.0 when no round ran: the prompt pass
+        alone wrote the answer (one token at most). Equal to (n_generated - 1) / n_rounds."""
+        return self.decode_tokens / self.n_rounds if self.n_rounds else 0.0
 
     @property
     def acceptance_by_position(self) -> tuple[float, ...]:

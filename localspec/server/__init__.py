@@ -1,6 +1,6 @@
 """`localspec serve`: an OpenAI-compatible HTTP server over one loaded pipeline.
 
-    schemas.py   request bodies (pydantic; unknown fields ignored, as OpenAI-compatible servers do)
+    schemas.py   request bodies (pydantic, strict types; unknown fields ignored, as OpenAI-compatible servers do)
     errors.py    OpenAI-shaped error bodies and the exceptions that carry them
     requests.py  a request body -> prompt tokens, GenerationConfig, drafter method, stop strings
     stops.py     stop strings over a text stream, holding back what could still become one

@@ -21,13 +21,31 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from localspec.options import GenerationSettings
 from localspec.pipeline import Pipeline
 from localspec.server.errors import APIError
 from localspec.server.metrics import Metrics
-from localspec.server.requests import Defaults, GenerationRequest, chat_request, completion_request
-from localspec.server.responses import ResponseIds, chunk, full_response, sse, usage_chunk
+from localspec.server.requests import (
+    GenerationRequest,
+    Served,
+    chat_request,
+    completion_request,
+)
+from localspec.server.responses import (
+    ResponseIds,
+    chunk,
+    full_response,
+    sse,
+    usage_chunk,
+)
 from localspec.server.scheduler import Job, Outcome, Scheduler
-from localspec.server.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from localspec.server.schemas import (
+    FIELD_NAMES,
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
 
 DEFAULT_MAX_BODY = 8 * 1024 * 1024
 OPEN_PATHS = ("/health",)  # answered without the API key (load balancers, `curl` checks)
@@ -35,8 +53,9 @@ OPEN_PATHS = ("/health",)  # answered without the API key (load balancers, `curl
 
 @dataclass(frozen=True)
 class ServerSettings:
-    model_name: str
-    defaults: Defaults
+    model_name: str  # the id /v1/models lists and responses carry
+    defaults: GenerationSettings  # serve's flags: what a request gets for each field it leaves out
+    model_aliases: tuple[str, ...] = ()  # other ids a request may name (the catalog pair under --model-name)
     api_key: str | None = None
     max_queue: int = 16
     cors_origins: tuple[str, ...] = ()
@@ -46,6 +65,7 @@ class ServerSettings:
 
 def create_app(pipeline: Pipeline, settings: ServerSettings) -> FastAPI:
     metrics = Metrics()
+    served = Served(pipeline, settings.defaults, (settings.model_name, *settings.model_aliases))
     state: dict[str, Scheduler] = {}
 
     @asynccontextmanager
@@ -76,8 +96,9 @@ def create_app(pipeline: Pipeline, settings: ServerSettings) -> FastAPI:
 
     @app.exception_handler(405)
     async def not_allowed(request: Request, e: Exception) -> JSONResponse:
+        allow = getattr(e, "headers", None) or {}  # Starlette's 405 says which methods the route takes
         return await api_error(request, APIError(405, f"{request.method} is not allowed on {request.url.path}",
-                                                 None, "method_not_allowed"))  # fmt: skip
+                                                 None, "method_not_allowed", dict(allow)))  # fmt: skip
 
     # -- routes ---------------------------------------------------------------------------------------
 
@@ -90,18 +111,18 @@ def create_app(pipeline: Pipeline, settings: ServerSettings) -> FastAPI:
         info = pipeline.target.info
         meta = {"backend": pipeline.backend, "target": info.path, "n_ctx": info.n_ctx,
                 "draft": pipeline.options.draft if pipeline.has_draft_model else None,
-                "draft_method": settings.defaults.method}  # fmt: skip
+                "draft_method": settings.defaults.method, "aliases": list(settings.model_aliases)}  # fmt: skip
         return {"object": "list", "data": [{"id": settings.model_name, "object": "model", "created": CREATED,
                                             "owned_by": "localspec", "meta": meta}]}  # fmt: skip
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
-        req = await run_in_threadpool(chat_request, body, pipeline, settings.defaults, settings.model_name)
+        req = await run_in_threadpool(chat_request, body, served)
         return await generation_response(request, req)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        req = await run_in_threadpool(completion_request, body, pipeline, settings.defaults, settings.model_name)
+        req = await run_in_threadpool(completion_request, body, served)
         return await generation_response(request, req)
 
     @app.post("/tokenize")
@@ -175,14 +196,26 @@ CREATED = int(time.time())
 def validation_error(e: RequestValidationError) -> APIError:
     errors = e.errors()
     first = errors[0] if errors else {}
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    param = error_param(first.get("loc", ()))
     if first.get("type") == "json_invalid":
         return APIError(400, f"the request body is not valid JSON: {first.get('ctx', {}).get('error', '')}".rstrip(": "),
                         None, "invalid_json")  # fmt: skip
-    if first.get("type") == "missing" and not loc:
+    if first.get("type") == "missing" and not param:
         return APIError(400, "the request needs a JSON body", None, "invalid_value")
-    param = ".".join(loc) or None
-    return APIError(400, f"{param or 'body'}: {first.get('msg', 'invalid value')}", param, "invalid_type")
+    got = f", got {json.dumps(first['input'])[:40]}" if "input" in first and first.get("type") != "missing" else ""
+    return APIError(400, f"{param or 'body'}: {first.get('msg', 'invalid value')}{got}", param, "invalid_type")
+
+
+def error_param(loc: tuple[Any, ...] | list[Any]) -> str | None:
+    """A validation error's location as OpenAI names a parameter (`messages[0].content`): field names
+    and list indexes, without pydantic's `body` prefix and the union member tags (`str`, `list[int]`)."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in FIELD_NAMES:
+            out += f".{part}" if out else part
+    return out or None
 
 
 async def cancel_on_disconnect(receive: Receive, cancel: Callable[[], None]) -> None:
@@ -209,11 +242,10 @@ class Guard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if self.api_key is not None and scope["method"] != "OPTIONS" and scope["path"] not in OPEN_PATHS:
-            if not self._authorized(scope):
-                await self._refuse(send, APIError(401, "Incorrect or missing API key: send it as "
-                                                  "`Authorization: Bearer KEY`", None, "invalid_api_key"))  # fmt: skip
-                return
+        if self._needs_key(scope) and not self._authorized(scope):
+            await self._refuse(send, APIError(401, "Incorrect or missing API key: send it as "
+                                              "`Authorization: Bearer KEY`", None, "invalid_api_key"))  # fmt: skip
+            return
         if scope["method"] in ("POST", "PUT", "PATCH"):
             body = await self._read_body(scope, receive)
             if body is None:
@@ -222,6 +254,10 @@ class Guard:
                 return
             receive = _replay(body, receive)
         await self.app(scope, receive, send)
+
+    def _needs_key(self, scope: Scope) -> bool:
+        """A key is set, and this is no CORS preflight (browsers send those without one) nor an open path."""
+        return self.api_key is not None and scope["method"] != "OPTIONS" and scope["path"] not in OPEN_PATHS
 
     def _authorized(self, scope: Scope) -> bool:
         headers = dict(scope.get("headers") or [])

@@ -11,6 +11,7 @@ _TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
     404: "not_found_error",
+    405: "invalid_request_error",  # a route asked with the wrong method: the request's mistake, as OpenAI says
     413: "invalid_request_error",
     499: "request_cancelled",
     503: "server_overloaded",

@@ -1,38 +1,46 @@
 """From a request body to what the engine runs: prompt tokens, a GenerationConfig, the draft method
-and the stop strings. Every value goes through localspec.options, so the server refuses what `run`
-refuses, with the same words (as a 400)."""
+and the stop strings. A request is serve's GenerationSettings with the fields it sets replaced, checked
+by GenerationSettings.config, so the server refuses what `run` refuses, with the same words (as a 400).
+A draft method is checked against what the loaded models can draft with before anything runs."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from localspec.backends.base import ChatMessage
 from localspec.decoding.engine import GenerationConfig
 from localspec.errors import LocalspecError
 from localspec.families import registry
-from localspec.options import generation_config
+from localspec.options import GenerationSettings
 from localspec.pipeline import Pipeline
 from localspec.server.errors import APIError, from_localspec
-from localspec.server.schemas import ChatCompletionRequest, CompletionRequest, Endpoint, _Sampling
+from localspec.server.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    Endpoint,
+    Speculative,
+    SamplingFields,
+)
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 
 @dataclass(frozen=True)
-class Defaults:
-    """The server's flags: what a request gets for each field it leaves out."""
+class Served:
+    """What every request is read against: the loaded models, serve's flags (the defaults of the fields a
+    request leaves out) and the model ids it answers to (the served id first)."""
 
-    method: str
-    k: int | None
-    pair_k: int | None
-    rule: str
-    temperature: float
-    top_k: int
-    top_p: float
-    min_p: float
-    seed: int | None
-    max_tokens: int | None  # None: until the context is full
-    system: str | None
+    pipeline: Pipeline
+    defaults: GenerationSettings
+    model_ids: tuple[str, ...]
+    _unfit: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+
+    def method_unfit(self, method: str) -> str:
+        """Why a request may not draft with `method` here ("" when it may); found once per method."""
+        if method not in self._unfit:
+            self._unfit[method] = method_unfit(self.pipeline, method)
+        return self._unfit[method]
 
 
 @dataclass(frozen=True)
@@ -46,28 +54,29 @@ class GenerationRequest:
     include_usage: bool
 
 
-def check_model(body: _Sampling, served: str) -> None:
-    if body.model and body.model != served:
-        raise APIError(404, f"The model `{body.model}` does not exist; this server serves `{served}`.",
-                       "model", "model_not_found")  # fmt: skip
+def check_model(body: SamplingFields, served: Served) -> None:
+    if body.model and body.model not in served.model_ids:
+        raise APIError(404, f"The model `{body.model}` does not exist; this server serves "
+                       f"{' or '.join(f'`{m}`' for m in served.model_ids)}.", "model", "model_not_found")  # fmt: skip
 
 
-def chat_request(body: ChatCompletionRequest, pipeline: Pipeline, defaults: Defaults, served: str) -> GenerationRequest:
+def chat_request(body: ChatCompletionRequest, served: Served) -> GenerationRequest:
     check_model(body, served)
     if body.top_logprobs:
         raise APIError(400, "logprobs are not supported by localspec serve", "top_logprobs", "unsupported_parameter")
-    messages = chat_messages(body, defaults.system)
+    messages = chat_messages(body, served.defaults.system)
     try:
-        tokens = pipeline.prompt_tokens(messages)
+        tokens = served.pipeline.prompt_tokens(messages)
     except LocalspecError as e:
         raise from_localspec(e, param="messages") from None
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
-    return _request("chat", body, tokens, max_tokens, param, pipeline, defaults)
+    return _request("chat", body, tokens, max_tokens, param, served)
 
 
-def completion_request(body: CompletionRequest, pipeline: Pipeline, defaults: Defaults, served: str) -> GenerationRequest:
+def completion_request(body: CompletionRequest, served: Served) -> GenerationRequest:
     check_model(body, served)
+    pipeline = served.pipeline
     prompt = body.prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
         if len(prompt) != 1:
@@ -81,7 +90,7 @@ def completion_request(body: CompletionRequest, pipeline: Pipeline, defaults: De
         raise from_localspec(e, param="prompt") from None
     if any(t < 0 or t >= pipeline.target.n_vocab for t in tokens):
         raise APIError(400, "the prompt has token ids outside the model's vocabulary", "prompt", "invalid_value")
-    return _request("completion", body, tokens, body.max_tokens, "max_tokens", pipeline, defaults)
+    return _request("completion", body, tokens, body.max_tokens, "max_tokens", served)
 
 
 def chat_messages(body: ChatCompletionRequest, system: str | None) -> list[ChatMessage]:
@@ -104,18 +113,17 @@ def chat_messages(body: ChatCompletionRequest, system: str | None) -> list[ChatM
 
 def _request(
     endpoint: Endpoint,
-    body: _Sampling,
+    body: SamplingFields,
     tokens: list[int],
     max_tokens: int | None,
     max_param: str,
-    pipeline: Pipeline,
-    defaults: Defaults,
+    served: Served,
 ) -> GenerationRequest:
     if body.n not in (None, 1):
         raise APIError(400, f"n={body.n}: localspec serve returns one choice per request (n=1)", "n", "invalid_value")
     if body.logprobs:
         raise APIError(400, "logprobs are not supported by localspec serve", "logprobs", "unsupported_parameter")
-    n_ctx = pipeline.target.n_ctx
+    n_ctx = served.pipeline.target.n_ctx
     if len(tokens) >= n_ctx:
         raise APIError(
             400,
@@ -128,35 +136,68 @@ def _request(
         raise APIError(400, f"{max_param} must be at least 1, got {max_tokens}", max_param, "invalid_value")
     if body.seed is not None and body.seed < 0:
         raise APIError(400, f"seed must be 0 or more, got {body.seed}", "seed", "invalid_value")
-    room = n_ctx - len(tokens)
-    wanted = max_tokens if max_tokens is not None else defaults.max_tokens
-    spec = body.speculative
-    method = (spec.method if spec and spec.method else None) or defaults.method
+    settings = replace(served.defaults, **request_fields(body, max_tokens, served.defaults))
+    check_method(settings.method, served)
+    try:
+        config = settings.config(room=n_ctx - len(tokens))
+    except LocalspecError as e:
+        raise from_localspec(e) from None
+    stream = bool(body.stream)
+    include_usage = bool(stream and body.stream_options and body.stream_options.include_usage)
+    stops = tuple(body.stop_strings())
+    return GenerationRequest(endpoint, tokens, config, settings.method, stops, stream, include_usage)
+
+
+def request_fields(body: SamplingFields, max_tokens: int | None, defaults: GenerationSettings) -> dict[str, Any]:
+    """The GenerationSettings fields this request sets (the rest stay serve's)."""
+    spec = body.speculative or Speculative()
+    sampling = {"temperature": body.temperature, "top_k": body.top_k, "top_p": body.top_p, "min_p": body.min_p,
+                "seed": body.seed, "max_tokens": max_tokens}  # fmt: skip
+    fields = {name: value for name, value in sampling.items() if value is not None}
+    if spec.method:
+        fields["method"] = spec.method
+    if spec.k is not None:
+        fields["k"] = spec.k
+    elif spec.method and spec.method != defaults.method:
+        fields["k"] = None  # serve's -k is for its own method; another one drafts its own default length
+    if spec.rule:
+        fields["rule"] = spec.rule
+    return fields
+
+
+def check_method(method: str, served: Served) -> None:
+    """A 400 saying why, for a method unknown or one the loaded models cannot draft with (never a 500)."""
     if method not in registry.names():
         raise APIError(400, f"unknown speculative.method {method!r} (choose one of: {', '.join(registry.names())})",
                        "speculative.method", "invalid_value")  # fmt: skip
-    if method == "model" and not pipeline.has_draft_model:
-        raise APIError(400, "speculative.method model needs a draft model, and this server has none loaded",
-                       "speculative.method", "invalid_value")  # fmt: skip
-    k = spec.k if spec and spec.k is not None else (defaults.k if method == defaults.method else None)
-    try:
-        config = generation_config(
-            method=method,
-            k=k,
-            pair_k=defaults.pair_k,
-            rule=(spec.rule if spec and spec.rule else None) or defaults.rule,
-            temperature=_pick(body.temperature, defaults.temperature),
-            top_k=_pick(body.top_k, defaults.top_k),
-            top_p=_pick(body.top_p, defaults.top_p),
-            min_p=_pick(body.min_p, defaults.min_p),
-            seed=_pick(body.seed, defaults.seed),
-            max_tokens=min(wanted, room) if wanted is not None else room,
-        )
-    except LocalspecError as e:
-        raise from_localspec(e) from None
-    include_usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
-    return GenerationRequest(endpoint, tokens, config, method, tuple(body.stop_strings()), body.stream, include_usage)
+    why = served.method_unfit(method)
+    if why:
+        raise APIError(400, f"speculative.method {method} cannot draft on this server: {why}", "speculative.method",
+                       "invalid_value")  # fmt: skip
 
 
-def _pick(value, default):  # type: ignore[no-untyped-def]
-    return default if value is None else value
+def method_unfit(pipeline: Pipeline, method: str) -> str:
+    """Why `pipeline` cannot build a drafter of `method` (Pipeline.new_drafter), "" when it can: from the
+    family's table entry and the files' headers only, nothing loaded."""
+    opts = pipeline.options
+    if method == opts.draft_method:
+        return ""  # its drafter was built with the models
+    fam = registry.family(method)
+    if fam.needs == "draft_model" and not pipeline.has_draft_model:
+        return "it needs a draft model, and none is loaded (start the server with --draft PATH)"
+    if fam.needs == "draft_model":
+        return ""  # the draft model loaded is the one it drafts with (its vocabulary was checked at load)
+    why = registry.fit(method, opts.target, opts.draft, pipeline.backend)
+    if not why and fam.target_load and method != loaded_head(pipeline):
+        why = (f"the target was loaded without what {method} drafts with "
+               f"(start the server with --draft-method {method})")  # fmt: skip
+    return why
+
+
+def loaded_head(pipeline: Pipeline) -> str | None:
+    """The head family the target was loaded for (its target_load options applied), as load_pipeline
+    decides it: the method's own head, or auto's unless auto was told its head cannot pay here."""
+    opts = pipeline.options
+    if opts.family.is_head:
+        return opts.draft_method
+    return None if pipeline.draft_note else opts.auto_head

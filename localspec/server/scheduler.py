@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from localspec.decoding.drafters import Drafter
 from localspec.decoding.engine import Done
 from localspec.decoding.stats import SpecStats
-from localspec.errors import LocalspecError, error_text
+from localspec.errors import Interrupted, LocalspecError, error_text
 from localspec.pipeline import Pipeline
 from localspec.server.errors import APIError, from_localspec
 from localspec.server.metrics import Metrics
@@ -138,7 +138,7 @@ class Scheduler:
         if current is not None:
             self.cancel(current)
         self._thread.join(timeout)
-        for method, drafter in self._drafters.items():
+        for drafter in self._drafters.values():
             if drafter is not self.pipeline.drafter:
                 drafter.close()
 
@@ -176,6 +176,11 @@ class Scheduler:
             outcome = self._generate(job)
             with self._cv:
                 job.finished = True
+        except APIError as e:  # the request asked for what cannot run here (a drafter that cannot be built)
+            job.finished = True
+            self.log(f"{req.endpoint} refused: {e.message}")
+            job.push(e)
+            return
         except LocalspecError as e:  # Interrupted before any token counts as a cancel, not an error
             job.finished = True
             if job.cancelled:
@@ -184,7 +189,7 @@ class Scheduler:
             self.log(f"{req.endpoint} failed: {error_text(e)}")
             job.push(err)
             return
-        except Exception as e:  # an engine bug must not take the server down: tell this client, serve on
+        except Exception as e:  # noqa: BLE001 - an engine bug must not take the server down: tell this client
             job.finished = True
             self.log(f"{req.endpoint} failed: {error_text(e)}")
             job.push(APIError(500, f"generation failed: {error_text(e)}", None, "engine_error"))
@@ -199,7 +204,8 @@ class Scheduler:
         t0 = time.perf_counter()
         ttft: float | None = None
         done: Done | None = None
-        for event in self.pipeline.generate(req.prompt, req.config, stop=job.stop, drafter=self._drafter(req.method)):
+        drafter = self._drafter(req.method)
+        for event in self.pipeline.generate(req.prompt, req.config, stop=job.stop, drafter=drafter):
             if isinstance(event, Done):
                 done = event
                 break
@@ -224,8 +230,17 @@ class Scheduler:
         return Outcome(matcher.text, reason, done.stats, ttft if ttft is not None else time.perf_counter() - t0)
 
     def _drafter(self, method: str) -> Drafter:
+        """The drafter a request asked for, built on first use. A method the loaded models cannot draft with
+        is the request's mistake (400, not 500): requests.check_method refuses it from the headers, and this
+        covers what only building finds out (a head file that does not load)."""
         if method not in self._drafters:
-            self._drafters[method] = self.pipeline.new_drafter(method)
+            try:
+                self._drafters[method] = self.pipeline.new_drafter(method)
+            except Interrupted:
+                raise
+            except LocalspecError as e:
+                raise APIError(400, f"speculative.method {method} cannot draft on this server: {error_text(e)}",
+                               "speculative.method", "invalid_value") from None  # fmt: skip
         return self._drafters[method]
 
     def _retry_after(self) -> int:

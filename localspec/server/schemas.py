@@ -1,5 +1,9 @@
 """Request bodies of the OpenAI API, as typed models. Unknown fields are ignored (clients send many
-that a local server has no use for); wrong types fail validation and become a 400."""
+that a local server has no use for); wrong types fail validation and become a 400.
+
+Every field is strict, as OpenAI's API is: `"max_tokens": true` or `"10"` and `"stream": "yes"` are
+refused instead of read as 1, 10 and true. Only an integer is also taken where a number is expected
+(`"temperature": 1`), and JSON null wherever the field is optional."""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 class TextPart(_Body):
@@ -47,7 +51,7 @@ class Speculative(_Body):
     rule: str | None = None
 
 
-class _Sampling(_Body):
+class SamplingFields(_Body):
     model: str | None = None
     max_tokens: int | None = None
     temperature: float | None = None
@@ -57,7 +61,7 @@ class _Sampling(_Body):
     seed: int | None = None
     stop: str | list[str] | None = None
     n: int | None = None
-    stream: bool = False
+    stream: bool | None = False  # OpenAI's spec allows null (= false)
     stream_options: StreamOptions | None = None
     logprobs: bool | int | None = None
     speculative: Speculative | None = None
@@ -69,15 +73,15 @@ class _Sampling(_Body):
         return [s for s in items if s]
 
 
-class ChatCompletionRequest(_Sampling):
+class ChatCompletionRequest(SamplingFields):
     messages: list[Message] = Field(default_factory=list)
     max_completion_tokens: int | None = None
     top_logprobs: int | None = None
 
 
-class CompletionRequest(_Sampling):
+class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | None = None
-    echo: bool = False
+    echo: bool | None = False
 
 
 class TokenizeRequest(_Body):
@@ -90,3 +94,10 @@ class DetokenizeRequest(_Body):
 
 
 Endpoint = Literal["chat", "completion"]
+
+
+BODIES: tuple[type[_Body], ...] = (
+    TextPart, Message, StreamOptions, Speculative, ChatCompletionRequest, CompletionRequest, TokenizeRequest,
+    DetokenizeRequest,
+)  # fmt: skip
+FIELD_NAMES = frozenset(name for body in BODIES for name in body.model_fields)  # to name a bad field (param)
