@@ -436,7 +436,7 @@ def measure_target(s: Settings, target_path: Path, draft_path: Path, tool: Path 
     from engine_overhead import PROMPT  # type: ignore[import-not-found]
 
     from localspec.backends import llama_cpp as backend
-    from localspec.decoding.calibrate import calibrate
+    from localspec.decoding.calibrate import measure
     from localspec.decoding.drafters import ModelDrafter
 
     ngl = 0 if s.cpu else -1
@@ -450,9 +450,9 @@ def measure_target(s: Settings, target_path: Path, draft_path: Path, tool: Path 
         result["prompt_tokens"] = len(prompt)
         target.rollback(0)
         target.forward(prompt, all_logits=False)
-        costs = calibrate(
+        costs = measure(
             target, ModelDrafter(draft), prompt, max_batch=max(s.sizes), sizes=s.sizes, reps=s.reps, stat=statistics.median
-        )
+        ).costs
         result["target_s"] = {str(n): costs.target_s(n) for n in s.sizes}
         result["draft_token_s"] = costs.draft_token
         log(f"{target_path.name}: T(1) {costs.target_s(1) * 1e3:.2f} ms, T(8) {costs.target_s(8) * 1e3:.2f} ms, "

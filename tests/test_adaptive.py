@@ -21,7 +21,7 @@ from fakes import (
 )
 
 from localspec.decoding.auto import AutoDrafter, auto_ngram
-from localspec.decoding.calibrate import calibrate
+from localspec.decoding.calibrate import measure
 from localspec.decoding.drafters import ModelDrafter, NoDrafter
 from localspec.decoding.engine import Done, GenerationConfig, generate
 from localspec.decoding.policy import (
@@ -194,7 +194,7 @@ def test_calibration_measures_the_batch_curve_and_restores_the_caches() -> None:
     draft = CostedBackend(TARGET, clock, lambda n: 0.004 * n)
     target.forward(PROMPT)
     drafter = ModelDrafter(draft)
-    costs = calibrate(target, drafter, PROMPT, max_batch=5, clock=clock)
+    costs = measure(target, drafter, PROMPT, max_batch=5, clock=clock).costs
     assert costs.target == pytest.approx({n: cpu_like(n) for n in range(1, 6)})
     assert costs.draft_token == pytest.approx(0.004)
     assert list(target.cached_tokens) == PROMPT
@@ -268,9 +268,9 @@ def test_turns_speculation_off_when_the_draft_is_too_slow() -> None:
     assert all(r.n_drafted == 0 and r.note.startswith("auto: plain") for r in rounds if r.k > 0)
     assert done.stats.prompt_s == pytest.approx(gpu_like(len(PROMPT)))  # the prompt pass alone
     # Not even re-probes: no acceptance could make this draft pay. Decode time is plain decoding's plus
-    # the one calibration (timing passes on the target and a few draft tokens).
+    # the one calibration (each batch size timed three times after a 1-token pass, and a few draft tokens).
     calibration = done.stats.decode_s - 299 * gpu_like(1)
-    assert 0 < calibration < 40 * gpu_like(1)
+    assert 0 < calibration < 70 * gpu_like(1)
     # Nor is the prompt spent on it: the draft saw only the short prefix it was timed on.
     assert len(drafter.model.backend.cached_tokens) <= 32  # type: ignore[union-attr]
     # With those costs remembered (a later run), nothing is measured again and the draft is never touched.
@@ -290,8 +290,9 @@ def test_reprobes_back_off_while_the_draft_keeps_missing() -> None:
     assert 3 <= len(probes) <= 8
     gaps = [b - a for a, b in zip(probes, probes[1:])]
     assert all(b >= a - 1 for a, b in zip(gaps, gaps[1:])) and gaps[-1] > gaps[0]  # (-1: rounding at the cap)
-    # What the probes cost stays within the exploration allowance (3% of plain time, plus rounding).
-    assert done.stats.decode_s <= 1.04 * 999 * gpu_like(1)
+    # What the probes cost stays within the exploration allowance (3% of plain time, plus rounding), apart
+    # from the one calibration (in the first round's drafting time).
+    assert done.stats.decode_s - rounds[0].draft_s <= 1.04 * 999 * gpu_like(1)
 
 
 def test_no_probe_when_catching_the_draft_up_rules_out_a_win() -> None:

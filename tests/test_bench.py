@@ -317,7 +317,7 @@ def test_cost_timings_pair_every_batch_with_a_one_token_pass() -> None:
     clock = FakeClock()
     target = _Recorded(TARGET, clock, lambda n: 0.010 + 0.001 * (n - 1), n_ctx=8192)
     samples = measure_costs(target, None, list(range(5, 25)), max_batch=5, reps=3, clock=clock)
-    assert {n: len(ts) for n, ts in samples.target.items()} == {1: 12, 2: 3, 3: 3, 4: 3, 5: 3}
+    assert {n: len(ts) for n, ts in samples.target.items()} == {1: 1 + 12, 2: 3, 3: 3, 4: 3, 5: 3}  # a first T(1), then pairs
     batches = target.passes[1:]  # after the prompt
     assert all(batches[i - 1] == 1 for i, n in enumerate(batches) if n > 1)
     assert samples.model().target == pytest.approx({n: 0.010 + 0.001 * (n - 1) for n in range(1, 6)})
@@ -328,9 +328,9 @@ def test_a_busy_spell_while_timing_slows_both_sides_and_leaves_the_curve_right()
 
     clock, calls = FakeClock(), [0]
 
-    def cost(n: int) -> float:  # the prompt, then 12 passes 40x slower (a busy spell), then quiet
-        calls[0] += 1
-        return (0.010 + 0.001 * (n - 1)) * (40 if 2 <= calls[0] <= 13 else 1)
+    def cost(n: int) -> float:  # the prompt, then 10 passes 40x slower (a busy spell: the warm-up, the first
+        calls[0] += 1  # T(1) and four whole pairs), then quiet
+        return (0.010 + 0.001 * (n - 1)) * (40 if 2 <= calls[0] <= 11 else 1)
 
     target = CostedBackend(TARGET, clock, cost, n_ctx=8192)
     samples = measure_costs(target, None, list(range(5, 25)), max_batch=5, reps=5, clock=clock)

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from localspec.decoding.calibrate import PairedTimings
 from localspec.decoding.cost_cache import MAX_INVERSION, MIN_BATCH_RATIO, plausible
 from localspec.decoding.policy import CostModel
 
@@ -74,9 +75,11 @@ class CostSamples:
     draft_token: list[float] = field(default_factory=list)
     rollback: list[float] = field(default_factory=list)
 
-    def add_target(self, timed: dict[int, float]) -> None:
-        for n, t in timed.items():
-            self.target.setdefault(n, []).append(t)
+    @classmethod
+    def of_pairs(cls, timed: PairedTimings) -> CostSamples:
+        """Every timing of a paired measurement: each 1-token pass as a T(1), each batch as its T(n)."""
+        target = {1: list(timed.one), **{n: [tn for _, tn in pairs] for n, pairs in timed.pairs.items()}}
+        return cls(target={n: ts for n, ts in target.items() if ts})
 
     def extend(self, other: CostSamples) -> None:
         for n, ts in other.target.items():

@@ -28,7 +28,7 @@ from typing import Any
 from localspec.backends.base import Backend, ChatMessage
 from localspec.bench.costs import CostSamples, Verdict, judge, keeping
 from localspec.bench.suites import Suite
-from localspec.decoding.calibrate import time_drafter, time_rollback, time_target
+from localspec.decoding.calibrate import time_drafter, time_rollback, time_target_paired
 from localspec.decoding.drafters import Drafter, ModelDrafter
 from localspec.decoding.engine import Done, GenerationConfig
 from localspec.decoding.policy import CostModel
@@ -198,11 +198,7 @@ def measure_costs(
     target.rollback(0)
     target.forward(list(prompt), all_logits=False)
     sizes = [n for n in (*range(2, 10), 12, 16, 24, 32) if n < max_batch] + [max(max_batch, 1)]
-    out = CostSamples()
-    for i in range(reps):
-        shift = i % len(sizes)
-        for n in sizes[shift:] + sizes[:shift]:  # rotated: no size always timed first
-            out.add_target(time_target(target, [1, n], reps=1, clock=clock))  # n = 1: a lone T(1)
+    out = CostSamples.of_pairs(time_target_paired(target, sizes, reps=reps, clock=clock))
     if target.info.is_recurrent:  # a KV cache is cut in microseconds: not worth the passes
         time_rollback(target, max_batch - 1, reps=reps, clock=clock, stat=keeping(out.rollback))
     if draft is not None:

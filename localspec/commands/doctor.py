@@ -299,7 +299,7 @@ def _model_facts(role: str, path: str) -> dict[str, Any]:
 
 
 def _measure(args: argparse.Namespace, paths: dict[str, str]) -> dict[str, Any]:
-    from localspec.decoding.calibrate import calibrate
+    from localspec.decoding.calibrate import measure
     from localspec.options import ModelOptions
     from localspec.pipeline import load_pipeline
 
@@ -318,7 +318,7 @@ def _measure(args: argparse.Namespace, paths: dict[str, str]) -> dict[str, Any]:
         prompt = target.tokenize("def fibonacci(n):\n    " * 16, add_special=True, parse_special=False)
         target.forward(prompt, all_logits=False)
         drafter = pipeline.drafter if pipeline.draft is not None else None
-        costs = calibrate(target, drafter, prompt, max_batch=9, reps=3)
+        costs = measure(target, drafter, prompt, max_batch=9, reps=3).costs
         return {"device": target.info.device, **costs.as_dict()}
     finally:
         pipeline.close()

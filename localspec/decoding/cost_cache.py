@@ -5,6 +5,9 @@ directory ($LOCALSPEC_CACHE_DIR, else $XDG_CACHE_HOME/localspec, else ~/.cache/l
 costs/. A file is identified by its resolved path, size and modification time, so a re-downloaded or
 converted model is measured afresh. A damaged or unreadable file counts as absent; a cache that cannot
 be written is skipped silently (the next run measures again).
+
+A stored curve is a hypothesis: CurveCheck tests it against the rounds that run, and auto drops (and
+measures afresh) one they contradict.
 """
 
 from __future__ import annotations
@@ -12,8 +15,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
@@ -125,3 +129,53 @@ class CostStore:
             os.replace(tmp, self.path)  # readers never see half a file
         except OSError:
             pass
+
+    def drop(self) -> None:
+        """Forget the stored costs (contradicted by live rounds): the next run measures afresh."""
+        try:
+            self.path.unlink(missing_ok=True)
+        except OSError:
+            pass
+
+
+# A curve is contradicted when live rounds put T(n) / T(1) off its own by more than this factor either way,
+# as the median of the last CHECK_PAIRS pairs. Wide enough for what live rounds add to a forward pass
+# (sampling the rows; a few percent) and for a pair split by a busy spell (the median); narrow enough
+# for the curves seen to mislead auto (16x too steep; T(1) above T(2): about 2x off).
+CONTRADICTION = 1.5
+CHECK_PAIRS = 3
+
+
+@dataclass
+class CurveCheck:
+    """A cost curve tested against live rounds. Two adjacent rounds, one a 1-token pass and one a batch of
+    n > 1 (verify seconds, without rollbacks), give T(n) / T(1) as the machine runs now, with a busy spell
+    slowing both alike; over the curve's own T(n) / T(1) that is one deviation (1.0: the curve holds)."""
+
+    curve: dict[int, float]  # seconds by batch size, as stored
+    deviations: list[float] = field(default_factory=list)
+    last: tuple[int, float] | None = None  # the previous round's (batch size, seconds)
+
+    def observe(self, n: int, seconds: float) -> float | None:
+        """One round; the deviation of the pair it closes with the round before (None: no pair)."""
+        prev, self.last = self.last, (n, seconds)
+        if prev is None or (prev[0] == 1) == (n == 1) or min(prev[1], seconds) <= 0:
+            return None
+        (_, t1), (nb, tb) = sorted([prev, (n, seconds)])
+        shape = CostModel(target=self.curve)
+        deviation = (tb / t1) / (shape.target_s(nb) / shape.target_s(1))
+        self.deviations = [*self.deviations[-(CHECK_PAIRS - 1) :], deviation]
+        return deviation
+
+    @property
+    def deviation(self) -> float | None:
+        """The median of the last CHECK_PAIRS deviations (None until there are that many)."""
+        return statistics.median(self.deviations) if len(self.deviations) >= CHECK_PAIRS else None
+
+    @property
+    def contradicted(self) -> bool:
+        d = self.deviation
+        return d is not None and not 1 / CONTRADICTION <= d <= CONTRADICTION
+
+    def new_generation(self) -> None:
+        self.last = None  # rounds of different answers are not neighbours

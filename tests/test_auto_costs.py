@@ -1,0 +1,200 @@
+"""Auto's cost curve against busy spells and stale files: calibration in pairs that a busy spell cannot
+poison (or that says it was too busy, and stores nothing), and a remembered curve that live rounds test
+and replace when they contradict it. Fake backends on a fake clock: every timing is exact."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fakes import CostedBackend, FakeClock, scripted_draft, scripted_tokens
+
+from localspec.decoding.auto import AutoDrafter, auto_lookup
+from localspec.decoding.calibrate import time_target_paired
+from localspec.decoding.cost_cache import CONTRADICTION, CostStore, CurveCheck
+from localspec.decoding.drafters import ModelDrafter
+from localspec.decoding.engine import Done, GenerationConfig, generate
+from localspec.decoding.policy import CostModel
+from localspec.decoding.stats import RoundStats
+from localspec.sampling import SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0)
+REPEATS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12] * 12  # text that repeats: suffix drafts pay
+
+
+def true_cost(n: int) -> float:
+    """The machine when quiet: T(1) as in the user's report, a CPU-like slope."""
+    return 0.042 * (1 + 0.15 * (n - 1))
+
+
+def _store(tmp_path: Path) -> CostStore:
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"x" * 10)
+    return CostStore.for_models(target=str(model), draft=None, backend="llama", device="CPU (2 threads)", threads=2)
+
+
+def _saved_ratios(store: CostStore) -> dict[int, float] | None:
+    """The stored curve as T(n) / T(1) (None: nothing stored)."""
+    if not store.path.exists():
+        return None
+    target = {int(n): t for n, t in json.loads(store.path.read_text())["target_s"].items()}
+    return {n: t / target[1] for n, t in target.items()}
+
+
+def _true_ratios(sizes: list[int]) -> dict[int, float]:
+    return {n: true_cost(n) / true_cost(1) for n in sizes}
+
+
+def _generate(
+    target: CostedBackend, drafter: AutoDrafter, clock: FakeClock, prompt: list[int], n: int, k: int
+) -> tuple[list[RoundStats], Done]:
+    rounds: list[RoundStats] = []
+    done = None
+    config = GenerationConfig(max_tokens=n, num_draft=k, sampling=GREEDY)
+    for ev in generate(target, drafter, prompt, config, clock=clock):
+        if isinstance(ev, Done):
+            done = ev
+        elif ev.round is not None:
+            rounds.append(ev.round)
+    assert done is not None
+    return rounds, done
+
+
+Spell = Callable[[int, float], float]  # (pass index, clock) -> slowdown of that pass
+
+
+def _spell_in_time(start: float, end: float, factor: float) -> Spell:
+    return lambda i, now: factor if start <= now < end else 1.0
+
+
+def _every(nth: int, factor: float, until: int) -> Spell:
+    return lambda i, now: factor if i % nth == 0 and i <= until else 1.0
+
+
+SPELLS = {
+    # The user's case: T(1) timed quiet, then everything after it in a long busy spell.
+    "from the first batch on": _spell_in_time(0.25, 30.0, 16.0),
+    "the first second": _spell_in_time(0.0, 1.0, 16.0),
+    "half way through": _spell_in_time(2.5, 100.0, 16.0),
+    "a short burst": _spell_in_time(1.0, 1.4, 16.0),
+    "a slower pace throughout": _spell_in_time(0.0, 100.0, 3.0),
+    "every seventh pass preempted": _every(7, 16.0, until=62),  # the calibration's passes
+}
+
+
+@pytest.mark.parametrize("spell", SPELLS.values(), ids=SPELLS.keys())
+def test_a_busy_spell_while_calibrating_stores_no_curve_or_a_right_one(tmp_path: Path, spell: Spell) -> None:
+    store = _store(tmp_path)
+    clock = FakeClock()
+    target = CostedBackend(scripted_tokens(REPEATS), clock, lambda n: 0.0, name="target")
+    target.cost = lambda n: true_cost(n) * spell(len(target.forward_calls), clock.now)  # type: ignore[method-assign]
+    drafter = AutoDrafter(ngram=auto_lookup(), target=target, clock=clock, store=store)
+    rounds, done = _generate(target, drafter, clock, REPEATS[:20], 40, 32)
+    drafter.close()
+    assert list(done.tokens) == REPEATS[20:60]
+    saved = _saved_ratios(store)
+    if saved is None:
+        assert any("costs not stored: machine too busy to measure" in r.note for r in rounds)
+    else:
+        assert {1, 2, 16, 33} <= set(saved)
+        assert saved == pytest.approx(_true_ratios(sorted(saved)), rel=0.1)
+
+
+def test_paired_timings_tell_a_busy_machine_from_a_slow_one() -> None:
+    clock = FakeClock()
+    target = CostedBackend(scripted_tokens(REPEATS), clock, lambda n: 3 * true_cost(n))
+    target.forward(REPEATS[:20])
+    steady = time_target_paired(target, [1, 2, 4, 8], reps=3, clock=clock)
+    assert not steady.busy and steady.curve() == pytest.approx({n: 3 * true_cost(n) for n in (1, 2, 4, 8)})
+    preempted = iter(np.random.default_rng(0).random(100) < 0.3)  # a third of the passes, at random
+    target.cost = lambda n: true_cost(n) * (16.0 if next(preempted) else 1.0)  # type: ignore[method-assign]
+    assert time_target_paired(target, [1, 2, 4, 8], reps=3, clock=clock).busy
+    assert list(target.cached_tokens) == REPEATS[:20]
+
+
+# -- a remembered curve is a hypothesis --------------------------------------------------------------------
+
+STEEP = {1: 0.042, 2: 0.69, 4: 0.75, 8: 0.85, 16: 1.05, 24: 1.3, 33: 1.55}  # T(2..32) timed in a busy spell
+
+
+def test_a_remembered_curve_sixteen_times_too_steep_is_caught_in_a_plain_answer_and_replaced(tmp_path: Path) -> None:
+    """Plain rounds never time a batch: a check round (one token drafted) does, now and then; the curve is
+    dropped and measured afresh within the answer, and suffix drafts take over."""
+    store = _store(tmp_path)
+    store.save(CostModel(target=dict(STEEP)))
+    clock = FakeClock()
+    target = CostedBackend(scripted_tokens(REPEATS), clock, true_cost, name="target")
+    drafter = AutoDrafter(ngram=auto_lookup(), target=target, clock=clock, store=store)
+    rounds, done = _generate(target, drafter, clock, REPEATS[:20], 96, 32)
+    assert list(done.tokens) == REPEATS[20:116]
+    saved = _saved_ratios(store)  # replaced within the answer, before the drafter closes
+    assert saved is not None and saved == pytest.approx(_true_ratios(sorted(saved)), rel=0.02)
+    said = [i for i, r in enumerate(rounds) if "contradicted by live rounds" in r.note]
+    assert len(said) == 1
+    assert sum(r.source != "none" and r.n_drafted > 0 for r in rounds[said[0] :]) >= 3  # suffix drafts now
+    drafter.close()  # the curve as the answer's rounds refined it
+    closed = _saved_ratios(store)
+    assert closed is not None and closed == pytest.approx(_true_ratios(sorted(closed)), rel=0.1)
+
+
+INVERTED = {1: 0.516, 2: 0.302, 3: 0.33, 5: 0.4, 9: 0.55}  # T(1) > T(2): plain decoding looks slow
+
+
+def test_a_remembered_curve_with_t1_above_t2_is_caught_in_a_drafting_answer_and_replaced(tmp_path: Path) -> None:
+    """Model drafts win on that curve in every round, so no round is a 1-token pass: a check round (a
+    plain one) is, now and then; the curve is dropped and measured afresh, and plain decoding (which wins
+    here: the draft rarely matches) takes over."""
+
+    def cost(n: int) -> float:
+        return 0.3 * (1 + 0.1 * (n - 1))
+
+    store = _store(tmp_path)
+    store.save(CostModel(target=dict(INVERTED), draft_token=0.03))
+    clock = FakeClock()
+    fn = scripted_tokens(list(range(100, 400)))
+    target = CostedBackend(fn, clock, cost, name="target")
+    draft = CostedBackend(scripted_draft(fn, lambda pos: pos % 5 == 0), clock, lambda n: 0.03, name="draft")
+    drafter = AutoDrafter(model=ModelDrafter(draft), target=target, clock=clock, store=store)
+    rounds, done = _generate(target, drafter, clock, list(range(100, 120)), 96, 8)
+    assert list(done.tokens) == list(range(120, 216))
+    saved = _saved_ratios(store)
+    assert saved is not None and saved == pytest.approx({n: cost(n) / cost(1) for n in saved}, rel=0.02)
+    said = [i for i, r in enumerate(rounds) if "contradicted by live rounds" in r.note]
+    assert len(said) == 1
+    late = rounds[said[0] + 1 :]
+    assert len(late) >= 20 and sum(r.n_drafted == 0 for r in late) >= 0.8 * len(late)
+
+
+def test_a_right_remembered_curve_survives_its_checks_and_they_cost_little(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    store.save(CostModel(target={n: true_cost(n) for n in (1, 2, 4, 8, 16, 33)}))
+    before = store.path.read_text()
+    clock = FakeClock()
+    unique = list(range(250, 10, -1))  # nothing repeats: plain decoding throughout
+    target = CostedBackend(scripted_tokens(unique), clock, true_cost, name="target")
+    drafter = AutoDrafter(ngram=auto_lookup(), target=target, clock=clock, store=store)
+    rounds, done = _generate(target, drafter, clock, unique[:20], 200, 32)
+    assert list(done.tokens) == unique[20:220]
+    assert not any("contradicted" in r.note for r in rounds)
+    checks = [r for r in rounds if "check" in r.note]
+    assert 1 <= len(checks) <= 12  # they back off while the curve holds
+    assert max(target.forward_calls[1:]) <= 2  # no re-measurement
+    assert done.stats.decode_s <= 1.03 * 199 * true_cost(1)  # within the EXPLORE allowance
+    assert store.path.read_text() == before  # neither dropped nor measured again
+
+
+def test_a_curve_check_needs_pairs_and_a_median_beyond_the_factor() -> None:
+    check = CurveCheck({1: 1.0, 2: 1.2, 9: 2.0})
+    for seconds in (1.0, 1.2, 1.0, 1.2):  # plain, batch of 2, ...: as the curve says
+        check.observe(1 if seconds == 1.0 else 2, seconds)
+    assert check.deviation == pytest.approx(1.0) and not check.contradicted
+    check.observe(9, 2.0 * CONTRADICTION * 1.1)  # one pair far off (a preempted pass): the median holds
+    assert not check.contradicted
+    check.observe(1, 1.0)
+    check.observe(9, 2.0 * CONTRADICTION * 1.1)
+    assert check.contradicted
+    check.new_generation()
+    assert check.observe(9, 2.0) is None  # no pair across answers
