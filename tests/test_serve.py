@@ -480,6 +480,44 @@ def test_ints_for_numbers_and_nulls_for_optional_fields_are_accepted(server: Ser
     _assert_openai_error(tok, 400, code="invalid_type")
 
 
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {}}}}
+
+
+@pytest.mark.parametrize(
+    ("path", "fields", "param", "code"),
+    [
+        (CHAT, {"tools": [WEATHER]}, "tools", "unsupported_parameter"),
+        (CHAT, {"tools": [WEATHER], "tool_choice": "required"}, "tools", "unsupported_parameter"),
+        (CHAT, {"tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, "tool_choice",
+         "unsupported_parameter"),
+        (CHAT, {"functions": [WEATHER["function"]]}, "functions", "unsupported_parameter"),
+        (CHAT, {"response_format": {"type": "json_object"}}, "response_format", "unsupported_parameter"),
+        (CHAT, {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
+         "response_format", "unsupported_parameter"),
+        (CHAT, {"response_format": {"type": "xml"}}, "response_format.type", "invalid_value"),
+        (CHAT, {"logit_bias": {"15": 5}}, "logit_bias", "unsupported_parameter"),
+        (CHAT, {"presence_penalty": 0.5}, "presence_penalty", "unsupported_parameter"),
+        ("/v1/completions", {"suffix": "\n    return x"}, "suffix", "unsupported_parameter"),
+        ("/v1/completions", {"echo": True}, "echo", "unsupported_parameter"),
+        ("/v1/completions", {"best_of": 3}, "best_of", "unsupported_parameter"),
+    ],
+)  # fmt: skip
+def test_fields_serve_cannot_honour_are_refused_not_ignored(
+    server: ServeProcess, path: str, fields: dict[str, Any], param: str, code: str
+) -> None:
+    """An agent that sends tools (or a schema, a suffix, ...) must never get an answer made as if it had not."""
+    base: dict[str, Any] = {"messages": HELLO} if path == CHAT else {"prompt": "def f(x):"}
+    for stream in (False, True):
+        err = _assert_openai_error(_post(server, path, json={**base, **fields, "stream": stream}), 400, code=code)
+        assert err["param"] == param and "localspec serve" in err["message"]
+    # Their idle values ask for nothing and are accepted, as OpenAI's clients send them.
+    idle = {"tools": [], "tool_choice": "none", "response_format": {"type": "text"}, "logit_bias": {},
+            "presence_penalty": 0, "frequency_penalty": 0.0}  # fmt: skip
+    assert _post(server, CHAT, json={"messages": HELLO, "max_tokens": 2, **idle}).status_code == 200
+    plain = {"prompt": "def f(x):", "max_tokens": 2, "suffix": "", "echo": False, "best_of": 1}
+    assert _post(server, "/v1/completions", json=plain).status_code == 200
+
+
 def test_wrong_http_method_is_an_invalid_request(server: ServeProcess) -> None:
     """405 in OpenAI's shape: the request's mistake (invalid_request_error), with the methods allowed."""
     r = httpx.get(f"{server.url}{CHAT}")

@@ -62,6 +62,7 @@ def check_model(body: SamplingFields, served: Served) -> None:
 
 def chat_request(body: ChatCompletionRequest, served: Served) -> GenerationRequest:
     check_model(body, served)
+    refuse_unhonoured(body)
     if body.top_logprobs:
         raise APIError(400, "logprobs are not supported by localspec serve", "top_logprobs", "unsupported_parameter")
     messages = chat_messages(body, served.defaults.system)
@@ -76,6 +77,7 @@ def chat_request(body: ChatCompletionRequest, served: Served) -> GenerationReque
 
 def completion_request(body: CompletionRequest, served: Served) -> GenerationRequest:
     check_model(body, served)
+    refuse_unhonoured(body)
     pipeline = served.pipeline
     prompt = body.prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
@@ -91,6 +93,42 @@ def completion_request(body: CompletionRequest, served: Served) -> GenerationReq
     if any(t < 0 or t >= pipeline.target.n_vocab for t in tokens):
         raise APIError(400, "the prompt has token ids outside the model's vocabulary", "prompt", "invalid_value")
     return _request("completion", body, tokens, body.max_tokens, "max_tokens", served)
+
+
+# Fields OpenAI accepts that localspec serve cannot honour yet, with the value that asks for nothing and
+# what a client would get if the field were dropped silently (an agent that sends tools must never get
+# an invented prose answer instead of a call).
+UNHONOURED: dict[str, tuple[tuple[object, ...], str]] = {
+    "tools": ((None, []), "tool calls are not supported yet: the model would answer in prose and no call would come back"),
+    "tool_choice": ((None, "none"), "tool calls are not supported yet"),
+    "functions": ((None, []), "function calls are not supported yet"),
+    "function_call": ((None, "none"), "function calls are not supported yet"),
+    "logit_bias": ((None, {}), "logit_bias is not supported: the exact rule would need the biased distribution"),
+    "frequency_penalty": ((None, 0, 0.0), "repetition penalties are not supported"),
+    "presence_penalty": ((None, 0, 0.0), "repetition penalties are not supported"),
+    "suffix": ((None, ""), "fill-in-the-middle (suffix) is not supported: the completion would ignore the suffix"),
+    "echo": ((None, False), "echo is not supported: the prompt is not repeated in the answer"),
+    "best_of": ((None, 1), "best_of is not supported: one completion per request"),
+}
+RESPONSE_FORMATS = ("text", "json_object", "json_schema")
+
+
+def refuse_unhonoured(body: SamplingFields) -> None:
+    """A 400 for every field set to something localspec serve would otherwise ignore."""
+    for name, (idle, why) in UNHONOURED.items():
+        value = getattr(body, name, None)
+        if value not in idle:
+            raise APIError(400, f"{name}: {why} by localspec serve; leave it out", name, "unsupported_parameter")
+    fmt = getattr(body, "response_format", None)
+    if fmt is None:
+        return
+    kind = fmt.get("type")
+    if kind not in RESPONSE_FORMATS:
+        raise APIError(400, f"response_format.type {kind!r} is unknown to localspec serve (one of: {', '.join(RESPONSE_FORMATS)})",
+                       "response_format.type", "invalid_value")  # fmt: skip
+    if kind != "text":
+        raise APIError(400, f"response_format {kind} is not supported by localspec serve yet: the output would not be "
+                       "constrained to it; leave it out", "response_format", "unsupported_parameter")  # fmt: skip
 
 
 def chat_messages(body: ChatCompletionRequest, system: str | None) -> list[ChatMessage]:

@@ -1,5 +1,7 @@
 """Request bodies of the OpenAI API, as typed models. Unknown fields are ignored (clients send many
-that a local server has no use for); wrong types fail validation and become a 400.
+that a local server has no use for); the known fields localspec cannot honour yet (tools, response
+formats, penalties, fill-in-the-middle, ...) are typed here so that requests.refuse_unhonoured can refuse
+them with a 400 instead of answering as if they were not there. Wrong types fail validation: a 400.
 
 Every field is strict, as OpenAI's API is: `"max_tokens": true` or `"10"` and `"stream": "yes"` are
 refused instead of read as 1, 10 and true. Only an integer is also taken where a number is expected
@@ -7,7 +9,7 @@ refused instead of read as 1, 10 and true. Only an integer is also taken where a
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -65,6 +67,10 @@ class SamplingFields(_Body):
     stream_options: StreamOptions | None = None
     logprobs: bool | int | None = None
     speculative: Speculative | None = None
+    # Accepted by OpenAI, not honoured here: refused unless left at their defaults (requests.refuse_unhonoured).
+    logit_bias: dict[str, Any] | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
 
     def stop_strings(self) -> list[str]:
         if self.stop is None:
@@ -77,11 +83,18 @@ class ChatCompletionRequest(SamplingFields):
     messages: list[Message] = Field(default_factory=list)
     max_completion_tokens: int | None = None
     top_logprobs: int | None = None
+    tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    functions: list[Any] | None = None
+    function_call: str | dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
 
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | None = None
     echo: bool | None = False
+    suffix: str | None = None
+    best_of: int | None = None
 
 
 class TokenizeRequest(_Body):
