@@ -64,6 +64,10 @@ def test_a_pair_served_under_another_name_answers_to_both(tiny_pair: str) -> Non
         other = httpx.post(f"{s.url}/v1/chat/completions", json={"model": "tiny-target", "messages": HELLO})
         assert other.status_code == 404 and other.json()["error"]["code"] == "model_not_found"
         assert "`coder` or `tiny-pair`" in other.json()["error"]["message"]
+        # the openai client's models.retrieve(): either id gives the served model's card; another is a 404
+        assert client.models.retrieve("coder").id == client.models.retrieve(tiny_pair).id == "coder"
+        missing = httpx.get(f"{s.url}/v1/models/tiny-target")
+        assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
     finally:
         s.close()
     plain = ServeProcess("--pair", tiny_pair, "--no-pull", "--n-ctx", "256", "--draft-method", "ngram")

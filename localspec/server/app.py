@@ -29,6 +29,7 @@ from localspec.server.requests import (
     GenerationRequest,
     Served,
     chat_request,
+    check_model_id,
     completion_request,
 )
 from localspec.server.responses import (
@@ -106,14 +107,22 @@ def create_app(pipeline: Pipeline, settings: ServerSettings) -> FastAPI:
     async def health() -> dict[str, Any]:
         return {"status": "ok", "model": settings.model_name, "queue": state["scheduler"].depth}
 
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
+    def model_card() -> dict[str, Any]:
         info = pipeline.target.info
         meta = {"backend": pipeline.backend, "target": info.path, "n_ctx": info.n_ctx,
                 "draft": pipeline.options.draft if pipeline.has_draft_model else None,
                 "draft_method": settings.defaults.method, "aliases": list(settings.model_aliases)}  # fmt: skip
-        return {"object": "list", "data": [{"id": settings.model_name, "object": "model", "created": CREATED,
-                                            "owned_by": "localspec", "meta": meta}]}  # fmt: skip
+        return {"id": settings.model_name, "object": "model", "created": CREATED, "owned_by": "localspec", "meta": meta}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict[str, Any]:
+        """The openai client's models.retrieve(): the served model under its id or an alias, else a 404."""
+        check_model_id(model_id, served)
+        return model_card()
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:

@@ -55,8 +55,14 @@ class GenerationRequest:
 
 
 def check_model(body: SamplingFields, served: Served) -> None:
-    if body.model and body.model not in served.model_ids:
-        raise APIError(404, f"The model `{body.model}` does not exist; this server serves "
+    if body.model:
+        check_model_id(body.model, served)
+
+
+def check_model_id(model_id: str, served: Served) -> None:
+    """A 404 for an id the server does not serve (under its name or an alias)."""
+    if model_id not in served.model_ids:
+        raise APIError(404, f"The model `{model_id}` does not exist; this server serves "
                        f"{' or '.join(f'`{m}`' for m in served.model_ids)}.", "model", "model_not_found")  # fmt: skip
 
 
