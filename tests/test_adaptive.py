@@ -76,10 +76,10 @@ def _auto(
     return target, drafter
 
 
-def _run(target, drafter, clock, n: int, prompt=PROMPT):  # type: ignore[no-untyped-def]
+def _run(target, drafter, clock, n: int, prompt=PROMPT, k: int = 8):  # type: ignore[no-untyped-def]
     rounds: list[RoundStats] = []
     done = None
-    for ev in generate(target, drafter, prompt, GenerationConfig(max_tokens=n, num_draft=8, sampling=GREEDY), clock=clock):
+    for ev in generate(target, drafter, prompt, GenerationConfig(max_tokens=n, num_draft=k, sampling=GREEDY), clock=clock):
         if isinstance(ev, Done):
             done = ev
         elif ev.round is not None:

@@ -11,17 +11,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 from fakes import CostedBackend, FakeClock, scripted_draft, scripted_tokens
+from test_adaptive import _run
 
 from localspec.decoding.auto import AutoDrafter, auto_lookup
 from localspec.decoding.calibrate import time_target_paired
 from localspec.decoding.cost_cache import CONTRADICTION, CostStore, CurveCheck
 from localspec.decoding.drafters import ModelDrafter
-from localspec.decoding.engine import Done, GenerationConfig, generate
+from localspec.decoding.engine import Done
 from localspec.decoding.policy import CostModel
 from localspec.decoding.stats import RoundStats
-from localspec.sampling import SamplingParams
 
-GREEDY = SamplingParams(temperature=0.0)
 REPEATS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12] * 12  # text that repeats: suffix drafts pay
 
 
@@ -51,16 +50,7 @@ def _true_ratios(sizes: list[int]) -> dict[int, float]:
 def _generate(
     target: CostedBackend, drafter: AutoDrafter, clock: FakeClock, prompt: list[int], n: int, k: int
 ) -> tuple[list[RoundStats], Done]:
-    rounds: list[RoundStats] = []
-    done = None
-    config = GenerationConfig(max_tokens=n, num_draft=k, sampling=GREEDY)
-    for ev in generate(target, drafter, prompt, config, clock=clock):
-        if isinstance(ev, Done):
-            done = ev
-        elif ev.round is not None:
-            rounds.append(ev.round)
-    assert done is not None
-    return rounds, done
+    return _run(target, drafter, clock, n, prompt, k)  # type: ignore[no-any-return]
 
 
 Spell = Callable[[int, float], float]  # (pass index, clock) -> slowdown of that pass
