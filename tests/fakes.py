@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from localspec.backends.base import ByteDetokenizer, ChatMessage, ModelInfo, rollback_route
+from localspec.backends.base import ByteDetokenizer, ChatMessage, ModelInfo, TokenTable, rollback_route
 from localspec.errors import Interrupted, UnsupportedModelError
 from localspec.vocab import VocabInfo
 
@@ -67,6 +67,14 @@ class FakeBackend:
 
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
         return list(text.encode("utf-8"))
+
+    def token_table(self) -> TokenTable:
+        """For grammars (decoding/grammar.py): ids below 256 are their byte, the rest control tokens."""
+        pieces = [bytes([i]) if i < 256 and i not in self._eog else b"\xff<%d>" % i for i in range(self._n_vocab)]
+        return TokenTable(n_vocab=self._n_vocab, eog=self._eog, pieces=pieces, tokenize=self._tokenize_plain)
+
+    def _tokenize_plain(self, text: str) -> list[int]:
+        return self.tokenize(text)
 
     def detokenizer(self) -> ByteDetokenizer:
         return ByteDetokenizer(lambda t: bytes([t]) if t < 256 else b"")

@@ -20,6 +20,7 @@ import numpy as np
 from localspec.backends.base import Backend, Detokenizer, sync_cache
 from localspec.errors import ContextOverflowError, Interrupted, UsageError
 from localspec.decoding import verify
+from localspec.decoding.grammar import Constraint, GrammarSpec, apply_mask, mask_q
 from localspec.decoding.drafters import Drafter
 from localspec.draft import Draft
 from localspec.sampling import SamplingParams, greedy, probabilities, runner_up_gaps, sample
@@ -35,6 +36,7 @@ class GenerationConfig:
     num_draft: int = 4
     rule: str = "exact"
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    grammar: GrammarSpec | None = None  # keep the output inside it (the target masked, renormalised)
 
     def __post_init__(self) -> None:
         if self.rule not in verify.RULES:
@@ -128,6 +130,7 @@ class _Run:
         self.prompt_s = 0.0
         self.n_cached = 0
         self.t_decode = 0.0  # clock when decoding started (after the prompt pass)
+        self.constraint = Constraint(target, config.grammar) if config.grammar is not None else None
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -172,7 +175,11 @@ class _Run:
         self.on_phase("prompt")
         keep, logits = sync_cache(self.target, self.prompt, logits=True)
         assert logits is not None
+        if self.constraint is not None:
+            logits = apply_mask(logits, self.constraint.mask())
         first = self._sample_one(logits)
+        if self.constraint is not None:
+            self.constraint.advance(first)
         self.on_phase("drafter")
         self.drafter.prepare(self.prompt, self.config.num_draft)
         return keep, first
@@ -180,10 +187,17 @@ class _Run:
     def _round(self, k: int) -> tuple[list[int], list[Origin], RoundStats]:
         t0 = self.clock()
         draft = self.drafter.propose(self.context, k, self.sampling, self.rng) if k > 0 else Draft([], None)
+        masks = None
+        if self.constraint is not None:
+            draft, masks = self._constrain(draft)
         t1 = self.clock()
         n_before = len(self.target.cached_tokens)
         logits = self.target.forward(self._verify_batch(draft.tokens))  # [k+1, V], fewer: see _verify_batch
-        verdict = self._verify(draft, logits)
+        if masks is not None:
+            logits = apply_mask(logits, masks)
+        verdict = self._verify(draft, logits, masks)
+        if self.constraint is not None:
+            self.constraint.commit(verdict.n_accepted, verdict.token)
         self._note_ties(logits[: verdict.n_accepted + 1])
         # Only a recurrent state costs anything to cut back (a KV cache drops positions in microseconds).
         t_rollback = self.clock() if self.recurrent else 0.0
@@ -218,11 +232,24 @@ class _Run:
                 return batch[: i + 1]
         return batch
 
-    def _verify(self, draft: Draft, logits: np.ndarray) -> verify.Verdict:
+    def _constrain(self, draft: Draft) -> tuple[Draft, np.ndarray]:
+        """The grammar's masks for the rows to verify; the draft cut before its first forbidden token (the
+        matcher is left after the kept draft)."""
+        assert self.constraint is not None
+        masks, m = self.constraint.walk(draft.tokens)
+        if m < len(draft.tokens):
+            q = draft.q[:m] if draft.q is not None and m > 0 else None
+            note = draft.note or f"grammar cut the draft at position {m + 1}"
+            draft = replace(draft, tokens=draft.tokens[:m], q=q, note=note)
+        return draft, masks
+
+    def _verify(self, draft: Draft, logits: np.ndarray, masks: np.ndarray | None = None) -> verify.Verdict:
         if self.sampling.greedy:
             return verify.verify_greedy(draft.tokens, greedy(logits))
         p = probabilities(logits, self.sampling)  # [k+1, V]
         q = draft.q
+        if q is not None and masks is not None:
+            q = mask_q(q, masks)  # the kept draft tokens are drawn from q restricted to the grammar
         if q is not None and q.shape[1] != p.shape[1]:
             p, q = _same_width(p, q)
         return verify.RULES[self.config.rule](draft.tokens, q, p, self.rng)
@@ -237,6 +264,8 @@ class _Run:
             if t in self.eog:
                 cut, reason = i, "eog"
                 break
+        if reason is None and self.constraint is not None and self.constraint.finished:
+            reason = "eog"  # the grammar is complete and can take nothing more
         room = self.config.max_tokens - len(self.generated)
         if cut > room or (cut == room and reason is None):
             cut, reason = room, "max_tokens"
