@@ -38,7 +38,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -50,9 +50,35 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class ChatToolCall:
+    """A function call an assistant turn made (OpenAI's tool_calls entry)."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any]  # templates write them with `tojson`, so an object, as Hugging Face passes them
+
+
+@dataclass(frozen=True)
 class ChatMessage:
-    role: str  # "system" | "user" | "assistant"
+    role: str  # "system" | "user" | "assistant" | "tool"
     content: str
+    tool_calls: tuple[ChatToolCall, ...] = ()  # an assistant turn's calls
+    tool_call_id: str = ""  # a tool turn: the call it answers
+    name: str = ""  # a tool turn: the function that answered (some templates write it)
+
+    def template_dict(self) -> dict[str, Any]:
+        """The message as chat templates read it (Hugging Face's and llama.cpp's shape)."""
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in self.tool_calls
+            ]
+        if self.tool_call_id:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name:
+            out["name"] = self.name
+        return out
 
 
 @dataclass(frozen=True)
@@ -70,6 +96,18 @@ class ModelInfo:
     @property
     def is_recurrent(self) -> bool:
         return bool(self.recurrent)
+
+
+@dataclass(frozen=True)
+class TokenTable:
+    """A vocabulary as a grammar engine reads it (decoding/grammar.py), from a backend's optional
+    `token_table()`: either each token's bytes with `tokenize`, or a Hugging Face tokenizers JSON."""
+
+    n_vocab: int  # the logits' width (ids past the tokenizer's own size are padding)
+    eog: frozenset[int]  # end-of-generation tokens: allowed exactly where the grammar accepts
+    pieces: Sequence[bytes] | None = None  # bytes by token id; control tokens prefixed with b"\xff"
+    tokenize: Callable[[str], list[int]] | None = None  # text -> ids, no BOS, specials as plain text
+    hf_json: str | None = None  # a tokenizers JSON (tokenizer.json), used instead of pieces
 
 
 class Detokenizer(Protocol):
@@ -130,10 +168,12 @@ class Backend(Protocol):
         ...
 
     def apply_chat_template(
-        self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True, template: str | None = None
+        self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True, template: str | None = None,
+        tools: Sequence[dict[str, Any]] | None = None,
     ) -> str:
         """The prompt text for a conversation, rendered with `template` or else the model's own (which
-        must exist: chat_template.choose_chat_format decides what a model without one gets)."""
+        must exist: chat_template.choose_chat_format decides what a model without one gets); `tools`
+        (OpenAI's tool definitions) go to the template as its `tools` variable."""
         ...
 
     def forward(self, tokens: Sequence[int], *, all_logits: bool = True) -> np.ndarray:
@@ -315,16 +355,20 @@ def sync_cache(backend: Backend, tokens: Sequence[int], *, logits: bool) -> tupl
     return keep, (row if logits else None)
 
 
-def chat_prompt_tokens(backend: Backend, messages: Sequence[ChatMessage], fmt: ChatFormat | None = None) -> list[int]:
-    """Render a conversation in `fmt` (default: chosen for the model, see choose_chat_format) and
-    tokenize it, specials included.
+def chat_prompt_tokens(
+    backend: Backend, messages: Sequence[ChatMessage], fmt: ChatFormat | None = None,
+    tools: Sequence[dict[str, Any]] | None = None,
+) -> list[int]:
+    """Render a conversation in `fmt` (default: chosen for the model, see choose_chat_format), with
+    `tools` offered to the template when given, and tokenize it, specials included.
 
     Templates that write the BOS token themselves would get a second one from the tokenizer; drop it.
     """
     from localspec.backends.chat_template import choose_chat_format, conversation_text
 
     fmt = fmt or choose_chat_format(backend)
-    tokens = backend.tokenize(conversation_text(backend, messages, fmt), add_special=True, parse_special=not fmt.raw)
+    text = conversation_text(backend, messages, fmt, tools)
+    tokens = backend.tokenize(text, add_special=True, parse_special=not fmt.raw)
     bos = backend.vocab_info().bos_id
     if bos is not None and len(tokens) >= 2 and tokens[0] == tokens[1] == bos:
         tokens = tokens[1:]

@@ -8,7 +8,7 @@ import datetime
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from localspec.backends.base import ChatMessage
 from localspec.errors import GenerationError, UsageError
@@ -23,6 +23,58 @@ class Family:
     markers: tuple[str, ...]  # special tokens the template writes; all must be single tokens of the vocabulary
     template: str
     merge_system: bool = False  # the format has no system role: the system text opens the first user turn
+    tool_template: str = ""  # the family's own tool-call format, for a model whose template has none ("": no tools)
+
+
+# Tool-capable templates for families whose models often ship a template without tools: the formats their
+# tool-trained members use (Qwen2.5/Hermes for ChatML, Llama 3.1's JSON calls for Llama 3). Every piece of
+# text goes through an expression, so trim_blocks/lstrip_blocks cannot eat a newline.
+CHATML_TOOLS = (
+    "{%- if tools %}{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}"
+    "{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
+    "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments "
+    "within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\"name\": <function-name>, \"arguments\": "
+    "<args-json-object>}\\n</tool_call><|im_end|>\\n' }}"
+    "{%- elif messages[0].role == 'system' %}{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'system' and loop.first %}"
+    "{%- elif m.role == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + m.content + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- elif m.role == 'assistant' and m.tool_calls %}{{- '<|im_start|>assistant' }}"
+    "{%- if m.content %}{{- '\\n' + m.content }}{%- endif %}"
+    "{%- for c in m.tool_calls %}{{- '\\n<tool_call>\\n{\"name\": \"' + c.function.name + '\", \"arguments\": ' }}"
+    "{{- (c.function.arguments | tojson) + '}\\n</tool_call>' }}{%- endfor %}{{- '<|im_end|>\\n' }}"
+    "{%- else %}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+LLAMA3_TOOLS = (
+    "{{- bos_token }}"
+    "{%- if tools or messages[0].role == 'system' %}{{- '<|start_header_id|>system<|end_header_id|>\\n\\n' }}"
+    "{%- if messages[0].role == 'system' %}{{- messages[0].content }}{%- if tools %}{{- '\\n\\n' }}{%- endif %}"
+    "{%- endif %}"
+    "{%- if tools %}{{- 'Given the following functions, respond with a JSON for a function call with its proper "
+    "arguments that best answers the given prompt.\\n\\nRespond in the format {\"name\": function name, "
+    "\"parameters\": dictionary of argument name and its value}. Do not use variables.\\n\\n' }}"
+    "{%- for tool in tools %}{{- (tool | tojson(indent=4)) + '\\n\\n' }}{%- endfor %}{%- endif %}"
+    "{{- '<|eot_id|>' }}{%- endif %}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'system' and loop.first %}"
+    "{%- elif m.role == 'tool' %}{{- '<|start_header_id|>ipython<|end_header_id|>\\n\\n' + m.content + '<|eot_id|>' }}"
+    "{%- elif m.role == 'assistant' and m.tool_calls %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"
+    "{%- for c in m.tool_calls %}{%- if not loop.first %}{{- '; ' }}{%- endif %}"
+    "{{- '{\"name\": \"' + c.function.name + '\", \"parameters\": ' + (c.function.arguments | tojson) + '}' }}"
+    "{%- endfor %}{{- '<|eot_id|>' }}"
+    "{%- else %}{{- '<|start_header_id|>' + m.role + '<|end_header_id|>\\n\\n' + m.content + '<|eot_id|>' }}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
+)
 
 
 FAMILIES: tuple[Family, ...] = (
@@ -38,12 +90,14 @@ FAMILIES: tuple[Family, ...] = (
         ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
         "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n{{ m.content }}"
         "<|eot_id|>{% endfor %}{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}",
+        tool_template=LLAMA3_TOOLS,
     ),
     Family(
         "chatml",
         ("<|im_start|>", "<|im_end|>"),
         "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+        tool_template=CHATML_TOOLS,
     ),
     Family(
         "phi3",
@@ -128,15 +182,18 @@ def _is_special_token(backend: Backend, text: str) -> bool:
     return len(ids) == 1 and backend.tokenize(text, add_special=False, parse_special=False) != ids
 
 
-def conversation_text(backend: Backend, messages: Sequence[ChatMessage], fmt: ChatFormat) -> str:
-    """The prompt text for a conversation in format `fmt`."""
+def conversation_text(
+    backend: Backend, messages: Sequence[ChatMessage], fmt: ChatFormat, tools: Sequence[dict[str, Any]] | None = None
+) -> str:
+    """The prompt text for a conversation in format `fmt`, with `tools` offered when given."""
     if fmt.raw:
         return "\n\n".join(m.content for m in messages)
     if fmt.merge_system:
         messages = merge_system(messages)
+    extra: dict[str, Any] = {"tools": list(tools)} if tools else {}
     if fmt.source == "model":
-        return backend.apply_chat_template(messages)
-    return backend.apply_chat_template(messages, template=fmt.template)
+        return backend.apply_chat_template(messages, **extra)
+    return backend.apply_chat_template(messages, template=fmt.template, **extra)
 
 
 def merge_system(messages: Sequence[ChatMessage]) -> list[ChatMessage]:
@@ -156,6 +213,7 @@ def render_chat(
     add_generation_prompt: bool = True,
     bos_token: str = "",
     eos_token: str = "",
+    tools: Sequence[dict[str, Any]] | None = None,
 ) -> str:
     import jinja2
     from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -163,15 +221,25 @@ def render_chat(
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, loader=jinja2.BaseLoader())
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
+    env.filters["tojson"] = _tojson  # Jinja's own escapes <, > and & for HTML; templates expect plain JSON
     try:
         return env.from_string(template).render(
-            messages=[{"role": m.role, "content": m.content} for m in messages],
+            messages=[m.template_dict() for m in messages],
+            tools=list(tools) if tools else None,
             add_generation_prompt=add_generation_prompt,
             bos_token=bos_token,
             eos_token=eos_token,
         )
     except jinja2.TemplateError as e:
         raise GenerationError(f"the chat template failed: {e}", "try without --system, or use --raw") from None
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:  # fmt: skip
+    """Hugging Face's `tojson` (what chat templates are written against)."""
+    import json
+
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
 def _raise(message: str) -> None:

@@ -26,11 +26,20 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import llama_cpp
 import numpy as np
 
-from localspec.backends.base import ByteDetokenizer, CachedModel, ChatMessage, ModelInfo, RollbackRoute, rollback_route
+from localspec.backends.base import (
+    ByteDetokenizer,
+    CachedModel,
+    ChatMessage,
+    ModelInfo,
+    RollbackRoute,
+    TokenTable,
+    rollback_route,
+)
 from localspec.backends.chat_template import render_chat
 from localspec.errors import (
     GenerationError,
@@ -215,6 +224,7 @@ class LlamaCppBackend(CachedModel):
             self._capture_users = 0  # head drafters that asked for the capture and have not released it
             self._nextn: np.ndarray | None = None  # [n_ctx, n_embd_out]: the states an MTP head reads
             self._pieces: dict[int, bytes] = {}
+            self._token_table: TokenTable | None = None
             self._eog = frozenset(t for t in range(self._n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab, t))
             self._info = self._describe(p, n_gpu_layers)
         except BaseException:
@@ -329,11 +339,38 @@ class LlamaCppBackend(CachedModel):
     def detokenizer(self) -> ByteDetokenizer:
         return ByteDetokenizer(self.piece)
 
+    def token_table(self) -> TokenTable:
+        """The vocabulary for a grammar (decoding/grammar.py); built once (one call per token)."""
+        if self._token_table is None:
+            self._token_table = TokenTable(
+                n_vocab=self._n_vocab,
+                eog=self._eog,
+                pieces=[self._grammar_piece(t) for t in range(self._n_vocab)],
+                tokenize=self._tokenize_plain,
+            )
+        return self._token_table
+
+    def _grammar_piece(self, token: int) -> bytes:
+        """A token's bytes with specials rendered; control tokens (and added <...> tokens) marked with 0xff."""
+        buf = ctypes.create_string_buffer(256)
+        n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, 256, 0, True)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, -n, 0, True)
+        text = buf.raw[:n]
+        attr = llama_cpp.llama_vocab_get_attr(self._vocab, token)
+        user_control = attr & llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED and text.startswith(b"<") and text.endswith(b">")
+        return b"\xff" + text if attr & llama_cpp.LLAMA_TOKEN_ATTR_CONTROL or user_control else text
+
+    def _tokenize_plain(self, text: str) -> list[int]:
+        return self.tokenize(text, add_special=False, parse_special=False)
+
     def chat_template(self) -> str | None:
         return self._meta.get("tokenizer.chat_template") or None
 
     def apply_chat_template(
-        self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True, template: str | None = None
+        self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True, template: str | None = None,
+        tools: Sequence[dict[str, Any]] | None = None,
     ) -> str:
         template = template or self.chat_template()
         if template is None:
@@ -344,6 +381,7 @@ class LlamaCppBackend(CachedModel):
             add_generation_prompt=add_generation_prompt,
             bos_token=self._special_text("tokenizer.ggml.bos_token_id"),
             eos_token=self._special_text("tokenizer.ggml.eos_token_id"),
+            tools=tools,
         )
 
     def _special_text(self, key: str) -> str:

@@ -14,6 +14,7 @@ say how to install them when they are missing.
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 import threading
@@ -31,6 +32,7 @@ from localspec.backends.base import (
     Detokenizer,
     ModelInfo,
     RollbackRoute,
+    TokenTable,
     rollback_route,
 )
 from localspec.errors import (
@@ -292,6 +294,7 @@ class MLXBackend(CachedModel):
         self._piece_bytes = _byte_pieces(tokenizer._tokenizer)
         self._special_ids = frozenset(int(i) for i, t in tokenizer._tokenizer.added_tokens_decoder.items() if t.special)
         self._vocab: VocabInfo | None = None
+        self._token_table: TokenTable | None = None
         device = "Metal" if mx.metal.is_available() else "CPU (mlx)"
         if note:
             device += f"; {note}"
@@ -325,6 +328,21 @@ class MLXBackend(CachedModel):
         tok = self.tokenizer._tokenizer
         return list(tok.encode(text, add_special_tokens=add_special, split_special_tokens=not parse_special))
 
+    def token_table(self) -> TokenTable:
+        """The vocabulary for a grammar (decoding/grammar.py): the fast tokenizer's own JSON."""
+        if self._token_table is None:
+            backend = getattr(self.tokenizer._tokenizer, "backend_tokenizer", None)
+            if backend is None:
+                raise UnsupportedModelError(
+                    f"{self._info.name} has no fast (Rust) tokenizer, which constrained output needs",
+                    "drop response_format, or convert the tokenizer to tokenizer.json",
+                )
+            backend = copy.copy(backend)  # as llguidance does: no padding or truncation in the copy
+            backend.no_padding()
+            backend.no_truncation()
+            self._token_table = TokenTable(n_vocab=self._n_vocab, eog=self._eog, hf_json=backend.to_str())
+        return self._token_table
+
     def detokenizer(self) -> Detokenizer:
         if self._piece_bytes is not None:
             pieces = self._piece_bytes
@@ -335,7 +353,8 @@ class MLXBackend(CachedModel):
         return self.tokenizer.chat_template if self.tokenizer.has_chat_template else None
 
     def apply_chat_template(
-        self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True, template: str | None = None
+        self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True, template: str | None = None,
+        tools: Sequence[dict[str, Any]] | None = None,
     ) -> str:
         if template is not None:  # a family's or the user's template, rendered as for llama.cpp
             from localspec.backends.chat_template import render_chat
@@ -343,12 +362,14 @@ class MLXBackend(CachedModel):
             tok = self.tokenizer._tokenizer
             return render_chat(
                 template, messages, add_generation_prompt=add_generation_prompt,
-                bos_token=tok.bos_token or "", eos_token=tok.eos_token or "",
+                bos_token=tok.bos_token or "", eos_token=tok.eos_token or "", tools=tools,
             )  # fmt: skip
         if not self.tokenizer.has_chat_template:
             raise GenerationError(f"{self.info.name} ships no chat template", "give one with --chat-template, or use --raw")
-        msgs = [{"role": m.role, "content": m.content} for m in messages]
-        return self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=add_generation_prompt)
+        msgs = [m.template_dict() for m in messages]
+        extra: dict[str, Any] = {"tools": list(tools)} if tools else {}
+        return self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                                  **extra)  # fmt: skip
 
     # -- the cache --------------------------------------------------------------------------------
 

@@ -437,7 +437,7 @@ USAGE = "stream_options.include_usage"
         ({"json": {"messages": HELLO, "n": 2}}, 400, "invalid_value", "n"),
         ({"json": {"messages": HELLO, "logprobs": True}}, 400, "unsupported_parameter", "logprobs"),
         ({"json": {"messages": HELLO, "temperature": -1}}, 400, "invalid_value", None),
-        ({"json": {"messages": [{"role": "tool", "content": "x"}]}}, 400, "invalid_value", "messages[0].role"),
+        ({"json": {"messages": [{"role": "function", "content": "x"}]}}, 400, "invalid_value", "messages[0].role"),
         ({"json": {"messages": HELLO, "model": "gpt-4"}}, 404, "model_not_found", "model"),
         # strict types: nothing is coerced (a bool is no int, a string no number, "yes" no bool)
         ({"json": {"messages": HELLO, "max_tokens": True}}, 400, "invalid_type", "max_tokens"),
@@ -486,14 +486,8 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters":
 @pytest.mark.parametrize(
     ("path", "fields", "param", "code"),
     [
-        (CHAT, {"tools": [WEATHER]}, "tools", "unsupported_parameter"),
-        (CHAT, {"tools": [WEATHER], "tool_choice": "required"}, "tools", "unsupported_parameter"),
-        (CHAT, {"tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, "tool_choice",
-         "unsupported_parameter"),
-        (CHAT, {"functions": [WEATHER["function"]]}, "functions", "unsupported_parameter"),
-        (CHAT, {"response_format": {"type": "json_object"}}, "response_format", "unsupported_parameter"),
-        (CHAT, {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
-         "response_format", "unsupported_parameter"),
+        (CHAT, {"functions": [WEATHER["function"]]}, "functions", "unsupported_parameter"),  # tools: test_tools.py
+        (CHAT, {"function_call": {"name": "get_weather"}}, "function_call", "unsupported_parameter"),
         (CHAT, {"response_format": {"type": "xml"}}, "response_format.type", "invalid_value"),
         (CHAT, {"logit_bias": {"15": 5}}, "logit_bias", "unsupported_parameter"),
         (CHAT, {"presence_penalty": 0.5}, "presence_penalty", "unsupported_parameter"),
@@ -505,7 +499,8 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters":
 def test_fields_serve_cannot_honour_are_refused_not_ignored(
     server: ServeProcess, path: str, fields: dict[str, Any], param: str, code: str
 ) -> None:
-    """An agent that sends tools (or a schema, a suffix, ...) must never get an answer made as if it had not."""
+    """An agent that sends legacy functions (or a suffix, penalties, ...) must never get an answer made as if it had
+    not."""
     base: dict[str, Any] = {"messages": HELLO} if path == CHAT else {"prompt": "def f(x):"}
     for stream in (False, True):
         err = _assert_openai_error(_post(server, path, json={**base, **fields, "stream": stream}), 400, code=code)

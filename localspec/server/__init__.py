@@ -8,5 +8,7 @@
     responses.py OpenAI response and chunk bodies, with the run's speculative `timings`
     metrics.py   Prometheus counters (vLLM-like names)
     app.py       the Starlette/FastAPI app: routes, API key, body limit, CORS
+    anthropic.py Anthropic's Messages API (/v1/messages, count_tokens) translated onto the chat path
+    anthropic_schemas.py  its request bodies
     vllm.py      the equivalent `vllm serve` command for a catalog pair
 """

@@ -23,6 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from localspec.options import GenerationSettings
 from localspec.pipeline import Pipeline
+from localspec.server import anthropic
 from localspec.server.errors import APIError
 from localspec.server.metrics import Metrics
 from localspec.server.requests import (
@@ -34,9 +35,11 @@ from localspec.server.requests import (
 )
 from localspec.server.responses import (
     ResponseIds,
+    calls_finish_reason,
     chunk,
     full_response,
     sse,
+    tool_chunks,
     usage_chunk,
 )
 from localspec.server.scheduler import Job, Outcome, Scheduler
@@ -49,6 +52,7 @@ from localspec.server.schemas import (
 )
 
 DEFAULT_MAX_BODY = 8 * 1024 * 1024
+KEY_HINT = "send it as `Authorization: Bearer KEY`"
 OPEN_PATHS = ("/health",)  # answered without the API key (load balancers, `curl` checks)
 
 
@@ -85,10 +89,13 @@ def create_app(pipeline: Pipeline, settings: ServerSettings) -> FastAPI:
     async def api_error(request: Request, e: APIError) -> JSONResponse:
         metrics.error(e.status)
         settings.log(f"{request.method} {request.url.path} {e.status} · {e.message}")
-        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+        body = anthropic.error_body(e) if anthropic.is_messages_path(request.url.path) else e.body()
+        return JSONResponse(body, status_code=e.status, headers=e.headers)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, e: RequestValidationError) -> JSONResponse:
+        if anthropic.is_messages_path(request.url.path):
+            return await api_error(request, anthropic.validation_error(e.errors()))
         return await api_error(request, validation_error(e))
 
     @app.exception_handler(404)
@@ -148,6 +155,23 @@ def create_app(pipeline: Pipeline, settings: ServerSettings) -> FastAPI:
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type=metrics.content_type)
 
+    def start_job(request: Request, req: GenerationRequest) -> tuple[Job, Callable[[], None]]:
+        """Queue a job (503 when the queue is full) and cancel it if its client goes away; the callable
+        returned ends both (a no-op once the job has finished). For the Messages routes."""
+        scheduler = state["scheduler"]
+        job = Job(req, asyncio.get_running_loop())
+        scheduler.submit(job)
+        watcher = asyncio.create_task(cancel_on_disconnect(request.receive, lambda: scheduler.cancel(job)))
+
+        def end() -> None:
+            watcher.cancel()
+            scheduler.cancel(job)
+
+        return job, end
+
+    app.include_router(anthropic.messages_router(anthropic.MessagesService(served, settings.model_name, start_job,
+                                                                           metrics)))  # fmt: skip
+
     async def generation_response(request: Request, req: GenerationRequest) -> Response:
         scheduler = state["scheduler"]
         job = Job(req, asyncio.get_running_loop())
@@ -157,31 +181,51 @@ def create_app(pipeline: Pipeline, settings: ServerSettings) -> FastAPI:
         if req.stream:
             return StreamingResponse(stream(job, ids, scheduler, watcher), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})  # fmt: skip
+        reader = req.tools.parser() if req.tools else None  # the answer is read for tool calls
         try:
             while True:
                 item = await job.next()
                 if isinstance(item, APIError):
                     raise item
+                if isinstance(item, str) and reader is not None:
+                    reader.feed(item)
+                    if reader.done:
+                        job.stop.set()  # parallel_tool_calls false: nothing after the one call is wanted
                 if isinstance(item, Outcome):
-                    return JSONResponse(full_response(ids, item.text, item.finish_reason, item.stats))
+                    if reader is None:
+                        return JSONResponse(full_response(ids, item.text, item.finish_reason, item.stats))
+                    reader.finish()
+                    return JSONResponse(full_response(ids, "".join(reader.content), item.finish_reason, item.stats,
+                                                      reader.calls))  # fmt: skip
         finally:
             watcher.cancel()
             scheduler.cancel(job)  # a no-op once it has finished
 
     async def stream(job: Job, ids: ResponseIds, scheduler: Scheduler, watcher: asyncio.Task[None]) -> AsyncIterator[bytes]:
         usage = job.request.include_usage
+        reader = job.request.tools.parser() if job.request.tools else None
         try:
             yield sse(chunk(ids, role=True, include_usage=usage))
             while True:
                 item = await job.next()
-                if isinstance(item, str):
+                if isinstance(item, str) and reader is not None:
+                    for body in tool_chunks(ids, reader.feed(item), usage):
+                        yield sse(body)
+                    if reader.done:
+                        job.stop.set()  # parallel_tool_calls false: nothing after the one call is wanted
+                elif isinstance(item, str):
                     yield sse(chunk(ids, text=item, include_usage=usage))
                 elif isinstance(item, APIError):
                     metrics.error(item.status)  # (a non-streamed error is counted by its handler)
                     yield sse(item.body())  # the stream ends with the error; the server serves on
                     break
                 else:
-                    yield sse(chunk(ids, finish_reason=item.finish_reason, stats=item.stats, include_usage=usage))
+                    finish = item.finish_reason
+                    if reader is not None:
+                        for body in tool_chunks(ids, reader.finish(), usage):
+                            yield sse(body)
+                        finish = calls_finish_reason(finish, reader.calls)
+                    yield sse(chunk(ids, finish_reason=finish, stats=item.stats, include_usage=usage))
                     if usage:
                         yield sse(usage_chunk(ids, item.stats))
                     break
@@ -252,14 +296,16 @@ class Guard:
             await self.app(scope, receive, send)
             return
         if self._needs_key(scope) and not self._authorized(scope):
-            await self._refuse(send, APIError(401, "Incorrect or missing API key: send it as "
-                                              "`Authorization: Bearer KEY`", None, "invalid_api_key"))  # fmt: skip
+            how = anthropic.KEY_HINT if anthropic.is_messages_path(scope["path"]) else KEY_HINT
+            await self._refuse(send, APIError(401, f"Incorrect or missing API key: {how}", None, "invalid_api_key"),
+                               scope)  # fmt: skip
             return
         if scope["method"] in ("POST", "PUT", "PATCH"):
             body = await self._read_body(scope, receive)
             if body is None:
                 await self._refuse(send, APIError(413, f"the request body is larger than {self.max_body:,} bytes "
-                                                  "(the server's --max-body-bytes)", None, "request_too_large"))  # fmt: skip
+                                                  "(the server's --max-body-bytes)", None, "request_too_large"),
+                                   scope)  # fmt: skip
                 return
             receive = _replay(body, receive)
         await self.app(scope, receive, send)
@@ -295,9 +341,9 @@ class Guard:
                 break
         return b"".join(parts)
 
-    async def _refuse(self, send: Send, e: APIError) -> None:
+    async def _refuse(self, send: Send, e: APIError, scope: Scope) -> None:
         self.metrics.error(e.status)
-        body = json.dumps(e.body()).encode()
+        body = json.dumps(anthropic.error_body(e) if anthropic.is_messages_path(scope["path"]) else e.body()).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
         if e.status == 401:
             headers.append((b"www-authenticate", b"Bearer"))

@@ -8,8 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from localspec.backends.base import ChatMessage
+from localspec.backends.base import ChatMessage, chat_prompt_tokens
+from localspec.decoding import grammar
 from localspec.decoding.engine import GenerationConfig
+from localspec.decoding.grammar import GrammarSpec
 from localspec.errors import LocalspecError
 from localspec.families import registry
 from localspec.options import GenerationSettings
@@ -22,8 +24,10 @@ from localspec.server.schemas import (
     Speculative,
     SamplingFields,
 )
+from localspec.server.tool_requests import message_tool_fields, read_tools, with_tools
+from localspec.server.tools import ToolPlan, ToolTemplate, tool_template
 
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,13 @@ class Served:
     defaults: GenerationSettings
     model_ids: tuple[str, ...]
     _unfit: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+    _tools: list[ToolTemplate | str] = field(default_factory=list, compare=False, repr=False)
+
+    def tool_template(self) -> ToolTemplate | str:
+        """How the served model takes tools, or why it cannot; found once."""
+        if not self._tools:
+            self._tools.append(tool_template(self.pipeline.target, self.pipeline.chat_format))
+        return self._tools[0]
 
     def method_unfit(self, method: str) -> str:
         """Why a request may not draft with `method` here ("" when it may); found once per method."""
@@ -52,6 +63,8 @@ class GenerationRequest:
     stops: tuple[str, ...]
     stream: bool
     include_usage: bool
+    tools: ToolPlan | None = None  # the answer is read for tool calls
+    path: str = ""  # the route asked, for the log line, when it is not the endpoint's own (/v1/messages)
 
 
 def check_model(body: SamplingFields, served: Served) -> None:
@@ -72,13 +85,33 @@ def chat_request(body: ChatCompletionRequest, served: Served) -> GenerationReque
     if body.top_logprobs:
         raise APIError(400, "logprobs are not supported by localspec serve", "top_logprobs", "unsupported_parameter")
     messages = chat_messages(body, served.defaults.system)
+    asks_tools = body.tools or body.tool_choice is not None or has_tool_turns(body)
+    tools = read_tools(body, served.tool_template()) if asks_tools else None
     try:
-        tokens = served.pipeline.prompt_tokens(messages)
+        if tools is None or tools.chat_format is None:
+            tokens = served.pipeline.prompt_tokens(messages)
+        else:
+            tokens = chat_prompt_tokens(served.pipeline.target, tools.messages(messages), tools.chat_format,
+                                        tools.definitions)  # fmt: skip
     except LocalspecError as e:
         raise from_localspec(e, param="messages") from None
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
-    return _request("chat", body, tokens, max_tokens, param, served)
+    req = _request("chat", body, tokens, max_tokens, param, served)
+    if tools is None:
+        return req
+    if req.config.grammar is not None and (body.tools and body.tool_choice != "none"):
+        raise APIError(400, "response_format json_object / json_schema cannot be combined with tools yet (a tool "
+                       "call would not fit the format); send one or the other, or tool_choice none",
+                       "response_format", "unsupported_parameter")  # fmt: skip
+    config = with_tools(req.config, tools)
+    if config.grammar is not None and config.grammar != req.config.grammar:
+        compiled(config.grammar, served, "tools")  # a tool's parameters schema llguidance cannot compile: a 400
+    return replace(req, config=config, tools=tools.plan)
+
+
+def has_tool_turns(body: ChatCompletionRequest) -> bool:
+    return any(m.role == "tool" or m.tool_calls for m in body.messages)
 
 
 def completion_request(body: CompletionRequest, served: Served) -> GenerationRequest:
@@ -105,10 +138,8 @@ def completion_request(body: CompletionRequest, served: Served) -> GenerationReq
 # what a client would get if the field were dropped silently (an agent that sends tools must never get
 # an invented prose answer instead of a call).
 UNHONOURED: dict[str, tuple[tuple[object, ...], str]] = {
-    "tools": ((None, []), "tool calls are not supported yet: the model would answer in prose and no call would come back"),
-    "tool_choice": ((None, "none"), "tool calls are not supported yet"),
-    "functions": ((None, []), "function calls are not supported yet"),
-    "function_call": ((None, "none"), "function calls are not supported yet"),
+    "functions": ((None, []), "the legacy functions field is not supported (send `tools` instead)"),
+    "function_call": ((None, "none"), "the legacy function_call field is not supported (send `tool_choice` instead)"),
     "logit_bias": ((None, {}), "logit_bias is not supported: the exact rule would need the biased distribution"),
     "frequency_penalty": ((None, 0, 0.0), "repetition penalties are not supported"),
     "presence_penalty": ((None, 0, 0.0), "repetition penalties are not supported"),
@@ -125,31 +156,54 @@ def refuse_unhonoured(body: SamplingFields) -> None:
         value = getattr(body, name, None)
         if value not in idle:
             raise APIError(400, f"{name}: {why} by localspec serve; leave it out", name, "unsupported_parameter")
-    fmt = getattr(body, "response_format", None)
-    if fmt is None:
-        return
-    kind = fmt.get("type")
-    if kind not in RESPONSE_FORMATS:
-        raise APIError(400, f"response_format.type {kind!r} is unknown to localspec serve (one of: {', '.join(RESPONSE_FORMATS)})",
-                       "response_format.type", "invalid_value")  # fmt: skip
-    if kind != "text":
-        raise APIError(400, f"response_format {kind} is not supported by localspec serve yet: the output would not be "
-                       "constrained to it; leave it out", "response_format", "unsupported_parameter")  # fmt: skip
+    fmt = body.response_format
+    if fmt is not None and fmt.type not in RESPONSE_FORMATS:
+        raise APIError(400, f"response_format.type {fmt.type!r} is unknown to localspec serve (one of: "
+                       f"{', '.join(RESPONSE_FORMATS)})", "response_format.type", "invalid_value")  # fmt: skip
+
+
+def response_grammar(body: SamplingFields, served: Served) -> GrammarSpec | None:
+    """The grammar that enforces response_format (json_object, or json_schema strict or not), compiled for
+    the served model now so that a schema llguidance cannot compile is a 400 with its reason."""
+    fmt = body.response_format
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        spec = grammar.json_object()
+    elif fmt.json_schema is None or fmt.json_schema.schema_ is None:
+        raise APIError(400, 'response_format json_schema needs json_schema.schema (e.g. {"type": "json_schema", '
+                       '"json_schema": {"name": "answer", "schema": {"type": "object"}}})',
+                       "response_format.json_schema", "invalid_value")  # fmt: skip
+    else:
+        spec = grammar.json_schema(fmt.json_schema.schema_)
+    param = "response_format" if fmt.type == "json_object" else "response_format.json_schema.schema"
+    return compiled(spec, served, param)
+
+
+def compiled(spec: GrammarSpec, served: Served, param: str) -> GrammarSpec:
+    """`spec`, compiled for the served model now (cached), or a 400 with llguidance's reason."""
+    try:
+        grammar.check(spec)
+        grammar.prepare(served.pipeline.target, spec)
+    except LocalspecError as e:
+        raise APIError(400, e.message + (f" ({e.hint})" if e.hint else ""), param, "invalid_value") from None
+    return spec
 
 
 def chat_messages(body: ChatCompletionRequest, system: str | None) -> list[ChatMessage]:
     if not body.messages:
         raise APIError(400, "messages must be a non-empty list", "messages", "invalid_value")
     out: list[ChatMessage] = []
+    call_names: dict[str, str] = {}  # tool call id -> function, for the tool turns that answer them
     for i, m in enumerate(body.messages):
         role = ROLES.get(m.role)
         if role is None:
-            raise APIError(400, f"messages[{i}].role {m.role!r} is not supported (use system, user or assistant)",
-                           f"messages[{i}].role", "invalid_value")  # fmt: skip
+            raise APIError(400, f"messages[{i}].role {m.role!r} is not supported (use system, user, assistant or "
+                           "tool)", f"messages[{i}].role", "invalid_value")  # fmt: skip
         if m.non_text_parts():
             raise APIError(400, f"messages[{i}] has {', '.join(m.non_text_parts())} content; only text is supported",
                            f"messages[{i}].content", "invalid_value")  # fmt: skip
-        out.append(ChatMessage(role, m.text()))
+        out.append(ChatMessage(role, m.text(), **message_tool_fields(i, m, call_names)))
     if system and not any(m.role == "system" for m in out):
         out.insert(0, ChatMessage("system", system))
     return out
@@ -186,6 +240,9 @@ def _request(
         config = settings.config(room=n_ctx - len(tokens))
     except LocalspecError as e:
         raise from_localspec(e) from None
+    spec = response_grammar(body, served)
+    if spec is not None:
+        config = replace(config, grammar=spec)
     stream = bool(body.stream)
     include_usage = bool(stream and body.stream_options and body.stream_options.include_usage)
     stops = tuple(body.stop_strings())

@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import secrets
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from localspec import __version__
 from localspec.decoding.stats import SpecStats
 from localspec.server.schemas import Endpoint
+from localspec.server.tools import ArgumentsDelta, CallStart, ContentDelta, ToolCall, ToolEvent
 
 FINGERPRINT = f"localspec-{__version__}"
 FINISH_REASONS = {"eog": "stop", "max_tokens": "length", "context": "length", "stopped": "stop"}
@@ -78,10 +80,16 @@ class ResponseIds:
                 "system_fingerprint": FINGERPRINT}  # fmt: skip
 
 
-def full_response(ids: ResponseIds, text: str, finish_reason: str, stats: SpecStats) -> dict[str, Any]:
+def full_response(
+    ids: ResponseIds, text: str, finish_reason: str, stats: SpecStats, calls: Sequence[ToolCall] = ()
+) -> dict[str, Any]:
     if ids.endpoint == "chat":
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                  "finish_reason": finish_reason}  # fmt: skip
+        message: dict[str, Any] = {"role": "assistant", "content": text if text or not calls else None}
+        if calls:
+            message["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name,
+                                      "arguments": c.arguments}} for c in calls]  # fmt: skip
+        choice = {"index": 0, "message": message, "logprobs": None,
+                  "finish_reason": calls_finish_reason(finish_reason, calls)}  # fmt: skip
     else:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
     return {**ids.head(chunk=False), "choices": [choice], "usage": usage(stats), "timings": timings(stats)}
@@ -104,6 +112,30 @@ def chunk(ids: ResponseIds, *, text: str | None = None, role: bool = False, fini
         out["usage"] = None  # OpenAI: null on every chunk but the usage one
     if stats is not None:
         out["timings"] = timings(stats)
+    return out
+
+
+def calls_finish_reason(finish_reason: str, calls: Sequence[ToolCall]) -> str:
+    """OpenAI's "tool_calls" when the answer ended with calls (a cut-short one keeps "length")."""
+    return "tool_calls" if calls and finish_reason == "stop" else finish_reason
+
+
+def tool_chunks(ids: ResponseIds, events: Sequence[ToolEvent], include_usage: bool = False) -> list[dict[str, Any]]:
+    """Stream chunks for a tool-reading answer's events: content deltas, then each call as OpenAI streams it
+    (its id, type and name with empty arguments first, then the arguments in pieces)."""
+    out = []
+    for e in events:
+        if isinstance(e, ContentDelta):
+            out.append(chunk(ids, text=e.text, include_usage=include_usage))
+            continue
+        if isinstance(e, CallStart):
+            call = {"index": e.index, "id": e.id, "type": "function", "function": {"name": e.name, "arguments": ""}}
+        else:
+            assert isinstance(e, ArgumentsDelta)
+            call = {"index": e.index, "function": {"arguments": e.text}}
+        body = chunk(ids, include_usage=include_usage)
+        body["choices"][0]["delta"] = {"tool_calls": [call]}
+        out.append(body)
     return out
 
 

@@ -1,6 +1,6 @@
 """Request bodies of the OpenAI API, as typed models. Unknown fields are ignored (clients send many
-that a local server has no use for); the known fields localspec cannot honour yet (tools, response
-formats, penalties, fill-in-the-middle, ...) are typed here so that requests.refuse_unhonoured can refuse
+that a local server has no use for); the known fields localspec cannot honour yet (legacy functions,
+penalties, fill-in-the-middle, ...) are typed here so that requests.refuse_unhonoured can refuse
 them with a 400 instead of answering as if they were not there. Wrong types fail validation: a 400.
 
 Every field is strict, as OpenAI's API is: `"max_tokens": true` or `"10"` and `"stream": "yes"` are
@@ -23,9 +23,23 @@ class TextPart(_Body):
     text: str | None = None
 
 
+class CallFunction(_Body):
+    name: str
+    arguments: str  # JSON text
+
+
+class MessageToolCall(_Body):
+    id: str
+    type: Literal["function"] = "function"
+    function: CallFunction
+
+
 class Message(_Body):
     role: str
     content: str | list[TextPart] | None = None
+    tool_calls: list[MessageToolCall] | None = None  # an assistant turn's calls
+    tool_call_id: str | None = None  # a tool turn: the call it answers
+    name: str | None = None
 
     def text(self) -> str:
         """The content as one string; only text parts are understood (others are refused upstream)."""
@@ -53,6 +67,42 @@ class Speculative(_Body):
     rule: str | None = None
 
 
+class FunctionDef(_Body):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema
+    strict: bool | None = None
+
+
+class ToolDef(_Body):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class FunctionName(_Body):
+    name: str
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: FunctionName
+
+
+class JSONSchemaFormat(_Body):
+    name: str
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")  # `schema` is taken on BaseModel
+    strict: bool | None = None
+
+
+class ResponseFormat(_Body):
+    """{"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": {...}}; enforced
+    with a grammar (requests.response_grammar), strict or not."""
+
+    type: str
+    json_schema: JSONSchemaFormat | None = None
+
+
 class SamplingFields(_Body):
     model: str | None = None
     max_tokens: int | None = None
@@ -67,6 +117,7 @@ class SamplingFields(_Body):
     stream_options: StreamOptions | None = None
     logprobs: bool | int | None = None
     speculative: Speculative | None = None
+    response_format: ResponseFormat | None = None
     # Accepted by OpenAI, not honoured here: refused unless left at their defaults (requests.refuse_unhonoured).
     logit_bias: dict[str, Any] | None = None
     frequency_penalty: float | None = None
@@ -83,11 +134,11 @@ class ChatCompletionRequest(SamplingFields):
     messages: list[Message] = Field(default_factory=list)
     max_completion_tokens: int | None = None
     top_logprobs: int | None = None
-    tools: list[Any] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tools: list[ToolDef] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
     functions: list[Any] | None = None
     function_call: str | dict[str, Any] | None = None
-    response_format: dict[str, Any] | None = None
 
 
 class CompletionRequest(SamplingFields):
@@ -111,6 +162,7 @@ Endpoint = Literal["chat", "completion"]
 
 BODIES: tuple[type[_Body], ...] = (
     TextPart, Message, StreamOptions, Speculative, ChatCompletionRequest, CompletionRequest, TokenizeRequest,
-    DetokenizeRequest,
+    DetokenizeRequest, CallFunction, MessageToolCall, FunctionDef, ToolDef, FunctionName, NamedToolChoice,
+    JSONSchemaFormat, ResponseFormat,
 )  # fmt: skip
 FIELD_NAMES = frozenset(name for body in BODIES for name in body.model_fields)  # to name a bad field (param)

@@ -14,6 +14,7 @@ class StopMatcher:
         self.stops = tuple(s for s in stops if s)
         self.held = ""  # the tail that may still grow into a stop string
         self.hit = False
+        self.matched: str | None = None  # the stop string that ended the text (Anthropic's stop_sequence)
         self.sent: list[str] = []
 
     def feed(self, text: str) -> str:
@@ -22,10 +23,11 @@ class StopMatcher:
         if not self.stops:
             return self._send(text)
         buf = self.held + text
-        found = [i for i in (buf.find(s) for s in self.stops) if i >= 0]
+        found = [(i, s) for i, s in ((buf.find(s), s) for s in self.stops) if i >= 0]
         if found:
+            at, self.matched = min(found, key=lambda f: f[0])
             self.hit, self.held = True, ""
-            return self._send(buf[: min(found)])
+            return self._send(buf[:at])
         keep = self._partial_tail(buf)
         self.held = buf[len(buf) - keep :]
         return self._send(buf[: len(buf) - keep])

@@ -1,0 +1,497 @@
+"""Anthropic's Messages API over the chat path: /v1/messages (plain and streamed) and
+/v1/messages/count_tokens, for clients that speak only this API (agents pointed at a local base URL, the
+`anthropic` SDK).
+
+A Messages request becomes a ChatCompletionRequest and goes through requests.chat_request and the
+scheduler like any chat request, so it is checked, rendered and generated exactly as /v1/chat/completions
+would; this module only translates the request in and the answer out, and gives errors Anthropic's shape
+on every /v1/messages* path. Tools map onto OpenAI's (tool_use -> tool_calls, tool_result -> `tool`
+messages, tool_choice any -> "required"), and the answer is read for calls by tools.ToolStreamParser;
+output_config.format is response_format json_schema (strict). Extended thinking and content other than
+text, tool_use and tool_result (images, documents) are refused with a 400.
+
+    messages_router(service) -> APIRouter       the two routes, mounted by app.create_app
+    error_body(APIError) -> dict                 {"type": "error", "error": {"type", "message"}}
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
+
+from localspec.server.anthropic_schemas import (
+    FIELD_NAMES,
+    Block,
+    Conversation,
+    MessageParam,
+    MessagesRequest,
+    ToolParam,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+from localspec.server.errors import APIError
+from localspec.server.metrics import Metrics
+from localspec.server.requests import GenerationRequest, Served, chat_request
+from localspec.server.responses import timings
+from localspec.server.scheduler import Job, Outcome
+from localspec.server.schemas import ChatCompletionRequest
+from localspec.server.tools import ArgumentsDelta, CallStart, ContentDelta, ToolCall, ToolEvent
+
+PATH = "/v1/messages"
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",  # the queue is full (with Retry-After), or the server is shutting down
+    529: "overloaded_error",
+}
+KEY_HINT = "send it as `x-api-key: KEY` or `Authorization: Bearer KEY`"
+
+StartJob = Callable[[Request, GenerationRequest], tuple[Job, Callable[[], None]]]
+
+
+def is_messages_path(path: str) -> bool:
+    return path == PATH or path.startswith(PATH + "/")
+
+
+def error_body(e: APIError) -> dict[str, Any]:
+    return {"type": "error", "error": {"type": ERROR_TYPES.get(e.status, "api_error"), "message": e.message}}
+
+
+def validation_error(errors: Sequence[Any]) -> APIError:
+    """A body that does not parse, as a 400 naming the field (`messages[0].content[1].text: Field required`).
+    Of several errors the deepest is the most telling: a bad block fails both the string and the list
+    reading of `content`, and only the list's error says what is wrong."""
+    if not errors:
+        return APIError(400, "the request body is not valid")
+    first = max(errors, key=lambda err: len(err.get("loc", ())))
+    if first.get("type") == "json_invalid":
+        why = first.get("ctx", {}).get("error", "")
+        return APIError(400, f"the request body is not valid JSON: {why}".rstrip(": "))
+    where = field_path(first.get("loc", ()))
+    if first.get("type") == "missing" and not where:
+        return APIError(400, "the request needs a JSON body")
+    got = f", got {json.dumps(first['input'])[:40]}" if "input" in first and first.get("type") != "missing" else ""
+    return APIError(400, f"{where or 'body'}: {first.get('msg', 'invalid value')}{got}", where)
+
+
+def field_path(loc: Sequence[Any]) -> str:
+    """`messages[0].content[1].text` from pydantic's location (without `body` and the union tags)."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in FIELD_NAMES:
+            out += f".{part}" if out else part
+    return out
+
+
+# -- the request: Anthropic's body -> OpenAI's chat body -------------------------------------------------
+
+
+def chat_body(body: Conversation) -> ChatCompletionRequest:
+    """The chat request that asks for what `body` asks for; a 400 for what localspec serve cannot honour."""
+    refuse_unhonoured(body)
+    fields: dict[str, Any] = {"model": body.model, "messages": chat_messages(body), **tool_fields(body)}
+    if isinstance(body, MessagesRequest):  # (count_tokens renders the prompt only)
+        fields.update(generation_fields(body))
+    try:
+        return ChatCompletionRequest.model_validate(fields)
+    except ValidationError as e:  # what the chat body cannot take, though Anthropic's did (never a 500)
+        raise validation_error(e.errors()) from None
+
+
+def generation_fields(body: MessagesRequest) -> dict[str, Any]:
+    """Sampling, stop strings, streaming, localspec's `speculative` and the output format."""
+    sampling = {"max_tokens": body.max_tokens, "temperature": body.temperature, "top_p": body.top_p,
+                "top_k": body.top_k, "stop": body.stop_sequences, "stream": bool(body.stream)}  # fmt: skip
+    out = {name: value for name, value in sampling.items() if value is not None}
+    if body.speculative is not None:
+        out["speculative"] = body.speculative.model_dump(exclude_none=True)
+    fmt = body.output_config.format if body.output_config and body.output_config.format else body.output_format
+    if fmt is not None:  # enforced by the chat path's grammar, as response_format json_schema strict
+        out["response_format"] = {"type": "json_schema",
+                                  "json_schema": {"name": "output", "schema": fmt.schema_, "strict": True}}  # fmt: skip
+    return out
+
+
+# `adaptive` lets the model decide whether to think: a model served here never does, which that allows.
+THINKING_ACCEPTED = ("disabled", "adaptive")
+
+
+def refuse_unhonoured(body: Conversation) -> None:
+    if body.thinking is not None and body.thinking.type not in THINKING_ACCEPTED:
+        raise APIError(400, f"thinking {body.thinking.type}: extended thinking is not supported by localspec serve "
+                       "(the model answers without thinking blocks); leave it out", "thinking")  # fmt: skip
+    if body.mcp_servers:
+        raise APIError(400, "mcp_servers: the MCP connector is not supported by localspec serve (the model would "
+                       "answer without the servers' tools); give their tools in `tools` instead",
+                       "mcp_servers")  # fmt: skip
+
+
+def tool_fields(body: Conversation) -> dict[str, Any]:
+    """tools and tool_choice as the chat body's: any is OpenAI's "required", tool a named function, and
+    disable_parallel_tool_use is parallel_tool_calls false. The chat path checks them against each other."""
+    out: dict[str, Any] = {}
+    if body.tools:
+        out["tools"] = [function_tool(i, tool) for i, tool in enumerate(body.tools)]
+    choice = body.tool_choice
+    if choice is None:
+        return out
+    if choice.type == "tool":
+        if not choice.name:
+            raise APIError(400, "tool_choice.name: tool_choice {\"type\": \"tool\"} needs the name of the tool to "
+                           "call", "tool_choice.name")  # fmt: skip
+        out["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
+    else:
+        out["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}[choice.type]
+    if choice.disable_parallel_tool_use:
+        out["parallel_tool_calls"] = False
+    return out
+
+
+def function_tool(i: int, tool: ToolParam) -> dict[str, Any]:
+    if tool.type not in (None, "custom"):
+        raise APIError(400, f"tools[{i}]: {tool.type} is one of Anthropic's own tools, which localspec serve does "
+                       "not have; define the tool yourself (name, description, input_schema)",
+                       f"tools[{i}].type")  # fmt: skip
+    if tool.input_schema is None:
+        raise APIError(400, f"tools[{i}].input_schema: Field required (the JSON schema of the tool's input)",
+                       f"tools[{i}].input_schema")  # fmt: skip
+    function = {"name": tool.name, "parameters": tool.input_schema}
+    if tool.description is not None:
+        function["description"] = tool.description
+    return {"type": "function", "function": function}
+
+
+def chat_messages(body: Conversation) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    if body.system:
+        system = body.system if isinstance(body.system, str) else text_parts(body.system)
+        out.append({"role": "system", "content": system})
+    for i, message in enumerate(body.messages):
+        out.extend(turn(i, message))
+    if body.messages and body.messages[-1].role == "assistant":
+        raise APIError(400, f"messages[{len(body.messages) - 1}]: the conversation ends with an assistant message, "
+                       "and continuing it (prefill) is not supported by localspec serve; end with a user message",
+                       "messages")  # fmt: skip
+    return out
+
+
+def turn(i: int, message: MessageParam) -> list[dict[str, Any]]:
+    """One Anthropic message as OpenAI chat messages: an assistant's tool_use blocks become its tool_calls,
+    a user's tool_result blocks `tool` messages (before the user's text, in the blocks' order)."""
+    if isinstance(message.content, str):
+        return [{"role": message.role, "content": message.content}]
+    if message.role == "assistant":
+        return [assistant_turn(i, message.content)]
+    return user_turn(i, message.content)
+
+
+# Earlier turns' thinking (from another server) is left out of the prompt, as Anthropic leaves it out of the context.
+PAST_THINKING = ("thinking", "redacted_thinking")
+
+
+def assistant_turn(i: int, blocks: Sequence[Block]) -> dict[str, Any]:
+    text: list[dict[str, str]] = []
+    calls: list[dict[str, Any]] = []
+    for j, block in enumerate(blocks):
+        if isinstance(block, TextBlock):
+            text.append(text_part(block))
+        elif isinstance(block, ToolUseBlock):
+            arguments = json.dumps(block.input, ensure_ascii=False)
+            calls.append({"id": block.id, "type": "function", "function": {"name": block.name, "arguments": arguments}})
+        elif block.type not in PAST_THINKING:
+            refuse_block(f"messages[{i}].content[{j}]", block, "assistant")
+    return {"role": "assistant", "content": text, **({"tool_calls": calls} if calls else {})}
+
+
+def user_turn(i: int, blocks: Sequence[Block]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    text: list[dict[str, str]] = []
+    for j, block in enumerate(blocks):
+        where = f"messages[{i}].content[{j}]"
+        if isinstance(block, TextBlock):
+            text.append(text_part(block))
+        elif isinstance(block, ToolResultBlock):
+            if text:
+                out.append({"role": "user", "content": text})
+                text = []
+            out.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": result_text(where, block)})
+        else:
+            refuse_block(where, block, "user")
+    if text or not out:
+        out.append({"role": "user", "content": text})
+    return out
+
+
+def result_text(where: str, block: ToolResultBlock) -> str:
+    """A tool_result's content as the tool message's text; OpenAI's tool messages have no error flag, so
+    an error says so in its text."""
+    if block.content is None or isinstance(block.content, str):
+        text = block.content or ""
+    else:
+        for k, part in enumerate(block.content):
+            if not isinstance(part, TextBlock):
+                refuse_block(f"{where}.content[{k}]", part, "tool_result")
+        text = "\n".join(part.text for part in block.content if isinstance(part, TextBlock))
+    return f"Error: {text}" if block.is_error else text
+
+
+def refuse_block(where: str, block: Block, role: str) -> None:
+    """A 400 for a block this server cannot read (image, document, thinking, ...) or one out of place."""
+    if isinstance(block, ToolUseBlock | ToolResultBlock):
+        belongs = "assistant" if isinstance(block, ToolUseBlock) else "user"
+        raise APIError(400, f"{where}: {block.type} blocks belong in {belongs} messages, not in {role} ones", where)
+    hint = "the served model reads text only" if block.type in ("image", "document") else "send text blocks"
+    inside = "text" if role == "tool_result" else "text, tool_use and tool_result"
+    raise APIError(400, f"{where}: {block.type} blocks are not supported by localspec serve ({hint}); it reads "
+                   f"{inside} blocks here", where)  # fmt: skip
+
+
+def text_part(block: TextBlock) -> dict[str, str]:
+    return {"type": "text", "text": block.text}
+
+
+def text_parts(blocks: Sequence[TextBlock]) -> list[dict[str, str]]:
+    return [text_part(b) for b in blocks]
+
+
+def generation_request(body: MessagesRequest, served: Served) -> GenerationRequest:
+    return replace(chat_request(chat_body(body), served), path=PATH)
+
+
+def count_request(body: Conversation, served: Served) -> GenerationRequest:
+    """The prompt /v1/messages would render for `body` (the same path, one token to generate)."""
+    chat = chat_body(body)
+    chat.max_tokens = 1
+    return chat_request(chat, served)
+
+
+# -- the answer: Outcome -> a message, or the stream's events --------------------------------------------
+
+
+def new_id() -> str:
+    return f"msg_{secrets.token_hex(12)}"
+
+
+def tool_use_id(call_id: str) -> str:
+    """Anthropic's id style for a call the tool reader named (the client sends it back in its tool_result)."""
+    return "toolu_" + call_id.removeprefix("call_")
+
+
+def stop_reason(outcome: Outcome, calls: Sequence[ToolCall]) -> str:
+    if outcome.stop_string is not None:
+        return "stop_sequence"
+    if calls and outcome.finish_reason == "stop":  # (a call cut short by max_tokens keeps max_tokens)
+        return "tool_use"
+    if outcome.stats.stop_reason == "context":
+        return "model_context_window_exceeded"
+    if outcome.finish_reason == "length":
+        return "max_tokens"
+    return "end_turn"
+
+
+def tool_input(arguments: str) -> dict[str, Any]:
+    """A call's arguments as the tool_use block's input; {} for arguments cut short (stop_reason max_tokens)."""
+    try:
+        value = json.loads(arguments or "{}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def full_message(msg_id: str, model: str, outcome: Outcome, text: str, calls: Sequence[ToolCall]) -> dict[str, Any]:
+    content: list[dict[str, Any]] = [{"type": "text", "text": text}] if text or not calls else []
+    content += [{"type": "tool_use", "id": tool_use_id(c.id), "name": c.name, "input": tool_input(c.arguments)}
+                for c in calls]  # fmt: skip
+    return {
+        "id": msg_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": stop_reason(outcome, calls),
+        "stop_sequence": outcome.stop_string,
+        "usage": {"input_tokens": outcome.stats.n_prompt, "output_tokens": outcome.stats.n_generated},
+        "timings": timings(outcome.stats),  # localspec's speculative statistics, as on the OpenAI routes
+    }
+
+
+def event(name: str, data: dict[str, Any]) -> bytes:
+    return f"event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+
+
+@dataclass
+class Blocks:
+    """The content blocks of a streamed answer: a block opens with its first piece (text, or a call's
+    name) and closes when the next one opens; an answer with no content still gets one (empty) text
+    block, as the plain answer does."""
+
+    index: int = -1
+    open_kind: str | None = None
+    out: list[bytes] = field(default_factory=list)
+
+    def events(self, pieces: Sequence[ToolEvent]) -> list[bytes]:
+        for piece in pieces:
+            if isinstance(piece, ContentDelta):
+                self.text(piece.text)
+            elif isinstance(piece, CallStart):
+                self.start({"type": "tool_use", "id": tool_use_id(piece.id), "name": piece.name, "input": {}}, "tool")
+            elif isinstance(piece, ArgumentsDelta) and piece.text:
+                self.delta({"type": "input_json_delta", "partial_json": piece.text})
+        return self.take()
+
+    def text(self, text: str) -> None:
+        if self.open_kind != "text":
+            self.start({"type": "text", "text": ""}, "text")
+        self.delta({"type": "text_delta", "text": text})
+
+    def delta(self, delta: dict[str, Any]) -> None:
+        self.out.append(event("content_block_delta", {"type": "content_block_delta", "index": self.index,
+                                                      "delta": delta}))  # fmt: skip
+
+    def start(self, block: dict[str, Any], kind: str) -> None:
+        self.close()
+        self.index += 1
+        self.open_kind = kind
+        self.out.append(event("content_block_start", {"type": "content_block_start", "index": self.index,
+                                                      "content_block": block}))  # fmt: skip
+
+    def close(self) -> None:
+        if self.open_kind is not None:
+            self.out.append(event("content_block_stop", {"type": "content_block_stop", "index": self.index}))
+            self.open_kind = None
+
+    def finish(self) -> list[bytes]:
+        if self.index < 0:
+            self.start({"type": "text", "text": ""}, "text")
+        self.close()
+        return self.take()
+
+    def take(self) -> list[bytes]:
+        out, self.out = self.out, []
+        return out
+
+
+class Answer:
+    """The answer's text as it comes, read for tool calls when the request offered tools: the pieces to
+    send (text, or a call's start and its arguments) and, at the end, the content and the calls."""
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+        self.reader = job.request.tools.parser() if job.request.tools else None
+
+    def feed(self, text: str) -> list[ToolEvent]:
+        if self.reader is None:
+            return [ContentDelta(text)]
+        pieces = self.reader.feed(text)
+        if self.reader.done:
+            self.job.stop.set()  # disable_parallel_tool_use: nothing after the one call is wanted
+        return pieces
+
+    def finish(self) -> list[ToolEvent]:
+        return self.reader.finish() if self.reader is not None else []
+
+    def result(self, outcome: Outcome) -> tuple[str, list[ToolCall]]:
+        if self.reader is None:
+            return outcome.text, []
+        return "".join(self.reader.content), self.reader.calls
+
+
+def message_start(msg_id: str, model: str, req: GenerationRequest) -> bytes:
+    message = {"id": msg_id, "type": "message", "role": "assistant", "model": model, "content": [],
+               "stop_reason": None, "stop_sequence": None,
+               "usage": {"input_tokens": len(req.prompt), "output_tokens": 0}}  # fmt: skip
+    return event("message_start", {"type": "message_start", "message": message})
+
+
+def message_end(outcome: Outcome, calls: Sequence[ToolCall]) -> list[bytes]:
+    delta = {"type": "message_delta",
+             "delta": {"stop_reason": stop_reason(outcome, calls), "stop_sequence": outcome.stop_string},
+             "usage": {"output_tokens": outcome.stats.n_generated}, "timings": timings(outcome.stats)}  # fmt: skip
+    return [event("message_delta", delta), event("message_stop", {"type": "message_stop"})]
+
+
+# -- the routes ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MessagesService:
+    """What the routes need from the app: the requests' context, the served id, how to queue a job (and
+    cancel it when its client goes away) and the error counters."""
+
+    served: Served
+    model_name: str
+    start: StartJob
+    metrics: Metrics
+
+
+def messages_router(service: MessagesService) -> APIRouter:
+    router = APIRouter()
+
+    @router.post(PATH)
+    async def messages(body: MessagesRequest, request: Request) -> Response:
+        req = await run_in_threadpool(generation_request, body, service.served)
+        job, end = service.start(request, req)
+        msg_id = new_id()
+        if req.stream:
+            return StreamingResponse(stream(job, end, msg_id), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})  # fmt: skip
+        answer = Answer(job)
+        try:
+            while True:
+                item = await job.next()
+                if isinstance(item, str):
+                    answer.feed(item)
+                elif isinstance(item, APIError):
+                    raise item
+                else:
+                    answer.finish()
+                    text, calls = answer.result(item)
+                    return JSONResponse(full_message(msg_id, service.model_name, item, text, calls))
+        finally:
+            end()
+
+    @router.post(f"{PATH}/count_tokens")
+    async def count_tokens(body: Conversation) -> dict[str, Any]:
+        req = await run_in_threadpool(count_request, body, service.served)
+        return {"input_tokens": len(req.prompt)}
+
+    async def stream(job: Job, end: Callable[[], None], msg_id: str) -> AsyncIterator[bytes]:
+        blocks = Blocks()
+        answer = Answer(job)
+        try:
+            yield message_start(msg_id, service.model_name, job.request)
+            yield event("ping", {"type": "ping"})  # early, while the prompt pass runs
+            while True:
+                item = await job.next()
+                if isinstance(item, str):
+                    for chunk in blocks.events(answer.feed(item)):
+                        yield chunk
+                elif isinstance(item, APIError):
+                    service.metrics.error(item.status)  # (a non-streamed error is counted by its handler)
+                    yield event("error", error_body(item))  # the stream ends with the error; the server serves on
+                    break
+                else:
+                    closing = [*blocks.events(answer.finish()), *blocks.finish()]
+                    for chunk in [*closing, *message_end(item, answer.result(item)[1])]:
+                        yield chunk
+                    break
+        finally:
+            end()  # the client went away mid-stream: stop now (a no-op once finished)
+
+    return router
