@@ -1,4 +1,4 @@
-"""Command-line entry point: `localspec run|chat|serve|pull|models|bench|doctor`.
+"""Command-line entry point: `localspec run|chat|serve|pull|models|bench|doctor|memory`.
 
 Only argparse and the command modules' parser definitions load here; each command imports its
 heavy dependencies when it runs.
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from localspec import __version__
 from localspec.errors import Interrupted, LocalspecError
 
-COMMANDS: tuple[str, ...] = ("run", "chat", "serve", "pull", "models", "bench", "doctor")
+COMMANDS: tuple[str, ...] = ("run", "chat", "serve", "pull", "models", "bench", "doctor", "memory")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -53,6 +53,9 @@ class ModelOptions:
     # The longest draft the engine will verify: a recurrent/hybrid target keeps rollback snapshots for this
     # many tokens (longer drafts still run, restoring a saved state instead; see localspec.backends.base).
     max_draft: int = AUTO_MAX_K
+    # The suffix drafter reads and writes earlier sessions' texts (localspec.decoding.suffix_memory). Off
+    # unless a front end turns it on: run, chat and serve do (--no-suffix-memory), bench only when asked.
+    suffix_memory: bool = False
 
     def __post_init__(self) -> None:
         check_choice("backend", self.backend, backend_choices())
@@ -199,8 +202,12 @@ def generation_config_from_args(args: argparse.Namespace) -> GenerationConfig:
 # -- command-line flags ------------------------------------------------------------------------------
 
 
-def add_model_options(p: argparse.ArgumentParser, *, method: bool = True, first_use: bool = True) -> None:
-    """The model flags; `first_use`: also -y/--yes and --no-pull (for commands that may pull a pair)."""
+def add_model_options(
+    p: argparse.ArgumentParser, *, method: bool = True, first_use: bool = True, suffix_memory: bool | None = True
+) -> None:
+    """The model flags; `first_use`: also -y/--yes and --no-pull (for commands that may pull a pair);
+    `suffix_memory`: the memory on by default with --no-suffix-memory (True), off with --suffix-memory to
+    turn it on (False: bench, whose numbers must not depend on earlier runs), or off and no flag (None)."""
     g = p.add_argument_group("models")
     g.add_argument(
         "--backend", default=DEFAULT_BACKEND, choices=backend_choices(),
@@ -237,6 +244,18 @@ def add_model_options(p: argparse.ArgumentParser, *, method: bool = True, first_
         help="chat format when the model ships none (or to override it): chatml, gemma, llama3, phi3, mistral, "
         "raw (plain completion), or a Jinja template file (default: the model's own, else its family's)",
     )
+    if suffix_memory is True:
+        g.add_argument(
+            "--no-suffix-memory", dest="suffix_memory", action="store_false",
+            help="do not read or write the suffix memory (earlier sessions' prompts and answers kept on disk for "
+            "suffix drafts; also LOCALSPEC_SUFFIX_MEMORY=0; `localspec memory` shows it)",
+        )  # fmt: skip
+    elif suffix_memory is False:
+        g.add_argument(
+            "--suffix-memory", dest="suffix_memory", action="store_true",
+            help="let suffix drafts read and write the suffix memory (earlier sessions' texts on disk): the "
+            "numbers then depend on earlier runs (default: off)",
+        )  # fmt: skip
 
 
 def add_generation_options(p: argparse.ArgumentParser) -> None:
@@ -309,6 +328,7 @@ def model_options(args: argparse.Namespace, local: LocalPair | None = None) -> M
         pair=pair,
         chat_template=getattr(args, "chat_template", None),
         max_draft=k,
+        suffix_memory=bool(getattr(args, "suffix_memory", False)),
     )
 
 

@@ -27,7 +27,8 @@ from localspec.backends.chat_template import ChatFormat, choose_chat_format
 from localspec.backends.registry import backend_spec, resolve_backend
 from localspec.decoding.cost_cache import CostStore
 from localspec.decoding.drafters import Drafter
-from localspec.decoding.engine import Event, GenerationConfig, generate
+from localspec.decoding.engine import Done, Event, GenerationConfig, generate
+from localspec.decoding.suffix_memory import SuffixMemory
 from localspec.errors import UsageError
 from localspec.families import registry
 from localspec.families.base import BuildContext
@@ -153,6 +154,7 @@ class Pipeline:
     clock: Callable[[], float] = field(default=time.perf_counter)
     chat_format: ChatFormat | None = None  # how conversations become prompts (None: chosen per call)
     draft_note: str = ""  # why a draft model that was given is not loaded (auto, measured costs)
+    memory: SuffixMemory | None = None  # earlier sessions' texts for the suffix drafter (None: off)
 
     @property
     def notes(self) -> list[str]:
@@ -185,7 +187,7 @@ class Pipeline:
         return make_drafter(
             method, self.target, draft, clock=self.clock, store=self.cost_store, head=head,
             n_gpu_layers=self.options.n_gpu_layers, load_draft=lazy, draft_name=_model_name(self.options.draft),
-            auto_head=auto_head,
+            auto_head=auto_head, memory=self.memory,
         )
 
     def prompt_tokens(self, prompt: Prompt, *, raw: bool = False) -> list[int]:
@@ -213,9 +215,10 @@ class Pipeline:
         `drafter`, one from new_drafter: the server's per-request method). `stop` ends it after the
         current round; abort() (from another thread) at once."""
         tokens = self.prompt_tokens(prompt, raw=raw)
-        return generate(
+        events = generate(
             self.target, drafter or self.drafter, tokens, config, stop=stop, clock=self.clock, on_phase=on_phase
         )
+        return events if self.memory is None else _remembered(events, tokens, self.memory)
 
     def abort(self, on: bool = True) -> None:
         """Make the forward pass in flight (on the generating thread) stop now; abort(False) re-arms."""
@@ -284,18 +287,30 @@ def load_pipeline(
             if opts.draft_method == "model":
                 slot.get(cancel)  # with the target, stopped by the same cancel
         head = opts.draft if head_family is not None else None
+        memory = SuffixMemory.open(target.vocab_info, label=target.info.name) if opts.suffix_memory else None
         # auto gets the draft model only where it could pay; it loads it the first time a round needs it.
         lazy = slot.get if opts.draft_method == "auto" and slot.available and not skip_note else None
         drafter = make_drafter(
             opts.draft_method, target, slot.backend, clock=clock, store=store, head=head, n_gpu_layers=opts.n_gpu_layers,
             load_draft=lazy, draft_name=_model_name(opts.draft), auto_head=None if skip_note else opts.auto_head,
+            memory=memory,
         )  # fmt: skip
         chat_format = choose_chat_format(target, opts.chat_template)
     except BaseException:
         slot.close()
         target.close()
         raise
-    return Pipeline(opts, backend, target, slot, drafter, backend_note, clock, chat_format, skip_note)
+    return Pipeline(opts, backend, target, slot, drafter, backend_note, clock, chat_format, skip_note, memory)
+
+
+def _remembered(events: Iterator[Event], prompt: list[int], memory: SuffixMemory) -> Iterator[Event]:
+    """The engine's events; when the answer ends, its prompt and answer go to the memory, if the drafter
+    read it in this generation (SuffixMemory.claim). Once per answer, never per token."""
+    memory.release()
+    for event in events:
+        if isinstance(event, Done):
+            memory.end_of_answer([*prompt, *event.tokens])
+        yield event
 
 
 class _Background:
@@ -386,14 +401,16 @@ def make_drafter(
     load_draft: Callable[[], Backend] | None = None,
     draft_name: str = "",
     auto_head: str | None = None,
+    memory: SuffixMemory | None = None,
 ) -> Drafter:
     """The drafter for a method over loaded models (the family registry builds it).
     `store`: where auto finds and keeps its measured costs (None: measure afresh, keep nothing).
     `head`: the file of a head that reads the target's hidden states (the drafter loads and owns it).
     `load_draft`: for auto without a loaded `draft`, how to load the draft model when a round first needs it.
-    `auto_head`: for auto, a head family (`head`'s, or one inside the target) that drafts in the draft model's place."""
+    `auto_head`: for auto, a head family (`head`'s, or one inside the target) that drafts in the draft model's place.
+    `memory`: earlier sessions' texts for a drafter that copies from them (suffix, auto's lookup)."""
     ctx = BuildContext(
         target=target, backend=target.info.backend, draft=draft, head=head, n_gpu_layers=n_gpu_layers, clock=clock,
-        store=store, load_draft=load_draft, draft_name=draft_name, auto_head=auto_head,
+        store=store, load_draft=load_draft, draft_name=draft_name, auto_head=auto_head, memory=memory,
     )  # fmt: skip
     return registry.build_drafter(method, ctx)

@@ -40,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
         n_ctx=args.n_ctx,
         threads=args.threads,
         n_gpu_layers=args.n_gpu_layers,
+        suffix_memory=args.suffix_memory,
     )
     app = ChatApp(
         options=options,

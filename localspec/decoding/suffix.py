@@ -16,7 +16,12 @@ current prompt and generation and every earlier prompt and output of the session
    RESYNC + the tokens copied since the edit (their own acceptance buckets in the policy and the gate,
    until policy.RESUMED tokens confirm the copy: from then on it counts as a plain match that long).
 
-Memory is bounded: at most `max_tokens` tokens are kept (the oldest session documents go first; the
+Across sessions (localspec.decoding.suffix_memory): with a memory, `prepare` first adds the stored
+texts that share text with the prompt (up to half of `max_tokens`) as earlier documents, and claims the
+generation, whose prompt and answer the pipeline stores when it ends. A repeated task drafts from its
+first round.
+
+Memory is bounded: at most `max_tokens` tokens are kept (the oldest documents go first; the
 current one always stays), each indexed once per key length, at most MAX_CANDIDATES positions per
 key. Cost per round: indexing the new tokens (len(KEY_LENGTHS) dict updates per token) plus at most
 MAX_CANDIDATES backward comparisons of at most MAX_MATCH tokens and `limit` counting steps over the
@@ -42,6 +47,7 @@ from localspec.decoding.policy import NGRAM_PRIOR, RESYNC, Acceptance, match_buc
 from localspec.decoding.resync import ANCHOR_MIN, WINDOW, Anchor, Edits, Resync, follow
 from localspec.sampling import SamplingParams
 from localspec.decoding.stats import RoundStats
+from localspec.decoding.suffix_memory import SuffixMemory
 
 KEY_LENGTHS = (2, 8)  # index key lengths; a match shorter than the shortest is no match
 MAX_MATCH = 64  # longest suffix compared
@@ -86,6 +92,17 @@ class SuffixIndex:
         self.extend(tokens)
         return self.current
 
+    def add(self, tokens: Sequence[int]) -> int:
+        """Add a finished text as an earlier document (the memory's): indexed, never the current one."""
+        doc_id = self._next_id
+        self._next_id += 1
+        self.docs[doc_id] = [int(t) for t in tokens]
+        self._indexed[doc_id] = 0
+        self.n_tokens += len(tokens)
+        self._index(doc_id, len(tokens) - 1)
+        self._evict()
+        return doc_id
+
     def extend(self, tokens: Sequence[int]) -> None:
         """Append tokens to the current document and index what now has a continuation."""
         doc = self.docs[self.current]
@@ -108,11 +125,15 @@ class SuffixIndex:
 
     def _index(self, doc_id: int, upto: int) -> None:
         doc = self.docs[doc_id]
-        for end in range(max(self._indexed[doc_id], 1), upto + 1):
-            for m in self.key_lengths:
-                if end >= m:
-                    q = self._keys.setdefault(tuple(doc[end - m : end]), deque(maxlen=MAX_CANDIDATES))
-                    q.appendleft((doc_id, end))
+        keys = self._keys
+        start = max(self._indexed[doc_id], 1)
+        for m in self.key_lengths:  # each key has one length: its positions stay in order
+            for end in range(max(start, m), upto + 1):
+                key = tuple(doc[end - m : end])
+                q = keys.get(key)
+                if q is None:
+                    q = keys[key] = deque(maxlen=MAX_CANDIDATES)
+                q.appendleft((doc_id, end))
         self._indexed[doc_id] = max(self._indexed[doc_id], upto + 1)
 
     def _unindex(self, doc_id: int, doc: list[int], end: int) -> None:
@@ -130,8 +151,8 @@ class SuffixIndex:
 
     def _evict(self) -> None:
         while self.n_tokens > self.max_tokens:
-            oldest = next(iter(self.docs))
-            if oldest == self.current:
+            oldest = next((d for d in self.docs if d != self.current), None)
+            if oldest is None:
                 return  # the current text always stays
             doc = self.docs.pop(oldest)
             for end in range(1, self._indexed.pop(oldest)):
@@ -226,8 +247,11 @@ class SuffixDrafter(Stateless):
         min_prob: float = MIN_PROB,
         gate: bool = True,
         resync: bool = True,
+        memory: SuffixMemory | None = None,
     ) -> None:
         self.index = SuffixIndex(max_tokens=max_tokens)
+        self.memory = memory  # earlier sessions' texts (localspec.decoding.suffix_memory); None: this session only
+        self._from_memory: set[str] = set()  # stored documents this index holds already (seeded or written)
         self.spec_factor = spec_factor
         self.min_prob = min_prob
         self.gate = gate
@@ -243,6 +267,8 @@ class SuffixDrafter(Stateless):
 
     def prepare(self, context: Sequence[int], max_k: int) -> None:
         idx = self.index
+        if self.memory is not None:
+            self._seed(context)
         prev = idx.docs.get(idx.current)
         keep = common_prefix(prev, context, limit=len(context)) if prev is not None else 0
         if prev is not None and keep > 0 and keep >= len(prev) - RETOKENIZE_SLACK:
@@ -255,6 +281,16 @@ class SuffixDrafter(Stateless):
         self._edits = Edits()
         for a in self.accept.values():
             a.soften(0.5)
+
+    def _seed(self, context: Sequence[int]) -> None:
+        """Index the stored texts that share text with this prompt (up to half the index), and claim this
+        generation's text for the memory (the pipeline writes it when the answer ends)."""
+        memory = self.memory
+        assert memory is not None
+        memory.claim(self._from_memory.add)
+        for name, tokens in memory.relevant(context, budget=self.index.max_tokens // 2, exclude=self._from_memory):
+            self.index.add(tokens.tolist())
+            self._from_memory.add(name)
 
     def _sync(self, context: Sequence[int]) -> None:
         cur = self.index.docs.get(self.index.current)

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from localspec.backends.base import Backend, BackendModule
     from localspec.decoding.cost_cache import CostStore
     from localspec.decoding.drafters import Drafter
+    from localspec.decoding.suffix_memory import SuffixMemory
 
 # What a family drafts from, besides the target: nothing (lookup, plain decoding), a separate draft model
 # (--draft), a head file made for the target (--draft HEAD.gguf), or layers inside the target's own file.
@@ -37,6 +38,7 @@ class BuildContext:
     draft_name: str = ""
     auto_head: str | None = None  # auto: the head family drafting in the draft model's place
     head_drafter: Callable[[], Drafter] | None = None  # auto: builds that head's drafter (the registry sets it)
+    memory: SuffixMemory | None = None  # earlier sessions' texts, for drafters that copy from them
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ def _ngram(ctx: BuildContext) -> Drafter:
 
 
 def _suffix(ctx: BuildContext) -> Drafter:
-    return SuffixDrafter()
+    return SuffixDrafter(memory=ctx.memory)
 
 
 NONE = DrafterFamily(name="none", summary="plain decoding", build=_none, default_k=0)

@@ -224,6 +224,7 @@ class SetupScreen(Screen[None]):
                 n_ctx=d.n_ctx,
                 threads=d.threads,
                 n_gpu_layers=d.n_gpu_layers,
+                suffix_memory=d.suffix_memory,
             )
             self.app.call_from_thread(self.app.load, options)
 
