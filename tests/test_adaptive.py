@@ -7,6 +7,7 @@ deterministic; no assertion depends on real timing.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -21,7 +22,7 @@ from fakes import (
 )
 
 from localspec.decoding.auto import AutoDrafter, auto_ngram
-from localspec.decoding.calibrate import measure
+from localspec.decoding.calibrate import MIN_JUDGED, measure
 from localspec.decoding.drafters import ModelDrafter, NoDrafter
 from localspec.decoding.engine import Done, GenerationConfig, generate
 from localspec.decoding.policy import (
@@ -219,10 +220,15 @@ def test_cheap_draft_with_perfect_acceptance_drafts_long() -> None:
     clock = FakeClock()
     target, drafter = _auto(clock, gpu_like, lambda n: 0.001, lambda pos: True)
     rounds, done = _run(target, drafter, clock, 200)
-    assert sum(r.n_drafted == 0 for r in rounds) <= 2
+    assert sum(r.n_drafted == 0 for r in rounds) <= 1 + MIN_JUDGED
     assert _mean_drafted(rounds[1:]) >= 6
     assert done.stats.acceptance_rate == 1.0
-    assert all(r.note.startswith("auto: model k=") for r in rounds if r.k > 0)
+    # The first round times T(1); the next probes the untimed draft model with a short draft; then it drafts,
+    # with a plain round now and then until T(1) is timed often enough to judge (no stored costs here).
+    assert rounds[1].note.startswith("auto: probe model k=2")
+    timing = [r for r in rounds[2:] if r.note.startswith("auto: plain, to time T(1)")]
+    assert len(timing) <= MIN_JUDGED
+    assert all(r.note.startswith("auto: model k=") for r in rounds[2:] if r.k > 0 and r not in timing)
 
 
 def test_backs_off_when_acceptance_drops_and_returns_when_it_recovers() -> None:
@@ -243,20 +249,35 @@ def test_backs_off_when_acceptance_drops_and_returns_when_it_recovers() -> None:
     assert done.tokens == _plain_tokens(600)
 
 
-def test_the_draft_is_timed_more_than_once_so_a_busy_spell_does_not_stick() -> None:
+def test_the_draft_is_timed_more_than_once_so_a_busy_spell_does_not_stick(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Remembered on disk, a draft cost measured in a busy spell would keep the draft model unloaded on
-    this machine for good (auto skips a draft that cannot pay without looking at it again)."""
+    this machine for good (auto skips a draft that cannot pay without looking at it again). So the least
+    of the first DRAFT_REPS timings stands, probes go on until there are that many, and only then is the
+    draft's cost settled (and stored)."""
+    from localspec.decoding.cost_cache import CostStore
+    from localspec.decoding.policy import DRAFT_REPS
+
+    c = Controller(CostModel(target={n: cpu_like(n) for n in range(1, 10)}))
+    probe = c.plan(8, model=True)  # never timed: the first probe comes at once
+    assert probe.probe and probe.k == 2
+    slow = 20 * 0.3 * gpu_like(1)  # another process had the cores: a draft token as dear as six target ones
+    c.observe(probe, RoundStats(1, 2, 2, 3, 2 * slow, cpu_like(3), "spec", 2))
+    assert not c.draft_settled and c.model_can_pay(8)  # unsettled: one timing rules nothing out
+    for _ in range(DRAFT_REPS - 1):
+        c.observe(probe, RoundStats(2, 2, 2, 3, 2 * 0.3 * gpu_like(1), cpu_like(3), "spec", 2))
+    assert c.draft_settled and c.costs.draft_s() == pytest.approx(0.3 * gpu_like(1))
+    # An unsettled draft cost is not remembered.
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"x")
+    store = CostStore.for_models(target=str(model), draft=None, backend="llama", device="CPU", threads=2)
     clock = FakeClock()
-    calls = []
-
-    def spell(n: int) -> float:  # the draft's first few passes run 20x slow (another process had the cores)
-        calls.append(n)
-        return (20.0 if len(calls) <= 6 else 1.0) * 0.3 * gpu_like(n)
-
-    target, drafter = _auto(clock, gpu_like, spell, lambda pos: True)
-    _run(target, drafter, clock, 3)  # the first round calibrates: the prefix, a warm-up token, 3 x 4 tokens
-    measured = drafter.controller.costs.draft_s()
-    assert measured is not None and measured < 3 * 0.3 * gpu_like(1)  # not the 20x of the first timing
+    target, drafter = _auto(clock, gpu_like, lambda n: slow, lambda pos: True)
+    drafter.store = store
+    store.save(CostModel(target={n: gpu_like(n) for n in (1, 2, 4, 9)}))
+    drafter.controller = Controller(CostModel(target={n: gpu_like(n) for n in (1, 2, 4, 9)}))
+    _run(target, drafter, clock, 20)
+    drafter.save_costs()
+    assert drafter.controller.draft_timings == 1 and store.load().draft_token is None  # type: ignore[union-attr]
 
 
 def test_turns_speculation_off_when_the_draft_is_too_slow() -> None:
@@ -265,17 +286,17 @@ def test_turns_speculation_off_when_the_draft_is_too_slow() -> None:
     # first round (calibration waits for a round with a draft to offer, so not before the first token).
     target, drafter = _auto(clock, gpu_like, lambda n: 1.2 * gpu_like(n), lambda pos: True)
     rounds, done = _run(target, drafter, clock, 300)
-    assert all(r.n_drafted == 0 and r.note.startswith("auto: plain") for r in rounds if r.k > 0)
+    drafted = [r for r in rounds if r.n_drafted > 0]
+    assert drafted and all(r.note.startswith("auto: probe model k=2") for r in drafted)  # timings, not plans
+    assert drafted[0] is rounds[1] and len(drafted) <= 3  # the first at once, then on the probe allowance
+    assert all(r.note.startswith("auto: plain") for r in rounds if r.k > 0 and r.n_drafted == 0)
     assert done.stats.prompt_s == pytest.approx(gpu_like(len(PROMPT)))  # the prompt pass alone
-    # Not even re-probes: no acceptance could make this draft pay. Decode time is plain decoding's plus
-    # the one calibration (each batch size timed three times after a 1-token pass, and a few draft tokens).
-    calibration = done.stats.decode_s - 299 * gpu_like(1)
-    assert 0 < calibration < 70 * gpu_like(1)
-    # Nor is the prompt spent on it: the draft saw only the short prefix it was timed on.
-    assert len(drafter.model.backend.cached_tokens) <= 32  # type: ignore[union-attr]
+    # Decode time is plain decoding's plus the probes (the draft catching up and a batch of 3 verified).
+    assert 0 < done.stats.decode_s - 299 * gpu_like(1) < 0.08 * 299 * gpu_like(1)
     # With those costs remembered (a later run), nothing is measured again and the draft is never touched.
     clock2 = FakeClock()
-    target2, again = _auto(clock2, gpu_like, lambda n: 1.2 * gpu_like(n), lambda pos: True, costs=drafter.controller.costs)
+    settled = replace(drafter.controller.costs.copy(), draft_token=1.2 * gpu_like(1))  # as a store hands it back
+    target2, again = _auto(clock2, gpu_like, lambda n: 1.2 * gpu_like(n), lambda pos: True, costs=settled)
     _, done2 = _run(target2, again, clock2, 300)
     assert done2.stats.decode_s == pytest.approx(299 * gpu_like(1), rel=1e-6)
     assert again.model.backend.forward_calls == []  # type: ignore[union-attr]

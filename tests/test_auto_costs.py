@@ -20,6 +20,7 @@ from localspec.decoding.drafters import ModelDrafter
 from localspec.decoding.engine import Done
 from localspec.decoding.policy import CostModel
 from localspec.decoding.stats import RoundStats
+from localspec.sampling import SamplingParams
 
 REPEATS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12] * 12  # text that repeats: suffix drafts pay
 
@@ -82,12 +83,19 @@ def test_a_busy_spell_while_calibrating_stores_no_curve_or_a_right_one(tmp_path:
     target = CostedBackend(scripted_tokens(REPEATS), clock, lambda n: 0.0, name="target")
     target.cost = lambda n: true_cost(n) * spell(len(target.forward_calls), clock.now)  # type: ignore[method-assign]
     drafter = AutoDrafter(ngram=auto_lookup(), target=target, clock=clock, store=store)
+    target.forward(REPEATS[:20])  # a served conversation's cache: calibrated on it where nobody waits
+    pieces = 0
+    while drafter.idle_step():
+        pieces += 1
+    assert list(target.cached_tokens) == REPEATS[:20]
+    assert pieces == 1 + 3 * 10  # the warm-up, three pairs for each of ten batch sizes (2 .. 33)
     rounds, done = _generate(target, drafter, clock, REPEATS[:20], 40, 32)
     drafter.close()
     assert list(done.tokens) == REPEATS[20:60]
     saved = _saved_ratios(store)
     if saved is None:
         assert any("costs not stored: machine too busy to measure" in r.note for r in rounds)
+        assert drafter.live.storable().startswith("machine too busy")
     else:
         assert {1, 2, 16, 33} <= set(saved)
         assert saved == pytest.approx(_true_ratios(sorted(saved)), rel=0.1)
@@ -188,3 +196,110 @@ def test_a_curve_check_needs_pairs_and_a_median_beyond_the_factor() -> None:
     assert check.contradicted
     check.new_generation()
     assert check.observe(9, 2.0) is None  # no pair across answers
+
+
+# -- the first answer on a machine: no stall, and a draft model that pays is tried ---------------------------
+
+
+def test_a_first_answer_on_a_gpu_like_machine_tries_the_draft_model_without_a_calibration_stall(tmp_path: Path) -> None:
+    """No remembered costs, a flat (GPU-like) curve, a cheap draft that agrees: the answer times T(1) in its
+    first round, probes the draft model with a short draft in its second, and drafts long from then on. The
+    target ran nothing but the prompt and one verify pass per round (no filler passes)."""
+    from localspec.decoding.drafters import LazyModelDrafter
+
+    def flat(n: int) -> float:
+        return 0.020 + 0.0002 * (n - 1)
+
+    store = _store(tmp_path)
+    clock = FakeClock()
+    fn = scripted_tokens(list(range(10, 250)))
+    target = CostedBackend(fn, clock, flat, name="target")
+    draft = CostedBackend(scripted_draft(fn, lambda pos: True), clock, lambda n: 0.002, name="draft")
+    drafter = AutoDrafter(
+        ngram=auto_lookup(), model=LazyModelDrafter(lambda: draft, "draft"), target=target, clock=clock, store=store
+    )
+    rounds, done = _generate(target, drafter, clock, list(range(10, 30)), 150, 8)
+    assert list(done.tokens) == list(range(30, 180))
+    assert target.forward_calls == [20] + [r.n_drafted + 1 for r in rounds]  # verify passes only
+    assert rounds[0].n_drafted == 0 and "probe model k=2" in rounds[1].note
+    assert sum(r.source == "model" and r.n_drafted >= 6 for r in rounds) >= len(rounds) // 2
+    assert done.stats.decode_s < 0.5 * 149 * flat(1)  # faster than plain decoding in the very first answer
+    assert drafter.controller.costs.target_s(9) == pytest.approx(flat(9))  # learnt from the rounds
+    drafter.close()
+    saved = _saved_ratios(store)  # remembered once consistent (enough 1-token timings to judge them)
+    if drafter.live.storable():
+        assert saved is None and drafter.live.storable() == "too few 1-token timings"
+    else:
+        assert saved is not None and saved == pytest.approx({n: flat(n) / flat(1) for n in saved}, rel=0.01)
+
+
+# -- long prompts: costs at the context length the answer runs at ---------------------------------------------
+
+
+def test_the_live_curve_keeps_t1_per_context_length_and_its_shape_apart_from_it() -> None:
+    from localspec.decoding.live_costs import LiveCurve, context_bucket
+
+    assert [context_bucket(n) for n in (10, 1024, 1025, 2048, 5000, 8192, 30000)] == [0, 0, 1, 1, 3, 3, 5]
+    live = LiveCurve()
+    for _ in range(4):
+        live.add_plain(500, 0.010)
+    live.add_batch(500, 5, 0.016)
+    live.add_batch(8000, 5, 0.050)  # no T(1) at 8k yet: a ratio to the short T(1) would say 5x, not 1.6x
+    assert dict(live.ratios) == {5: pytest.approx([1.6])}
+    assert live.curve(8000, 9)[1] == pytest.approx(0.010)  # until timed there, the nearest length's
+    assert live.curve(500, 5)[5] == pytest.approx(0.010 * (1 + 0.15 * 4))  # one timing: the prior's line still
+    live.add_batch(500, 5, 0.090, paired=0.055)  # a busy spell: slow, but in a pair with a slowed T(1)
+    live.add_batch(500, 5, 0.016)
+    live.add_plain(8000, 0.026)
+    curve = live.curve(8000, 9)
+    assert curve[1] == pytest.approx(0.026) and curve[5] == pytest.approx(0.026 * 1.6, rel=0.02)
+    assert live.curve(500, 9)[5] == pytest.approx(0.016, rel=0.02)
+
+
+def test_a_remembered_curve_follows_a_long_prompt_from_its_first_round_and_back() -> None:
+    """A curve measured on a short context, then an agent's 8k-token prompt where every pass costs 2.6x:
+    the first round at that length sets the pace (not twenty rounds of a slow average), and a short
+    prompt afterwards gets the short pace back at once."""
+
+    def cost_at(target: CostedBackend) -> Callable[[int], float]:
+        return lambda n: (0.010 + 2e-6 * len(target.cached_tokens)) * (1 + 0.15 * (n - 1))
+
+    script = [10 + (i * 7) % 240 for i in range(9000)]  # nothing repeats within a short span: plain rounds
+    clock = FakeClock()
+    target = CostedBackend(scripted_tokens(script), clock, lambda n: 0.0, name="target", n_ctx=16384)
+    target.cost = cost_at(target)  # type: ignore[method-assign]
+    short = {n: 0.0104 * (1 + 0.15 * (n - 1)) for n in (1, 2, 4, 8, 16, 33)}  # measured at ~200 tokens
+    drafter = AutoDrafter(ngram=auto_lookup(), target=target, clock=clock, costs=CostModel(target=dict(short)))
+    _generate(target, drafter, clock, script[:200], 4, 32)  # a short answer first
+    assert drafter.controller.costs.target_s(1) == pytest.approx(0.0104, rel=0.01)
+    target.rollback(0)
+    _generate(target, drafter, clock, script[:8000], 4, 32)
+    long_t1 = 0.010 + 2e-6 * 8001
+    assert drafter.controller.costs.target_s(1) == pytest.approx(long_t1, rel=0.02)
+    target.rollback(0)
+    _generate(target, drafter, clock, script[:200], 1, 32)  # one token: the prompt pass only, no round
+    drafter.propose(script[:201], 32, SamplingParams(), np.random.default_rng(0))
+    assert drafter.controller.costs.target_s(1) == pytest.approx(0.0104, rel=0.02)  # the short pace again
+
+
+def test_a_busy_spell_over_the_first_drafts_does_not_leave_a_first_answer_plain(tmp_path: Path) -> None:
+    """Seen on a shared machine: T(1) timed quiet, then the first lookup drafts ran 15x slow; the curve said a
+    batch costs 15 passes, plain decoding won, and with no batch timed again the answer stayed plain. One
+    spell's timings stand for nothing on their own (the prior's slopes pool with them), and short lookup
+    probes after plain rounds time batches in pairs (paid from EXPLORE): drafting comes back."""
+    clock = FakeClock()
+    target = CostedBackend(scripted_tokens(REPEATS * 3), clock, lambda n: 0.0, name="target")
+    passes: list[int] = []
+
+    def cost(n: int) -> float:
+        passes.append(n)
+        return true_cost(n) * (15.0 if 3 <= len(passes) <= 5 else 1.0)  # the prompt pass, one quiet T(1), a spell
+
+    target.cost = cost  # type: ignore[method-assign]
+    drafter = AutoDrafter(ngram=auto_lookup(), target=target, clock=clock, store=_store(tmp_path))
+    rounds, done = _generate(target, drafter, clock, REPEATS[:20], 300, 32)
+    assert list(done.tokens) == (REPEATS * 3)[20:320]
+    assert sum(r.n_drafted > 0 for r in rounds[:6]) >= 2  # the drafts the spell slowed
+    late = rounds[len(rounds) // 2 :]
+    assert sum(r.n_drafted >= 8 for r in late) >= len(late) // 2  # long suffix drafts again
+    assert done.stats.decode_s < 0.5 * 299 * true_cost(1)

@@ -44,6 +44,16 @@ def _own_cost_dir(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def
     monkeypatch.setenv("LOCALSPEC_CACHE_DIR", str(tmp_path))
 
 
+@pytest.fixture(autouse=True)
+def _quiet_machine(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Bench on fakes times a fake clock: the real machine's load (shared cores) must not decide the verdicts
+    tested here (tests/test_measurement_load.py tests what a high load does)."""
+    from localspec.bench import measure
+    from localspec.bench.costs import Load
+
+    monkeypatch.setattr(measure, "current_load", lambda: Load(0.0, 2))
+
+
 def _over(target: Backend, draft: Backend | None = None, clock: Callable[[], float] = time.perf_counter) -> Pipeline:
     """A pipeline over loaded fakes, as load_pipeline makes one over real models (bench runs through it)."""
     method = "model" if draft is not None else "none"
@@ -83,7 +93,7 @@ def test_parse_methods_with_heads() -> None:
 
 def test_builtin_suites() -> None:
     s = suites()
-    assert list(s) == ["code-gen", "code-edit", "chat", "agentic", "long-summary"]
+    assert list(s) == ["code-gen", "code-edit", "chat", "agentic", "agent-long", "long-summary"]
     assert s["agentic"].session and all(len(conv) == 3 for conv in s["agentic"].prompts)
     assert all("whole file" in m.content for conv in s["agentic"].prompts for m in conv)
     assert all(len(x.prompts) >= 1 for x in s.values())

@@ -496,13 +496,25 @@ async def test_poor_match_says_a_better_draft_is_the_fix(tmp_path: Path) -> None
 def plain_auto_app(tmp_path: Path) -> ChatApp:
     """auto over a draft model that costs what the target costs, on a CPU-like clock where a batch of n
     tokens costs n single ones (SmolLM2 as its own draft on 2 cores): every round is decoded plainly."""
+    from localspec.decoding.auto import AutoDrafter, auto_lookup
+    from localspec.decoding.drafters import ModelDrafter
+    from localspec.decoding.policy import CostModel
+    from localspec.pipeline import DraftSlot
+
     clock = FakeClock()
     target = CostedBackend(scripted(REPLY), clock, lambda n: 0.01 * n, name="target")
     draft = CostedBackend(scripted(REPLY), clock, lambda n: 0.01 * n, name="draft")
+    # Measured by an earlier answer (a first one probes the draft model once, to time it).
+    remembered = CostModel(target={n: 0.01 * n for n in (1, 2, 4, 8, 16, 33)}, draft_token=0.01)
+
+    def load(options: ModelOptions) -> Pipeline:
+        drafter = AutoDrafter(ngram=auto_lookup(), model=ModelDrafter(draft), target=target, clock=clock, costs=remembered)
+        return Pipeline(options, "fake", target, DraftSlot.holding(draft), drafter, clock=clock)
+
     return ChatApp(
         options=ModelOptions(target="/fake/target", draft="/fake/draft", draft_method="auto"),
         settings=GenerationSettings(k=32, max_tokens=60, seed=0),
-        loader=fake_pipeline_loader(target, draft, clock),
+        loader=load,
         clock=clock,
         save_dir=tmp_path,
     )

@@ -13,11 +13,17 @@ The timings cannot carry the analytic bound (bench shows "bound: not shown") whe
   too): a batch of n > 1 tokens under MIN_BATCH_RATIO of one token's pass, or a smaller batch over
   MAX_INVERSION times a larger one.
 
+- the machine's 1-minute load average (os.getloadavg) when the timings ran exceeded its CPU count:
+  more threads wanted to run than there were cores, so some forward passes waited for one. (The
+  measuring process's own threads count too: with --threads all CPUs it brings the load up to about
+  the CPU count by itself, so more than that means other work wanted the same cores.)
+
 With fewer than MIN_TIMINGS timings of a size its spread says nothing: the verdict notes it.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -56,6 +62,46 @@ class Spread:
             "iqr_over_median": self.iqr_ratio,
             "count": self.count,
         }
+
+
+@dataclass(frozen=True)
+class Load:
+    """How busy the machine was when a measurement ran: the 1-minute load average and the CPUs it had."""
+
+    average: float | None  # None where the OS has no load average
+    cpus: int
+
+    @property
+    def high(self) -> bool:
+        """More runnable threads than CPUs: some forward passes waited for a core."""
+        return self.average is not None and self.average > self.cpus
+
+    def describe(self) -> str:
+        if self.average is None:
+            return f"load average unknown on this OS ({self.cpus} CPUs)"
+        return f"load average {self.average:.1f} on {self.cpus} CPUs"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"load_avg_1m": self.average, "cpus": self.cpus, "high": self.high}
+
+
+def current_load() -> Load:
+    """The machine's load right now (the CPUs this process may run on)."""
+    try:
+        average: float | None = os.getloadavg()[0]
+    except (OSError, AttributeError):
+        average = None
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return Load(average, cpus)
+
+
+def load_reason(loads: Sequence[Load]) -> list[str]:
+    """Why timings taken under these loads cannot be trusted ([] when none was high)."""
+    high = [x for x in loads if x.high]
+    if not high:
+        return []
+    worst = max(high, key=lambda x: x.average or 0.0)
+    return [f"machine busy while timing: {worst.describe()} (over 1 runnable thread per CPU)"]
 
 
 def spread(samples: Sequence[float]) -> Spread:
@@ -145,9 +191,10 @@ class Verdict:
         }
 
 
-def judge(curve: dict[int, float], samples: CostSamples) -> Verdict:
-    """The verdict on a median curve (seconds by batch size) and the timings behind it."""
-    reasons = [*_curve_reasons(curve), *_spread_reasons(samples)]
+def judge(curve: dict[int, float], samples: CostSamples, loads: Sequence[Load] = ()) -> Verdict:
+    """The verdict on a median curve (seconds by batch size), the timings behind it, and the machine's
+    load when they ran."""
+    reasons = [*_curve_reasons(curve), *_spread_reasons(samples), *load_reason(loads)]
     counts = [len(ts) for ts in samples.target.values()]
     notes = []
     if not counts or min(counts) < MIN_TIMINGS:

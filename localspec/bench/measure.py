@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from localspec.backends.base import Backend, ChatMessage
-from localspec.bench.costs import CostSamples, Verdict, judge, keeping
+from localspec.bench.costs import CostSamples, Load, Verdict, current_load, judge, keeping
 from localspec.bench.suites import Suite
 from localspec.decoding.calibrate import time_drafter, time_rollback, time_target_paired
 from localspec.decoding.drafters import Drafter, ModelDrafter
@@ -124,8 +124,11 @@ class SuiteCosts:
     costs: CostModel  # the median of each cost over all its timings (every repetition's)
     per_rep: list[CostModel] = field(default_factory=list)  # each repetition's medians
     samples: CostSamples = field(default_factory=CostSamples)  # every timing, pooled over repetitions
+    loads: list[Load] = field(default_factory=list)  # the machine's load at each repetition's measurement
 
-    def add(self, measured: CostSamples) -> None:
+    def add(self, measured: CostSamples, load: Load | None = None) -> None:
+        if load is not None:
+            self.loads.append(load)
         self.per_rep.append(measured.model())
         self.samples.extend(measured)
         self.costs = self.samples.model()
@@ -133,7 +136,7 @@ class SuiteCosts:
     @property
     def verdict(self) -> Verdict:
         """Whether these timings can carry the analytic bound (localspec.bench.costs)."""
-        return judge(self.costs.target, self.samples)
+        return judge(self.costs.target, self.samples, self.loads)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -141,6 +144,7 @@ class SuiteCosts:
             **self.costs.as_dict(),
             "per_rep": [x.as_dict() for x in self.per_rep],
             "timings": self.samples.to_json(),
+            "load": [x.to_json() for x in self.loads],
             **self.verdict.to_json(),
         }
 
@@ -273,12 +277,13 @@ def _measure_all(
             # that a busy spell during one measurement does not decide the bound, or shows in its spread.
             first = prompts[suite.name][0]
             progress(f"measuring costs on {suite.name} ({len(first)} tokens of context)")
+            load = current_load()  # before the timing passes add this process's own threads to it
             measured = measure_costs(
                 pipeline.target, pipeline.draft, first, max_batch=k_top + 1, reps=cost_reps, clock=pipeline.clock
             )
             if suite.name not in result.costs:
                 result.costs[suite.name] = SuiteCosts(suite.name, len(first), measured.model())
-            result.costs[suite.name].add(measured)
+            result.costs[suite.name].add(measured, load)
             for pi, prompt in enumerate(prompts[suite.name]):
                 order = list(methods)
                 shift = (rep + pi) % len(order)

@@ -31,6 +31,9 @@ def _suite_cost_lines(sc: SuiteCosts) -> list[str]:
     extra = _draft_and_rollback(sc, t1)
     if extra:
         lines.append("    " + " | ".join(extra))
+    if sc.loads:
+        averages = ", ".join("?" if x.average is None else f"{x.average:.1f}" for x in sc.loads)
+        lines.append(f"    load average (1 min) at measurement: {averages} on {sc.loads[0].cpus} CPUs")
     verdict = sc.verdict
     lines += [f"    WARNING: timings unreliable: {r}" for r in verdict.reasons]
     lines += [f"    note: {x}" for x in verdict.notes]

@@ -7,6 +7,8 @@
 - agentic: multi-turn sessions that edit and re-emit files shown earlier (docstrings, renames, a fix
   from a failing test's output); each conversation runs as one session, so a drafter that keeps a
   session index (suffix) sees the earlier turns
+- agent-long: a coding agent's 8.7k-token prompt (system prompt, tool schemas, files read through tools,
+  a failing test, an edit request: localspec.bench.agent_transcript), answered with a whole file
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 from localspec.backends.base import ChatMessage
+from localspec.bench.agent_transcript import agent_messages
 
 _EDIT_SOURCE = '''def load_orders(path):
     data = []
@@ -104,6 +107,9 @@ def long_document() -> str:
     return resources.files("localspec.bench").joinpath("long_context.txt").read_text(encoding="utf-8")
 
 
+OPT_IN = ("agent-long",)  # not in `--suites all`: its prompt needs --n-ctx 10240 or more, and minutes on a CPU
+
+
 def suites() -> dict[str, Suite]:
     doc = long_document()
     all_suites = [
@@ -177,6 +183,11 @@ def suites() -> dict[str, Suite]:
                 ),
             ),
             session=True,
+        ),
+        Suite(
+            "agent-long",
+            "a coding agent's 8.7k-token prompt (tools, files, test output) and a whole-file edit",
+            (agent_messages(),),
         ),
         Suite(
             "long-summary",

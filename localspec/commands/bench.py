@@ -25,9 +25,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "acceptance, and the speedup the measured costs allow (the analytic bound; withheld, with the reason, when "
         "the cost timings spread too widely or form an implausible curve, as on a busy machine).",
     )
-    add_model_options(p, method=False)  # bench runs every method itself (--methods)
+    add_model_options(p, method=False, suffix_memory=False)  # bench runs every method itself (--methods)
     g = p.add_argument_group("benchmark")
-    g.add_argument("--suites", default="all", help="comma-separated: code-gen, code-edit, agentic, chat, long-summary (default: all)")
+    g.add_argument("--suites", default="all", help="comma-separated: code-gen, code-edit, agentic, chat, long-summary, "
+                   "agent-long (a coding agent's 8.7k-token prompt; needs --n-ctx 10240) (default: all but agent-long)")
     g.add_argument(
         "--methods",
         default=None,
@@ -55,7 +56,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 def run(args: argparse.Namespace) -> int:
     from localspec.bench.measure import parse_methods, run_bench
     from localspec.bench.report import bench_lines
-    from localspec.bench.suites import suites
+    from localspec.bench.suites import OPT_IN, suites
     from localspec.commands.first_use import model_options_from_args
     from localspec.pipeline import load_pipeline
     from localspec.sampling import SamplingParams
@@ -63,7 +64,10 @@ def run(args: argparse.Namespace) -> int:
     if args.reps < 1 or args.max_tokens < 2:
         raise UsageError("--reps must be >= 1 and --max-tokens >= 2", "try --reps 2 --max-tokens 96")
     available = suites()
-    names = list(available) if args.suites == "all" else [s.strip() for s in args.suites.split(",") if s.strip()]
+    if args.suites == "all":
+        names = [n for n in available if n not in OPT_IN]
+    else:
+        names = [s.strip() for s in args.suites.split(",") if s.strip()]
     unknown = [n for n in names if n not in available]
     if unknown:
         raise UsageError(f"unknown suite(s): {', '.join(unknown)}", f"choose from: {', '.join(available)}")

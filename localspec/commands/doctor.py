@@ -75,7 +75,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "batch settings, and free memory against the pair's size. Flags base settings that cost more than "
         "speculative decoding can win back: fix those first.",
     )
-    add_model_options(p, method=False, first_use=False)  # doctor never downloads
+    add_model_options(p, method=False, first_use=False, suffix_memory=None)  # doctor never downloads
     p.add_argument(
         "--measure",
         action="store_true",
@@ -299,6 +299,7 @@ def _model_facts(role: str, path: str) -> dict[str, Any]:
 
 
 def _measure(args: argparse.Namespace, paths: dict[str, str]) -> dict[str, Any]:
+    from localspec.bench.costs import CostSamples, current_load, judge
     from localspec.decoding.calibrate import measure
     from localspec.options import ModelOptions
     from localspec.pipeline import load_pipeline
@@ -318,8 +319,13 @@ def _measure(args: argparse.Namespace, paths: dict[str, str]) -> dict[str, Any]:
         prompt = target.tokenize("def fibonacci(n):\n    " * 16, add_special=True, parse_special=False)
         target.forward(prompt, all_logits=False)
         drafter = pipeline.drafter if pipeline.draft is not None else None
-        costs = measure(target, drafter, prompt, max_batch=9, reps=3).costs
-        return {"device": target.info.device, **costs.as_dict()}
+        load = current_load()  # before the timing passes add this process's own threads to it
+        calibration = measure(target, drafter, prompt, max_batch=9, reps=3)
+        costs = calibration.costs
+        verdict = judge(costs.target, CostSamples.of_pairs(calibration.timings), [load])
+        spread = calibration.timings.spread
+        return {"device": target.info.device, **costs.as_dict(), "load": load.to_json(), "spread": spread,
+                "reliable": verdict.reliable, "reasons": list(verdict.reasons)}  # fmt: skip
     finally:
         pipeline.close()
 
@@ -412,6 +418,10 @@ def _measured_findings(m: dict[str, Any]) -> list[Finding]:
     t1 = t[1]
     d = m.get("draft_token_s")
     out = []
+    if not m.get("reliable", True):  # no bound from timings that cannot be trusted
+        why = "; ".join(m.get("reasons") or ["unknown"])
+        return [Finding("warn", f"the measured costs look unreliable ({why}): no bound derived from them",
+                        "measure again when the machine is quiet (close other CPU-heavy programs)")]  # fmt: skip
     if d is not None:
         best = max(((j + 1) / (j * d + t.get(j + 1, t[max(t)])), j) for j in range(1, max(t)))
         ceiling = best[0] * t1
@@ -463,6 +473,11 @@ def report_lines(f: Facts, found: list[Finding]) -> list[str]:
         if t1:
             curve = " ".join(f"{n}:{v / t1:.2f}x" for n, v in t.items())
             lines.append(f"measured   {f.measured.get('device')}: target {t1 * 1e3:.1f} ms/token, batch {curve}")
+            load = f.measured.get("load") or {}
+            avg = load.get("load_avg_1m")
+            lines.append(f"           load average {'?' if avg is None else f'{avg:.1f}'} on {load.get('cpus', '?')} CPUs "
+                         f"at measurement, timings spread {f.measured.get('spread', 0.0):.0%} IQR/median"
+                         + ("" if f.measured.get("reliable", True) else " (unreliable)"))  # fmt: skip
         if f.measured.get("draft_token_s") and t1:
             d = f.measured["draft_token_s"]
             lines.append(f"           draft {d * 1e3:.1f} ms/token ({d / t1:.2f}x of the target)")

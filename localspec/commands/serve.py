@@ -38,7 +38,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "serve",
         help="serve the pair over an OpenAI-compatible HTTP API",
         description="Serve one target/draft pair over the OpenAI-compatible HTTP API (/v1/chat/completions, "
-        "/v1/completions, /v1/models, /health, /metrics) with speculative decoding; every response carries "
+        "/v1/completions, /v1/models, /health, /metrics) and Anthropic's Messages API (/v1/messages) with "
+        "speculative decoding; every response carries "
         "the run's speculative stats in `timings`. The generation flags are the defaults for requests "
         "that leave a field out.",
     )
@@ -54,7 +55,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     g.add_argument("--host", default=DEFAULT_HOST, help=f"address to bind (default: {DEFAULT_HOST}, this machine only)")
     g.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default: {DEFAULT_PORT})")
     g.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
-                   help=f"require `Authorization: Bearer KEY` (default: ${API_KEY_ENV}, else none)")  # fmt: skip
+                   help=f"require `Authorization: Bearer KEY` or `x-api-key: KEY` "
+                        f"(default: ${API_KEY_ENV}, else none)")  # fmt: skip
     g.add_argument("--model-name", help="the model id served (default: the pair's name, else the target's file name)")
     g.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE,
                    help=f"requests that may wait while one generates; more get 503 (default: {DEFAULT_MAX_QUEUE})")  # fmt: skip

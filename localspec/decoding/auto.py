@@ -8,19 +8,20 @@ still made and graded against the text the target then writes, which measures th
 (exactly, at any temperature). Every round's note says what was chosen and why; the run's
 SpecStats.sources totals it.
 
-No fixed cost: the cost curve comes from the on-disk cache (localspec.decoding.cost_cache) when this
-pair was measured on this machine before, and is written back, refined by the run's own rounds, when
-the drafter closes. Without a cached curve, calibration waits for the first round that has something
-to draft (a plain run never pays for it), and the draft model's cache is filled only when its measured
-cost leaves room for it to pay.
+No fixed cost, and no stall: the cost curve comes from the on-disk cache (localspec.decoding.cost_cache)
+when this pair was measured on this machine before. Without one, an answer never stops to calibrate: it
+learns the curve from its own rounds (localspec.decoding.live_costs: every verify pass times T(n) at the
+size it verified, a plain round times T(1), per context length), starting from a prior slope that lets
+lookup drafts and short model probes pay where a flat (GPU-like) curve makes them pay. Timing passes that
+need filler run only where nobody waits (idle_step: serve between requests, chat between turns), in
+pieces of one pair each, and feed the same curve. A learnt curve is stored once it is consistent (enough
+timings, plausible, not spread like a busy machine's); a busy machine's is used for the answer and said.
 
-Calibration times the batch sizes in pairs with 1-token passes (calibrate.time_target_paired); a
-machine too busy to measure keeps the curve for this answer only, says so in the round's note, and is
-measured again on the next answer. A curve from the cache is a hypothesis: pairs of neighbouring rounds
-(one a 1-token pass, one a batch) test it (cost_cache.CurveCheck), and where the rounds do not form such
-pairs by themselves (a run that decodes plainly throughout, or drafts throughout) a check round makes one
-now and then: a draft of one token in a plain run, a plain round in a drafting one, paid for from
-EXPLORE of the rounds' time. A curve the rounds contradict is dropped from the cache and measured afresh.
+A curve from the cache is a hypothesis: pairs of neighbouring rounds (one a 1-token pass, one a batch)
+test it (cost_cache.CurveCheck), and where the rounds do not form such pairs by themselves (a run that
+decodes plainly throughout, or drafts throughout) a check round makes one now and then: a draft of one
+token in a plain run, a plain round in a drafting one, paid for from EXPLORE of the rounds' time. A curve
+the rounds contradict is dropped from the cache and learnt afresh from the rounds.
 """
 
 from __future__ import annotations
@@ -32,21 +33,26 @@ from dataclasses import replace
 import numpy as np
 
 from localspec.backends.base import Backend
-from localspec.decoding.calibrate import BUSY_SPREAD, measure
+from localspec.decoding.calibrate import PairedRun
 from localspec.decoding.cost_cache import CHECK_PAIRS, CONTRADICTION, CostStore, CurveCheck
 from localspec.decoding.drafters import Drafter, LazyModelDrafter, NgramDrafter
+from localspec.decoding.live_costs import LiveCurve, context_bucket
 from localspec.draft import EMPTY_DRAFT, Draft
 from localspec.decoding.policy import EXPLORE, MAX_BACKOFF, CostModel, Controller, Plan
 from localspec.decoding.suffix import SuffixDrafter
+from localspec.decoding.suffix_memory import SuffixMemory
 from localspec.sampling import SamplingParams
 from localspec.decoding.stats import RoundStats
 from localspec.errors import Interrupted, LocalspecError
 
 SHADOWS = 8  # lookup proposals graded against the text that followed, at most this many pending
 SHADOW_SPAN = 4  # ... each on its first tokens only
-DRAFT_REPS = 3  # timings of the draft model on its first run here (the least is kept)
-CALIBRATION_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # batch sizes timed (plus the top one): the curve, not a guess
+CALIBRATION_SIZES = (2, 3, 4, 6, 8, 12, 16, 24, 32)  # batch sizes timed in idle time (plus the top one)
 CALIBRATION_REPS = 3  # pairs per batch size: their median outlasts one pair that a busy spell split
+IDLE_TOP = 33  # the top size timed in idle time before any answer said its k (auto's default k + 1)
+IDLE_TRIES = 3  # idle calibrations per drafter at most (a machine too busy to measure stays so for a while)
+SAVE_EVERY = 16  # rounds between writes of a learnt curve
+FILLER = "The quick brown fox jumps over the lazy dog. " * 2  # idle timing on an empty cache needs a context
 
 
 def auto_ngram() -> NgramDrafter:
@@ -54,9 +60,10 @@ def auto_ngram() -> NgramDrafter:
     return NgramDrafter(max_ngram=5)
 
 
-def auto_lookup() -> SuffixDrafter:
-    """The lookup drafter auto uses: suffix matches over the session, ungated (the policy decides)."""
-    return SuffixDrafter(gate=False)
+def auto_lookup(memory: SuffixMemory | None = None) -> SuffixDrafter:
+    """The lookup drafter auto uses: suffix matches over the session (and `memory`'s earlier sessions),
+    ungated (the policy decides)."""
+    return SuffixDrafter(gate=False, memory=memory)
 
 
 class AutoDrafter:
@@ -88,24 +95,36 @@ class AutoDrafter:
         from_store = costs is None and store is not None
         if costs is None and store is not None:
             costs = store.load()
-        # Only a remembered curve is checked: one measured in this process was timed in pairs just now.
+        # Only a remembered curve is checked (a learnt one is the rounds' own medians).
         self.check = CurveCheck(dict(costs.target)) if from_store and costs is not None else None
+        self.live = LiveCurve()  # the curve as this process's rounds (and idle pairs) time it
+        # No remembered curve: learn it from the rounds (never a calibration inside an answer).
+        self.learning = costs is None and target is not None
+        self._since_save = SAVE_EVERY  # rounds since a learnt curve was last written (the first is written at once)
+        self._prev_plain: float | None = None  # the last round's seconds if it was a 1-token pass at this length
+        self._lookup_probes = 0  # lookup probes in a row while learning (each costs twice the last, up to 2**5)
+        self._busy_said = False  # a busy machine's curve, not stored, said once an answer
+        self._idle_run: PairedRun | None = None
+        self._idle_tries = 0
+        self._idle_later = False  # the last idle calibration found the machine busy: again after the next answer
+        self._context = 0  # this round's context length (the cost curve depends on it)
+        # A remembered curve's pace per context bucket (attention grows with the context): restored when an
+        # answer comes back to a length seen before; a length not seen yet takes its pace from its first round.
+        self._bucket: int | None = None
+        self._bucket_scale: dict[int, float] = {}
+        self._fresh_bucket = False
         self._check_credit = 0.0  # seconds check rounds may still cost (EXPLORE of the rounds' time)
         self._checks_agreed = 0  # pairs in a row that agreed with the curve: checks back off
         self._checking = False  # this round is a check round
-        self._remeasure = False  # the curve was contradicted: measure afresh in the next round
-        self._unstored = ""  # why the costs in use must not be stored (empty: they may)
         self._cost_note = ""  # what became of the costs, said once in the next round's note
         self.controller = Controller(costs)
-        self.calibrated_k = max(costs.target, default=0) - 1 if costs is not None else 0  # longest draft timed
-        self._need_calibration = False
         parts = [p for p in (ngram.name if ngram else "", model.name if model else "") if p]
         self.name = "auto(" + "+".join(parts) + ")"
         self.max_k = 0
         self._plan: Plan | None = None
         self._order = 0
         self._catch_up_s = 0.0
-        self._setup_s = 0.0  # this round's one-off seconds (calibration, loading the draft model)
+        self._setup_s = 0.0  # this round's one-off seconds (loading the draft model)
         self.model_note = ""  # why the draft model was dropped mid-run, if it was
         self._shadows: list[tuple[list[int], int, int]] = []  # (proposal, n-gram order, context length then)
 
@@ -119,60 +138,94 @@ class AutoDrafter:
         self.controller.new_generation()
         if self.check is not None:
             self.check.new_generation()
-        # Calibrating now would delay the first token: it waits for the first round with a draft to offer.
-        self._need_calibration = self.calibrated_k < max_k and self.target is not None and max_k > 0
-        # Nor does the draft model read the prompt now: it catches up in one batch when a plan first needs
-        # it (the policy counts that cost), so a run where model drafts never pay never pays for it.
+        self._busy_said = False
+        self._idle_later = False
+        self._prev_plain = None
+        # The draft model does not read the prompt now: it catches up in one batch when a plan first needs it
+        # (the policy counts that cost), so a run where model drafts never pay never pays for it.
 
     def model_can_pay(self) -> bool:
         """Whether the draft model could beat plain decoding here even if every draft token were accepted
         (True while its cost is unmeasured)."""
         return self.controller.model_can_pay(self.max_k)
 
-    def _calibrate(self, context: Sequence[int], max_k: int) -> None:
-        # The target's cache holds the text so far. The draft is timed on a short prefix of it, which
-        # keeps its state a prefix of the text. Batch sizes up to the top one, CALIBRATION_REPS times each
-        # in pairs with a 1-token pass (refined by every round, then remembered on disk): a few seconds on
-        # a CPU, once per machine.
-        assert self.target is not None
-        top = max_k + 1
-        prefix = list(context[: max(2, min(17, len(context) - 1))])
-        draft = self.model if self.controller.costs.draft_token is None else None
-        sizes = [n for n in CALIBRATION_SIZES if n < top] + [top]
-        # The draft's cost decides whether it is ever loaded again on this machine (a draft that cannot
-        # pay is skipped unseen): the least of DRAFT_REPS timings, as noise on a shared machine only adds.
-        calibration = measure(
-            self.target, draft, prefix, max_batch=top, sizes=sizes, reps=CALIBRATION_REPS, clock=self.clock,
-            draft_reps=DRAFT_REPS,
-        )
-        measured, costs = calibration.costs, self.controller.costs
-        if measured.target:  # the whole curve up to the top: nothing of an older (perhaps contradicted) one stays
-            costs.target = {n: t / costs.scale for n, t in measured.target.items()}
-        if measured.draft_token is not None:
-            costs.draft_token = measured.draft_token / costs.scale
-        costs.rollback_round = measured.rollback_round
-        if not measured.target:
-            return
-        self.check = None
-        if calibration.busy:
-            # Kept for this answer (the medians of pairs are the best guess there is), never stored.
-            spread = f"timings spread {calibration.timings.spread:.0%} IQR/median, over {BUSY_SPREAD:.0%}"
-            self._unstored = f"machine too busy to measure ({spread})"
-            said = f"auto: costs not stored: {self._unstored}; measured again next answer"
-            self._cost_note = _join(self._cost_note, said)
-            return  # calibrated_k stays: the next answer measures again
-        self._unstored = ""
-        self.calibrated_k = max_k
-        self.save_costs()
-
     def save_costs(self) -> None:
-        if self.store is not None and not self._unstored:
-            self.store.save(self.controller.costs)
+        """Remember the costs: a learnt curve once it is consistent, a remembered one as the rounds refined it."""
+        if self.store is None:
+            return
+        costs = self.controller.costs
+        draft = costs.draft_s() if self.controller.draft_settled else None
+        if self.learning:
+            if self.live.storable():
+                return
+            self._since_save = 0
+            self.store.save(CostModel(target=self.live.stored_curve(), draft_token=draft))
+            return
+        self.store.save(replace(costs.copy(), draft_token=None if draft is None else costs.draft_token))
 
-    def _calibration_due(self, ngram_avail: int) -> bool:
-        if self._remeasure:
-            return self.target is not None and self.max_k > 0
-        return self._need_calibration and (ngram_avail > 0 or (self.model is not None and self.model_can_pay()))
+    def _learn(self, n: int, seconds: float) -> None:
+        """One round's verify pass into the live curve; a learnt curve written now and then, when consistent."""
+        if n == 1:
+            self.live.add_plain(self._context, seconds)
+        else:
+            self.live.add_batch(self._context, n, seconds, paired=self._prev_plain)
+        self._prev_plain = seconds if n == 1 else None
+        if not self.learning:
+            return
+        self._since_save += 1
+        why = self.live.storable()
+        if not why and self._since_save >= SAVE_EVERY:
+            self.save_costs()
+        elif why.startswith("machine too busy") and not self._busy_said:
+            self._busy_said = True
+            self._cost_note = _join(self._cost_note, f"auto: costs not stored: {why}; the rounds go on measuring")
+
+    def _explore_k(self) -> int:
+        """While learning, drafts grow by doubling past the largest batch timed: the prior's slope is a guess,
+        and at a long context on a CPU a batch of 33 can cost 29 single-token passes (seen at 8.7k tokens)."""
+        timed = max(self.live.ratios, default=1)
+        return max(2, 2 * (timed - 1))
+
+    def _use_live(self, context: int) -> None:
+        """While learning: the costs at this context length as the rounds (and idle pairs) timed them."""
+        costs = self.controller.costs
+        curve = self.live.curve(context, max(self.max_k, 1) + 1)
+        costs.target = {n: t / costs.scale for n, t in curve.items()}
+
+    # -- idle time (serve between requests, chat between turns) -------------------------------------
+
+    def idle_due(self) -> bool:
+        """Whether timing passes are still wanted where nobody waits (no trusted curve yet)."""
+        if not self.learning or self.target is None:
+            return False
+        return self._idle_run is not None or (self._idle_tries < IDLE_TRIES and not self._idle_later)
+
+    def idle_step(self) -> bool:
+        """One piece of calibration (one pair of forward passes) on the target's cache, which it leaves as it
+        found it; run only where nobody waits. True while more pieces are wanted."""
+        if not self.idle_due():
+            return False
+        target = self.target
+        assert target is not None
+        if not target.cached_tokens:  # a server just started: time on a short filler context
+            target.forward(target.tokenize(FILLER, add_special=True, parse_special=False), all_logits=False)
+        if self._idle_run is None:
+            self._idle_tries += 1
+            top = max(self.max_k + 1, IDLE_TOP)
+            sizes = [n for n in CALIBRATION_SIZES if n < top] + [top]
+            self._idle_run = PairedRun(target, sizes, reps=CALIBRATION_REPS, clock=self.clock)
+        run = self._idle_run
+        if run.step() and run.last is not None:
+            n, t1, tn = run.last
+            self.live.add_pair(len(target.cached_tokens), t1, n, tn)
+            return True
+        self._idle_run = None
+        if self.live.storable():
+            self._idle_later = True
+        else:
+            self._idle_tries = IDLE_TRIES  # measured: nothing more to do where nobody waits
+            self.save_costs()
+        return False
 
     def propose(
         self, context: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator, *, min_confidence: float = 0.0
@@ -184,21 +237,27 @@ class AutoDrafter:
             ng = self.ngram.propose(context, k, sampling, rng)
             self._order = ng.order if ng.tokens else 0
         self._setup_s = 0.0
-        if self._calibration_due(len(ng.tokens)):
-            self._need_calibration = self._remeasure = False
-            if self.controller.costs.draft_token is None:
-                self._load_model()  # a lazy draft model is loaded only now, to be timed
-            t0 = self.clock()
-            self._calibrate(context, self.max_k)
-            self._setup_s += self.clock() - t0
+        self._context = len(context)
+        if self.learning:
+            self._use_live(len(context))
+        else:
+            self._enter_bucket(context_bucket(len(context)))
         gap = self.model.lag(context) if self.model is not None else 0
+        k_plan = min(k, self._explore_k()) if self.learning else k
         plan = self.controller.plan(
-            k, model=self.model is not None, ngram_avail=len(ng.tokens), ngram_order=self._order, model_gap=gap
+            k_plan, model=self.model is not None, ngram_avail=len(ng.tokens), ngram_order=self._order, model_gap=gap
         )
         if plan.method == "model" and not self._load_model():
-            plan = self.controller.plan(k, model=False, ngram_avail=len(ng.tokens), ngram_order=self._order)
-        self._checking = self._check_due(plan, k)
-        if self._checking:
+            plan = self.controller.plan(k_plan, model=False, ngram_avail=len(ng.tokens), ngram_order=self._order)
+        if self.learning and plan.method != "none":
+            self._lookup_probes = 0
+        self._checking = self._check_due(plan, k, len(ng.tokens))
+        if self._checking and self.learning and plan.method == "none":
+            # Plain decoding wins on a learnt curve: a short lookup draft right after a plain round times a batch
+            # in a pair, so a curve that a busy spell made steep is corrected (paid from EXPLORE, backing off).
+            self._lookup_probes += 1
+            plan = Plan("ngram", min(len(ng.tokens), 2), plan.rate, plan.plain_rate, plan.alpha, probe=True)
+        elif self._checking:
             plan = Plan("none", 0, plan.plain_rate, plan.plain_rate)
         self._plan = plan
         if ng.tokens and plan.method != "ngram":
@@ -222,15 +281,24 @@ class AutoDrafter:
             return self._check_draft(context, said)
         return Draft([], None, _join(said, plan.note()))
 
-    def _check_due(self, plan: Plan, k: int) -> bool:
+    def _check_due(self, plan: Plan, k: int, lookup: int = 0) -> bool:
         """Whether this round should check the remembered curve: make the round the other kind (a batch
-        after a 1-token pass, or a 1-token pass after a batch) than the last, while the allowance lasts."""
-        last = self.check.last if self.check is not None else None
-        if last is None or k <= 0 or self._check_credit < 0:
+        after a 1-token pass, or a 1-token pass after a batch) than the last, while the allowance lasts. While
+        learning, whether a drafting round should be a plain one instead, to time T(1) at this length, or a
+        plain one a short lookup draft (when there is one), to time a batch in a pair with the round before."""
+        if k <= 0 or self._check_credit < 0:
             return False
-        return (plan.method == "none") == (last[0] == 1)
+        if self.learning:  # a run that drafts throughout times T(1) now and then: every ratio rests on it
+            paid = plan.plain_rate > 0 and self._check_credit * plan.plain_rate >= 1.0  # a whole T(1) saved up
+            if plan.method == "none":
+                return paid and lookup > 0 and self._prev_plain is not None
+            return paid and not plan.probe and self.live.wants_t1(self._context)
+        last = self.check.last if self.check is not None else None
+        return last is not None and (plan.method == "none") == (last[0] == 1)
 
     def _check_draft(self, context: Sequence[int], said: str) -> Draft:
+        if self.learning:
+            return Draft([], None, _join(said, "auto: plain, to time T(1) for the cost curve"))
         assert self.check is not None and self.check.last is not None
         if self.check.last[0] > 1:
             return Draft([], None, _join(said, "auto: plain, to check T(1) against the remembered costs"))
@@ -240,9 +308,13 @@ class AutoDrafter:
 
     def _check_curve(self, stats: RoundStats) -> None:
         """Test the remembered curve against this round, pay for a check round; drop a contradicted curve."""
-        if self.check is None:
-            return
         seconds = stats.verify_s - stats.rollback_s
+        if self.check is None:
+            # Learning: a round timed for the curve costs at most itself, from EXPLORE of the rounds' time; lookup
+            # probes that keep finding plain decoding ahead cost twice as much each time.
+            backoff = 2 ** min(self._lookup_probes, MAX_BACKOFF) if stats.n_drafted else 1
+            self._check_credit += -seconds * backoff if self._checking else EXPLORE * seconds
+            return
         before = self.check.last
         deviation = self.check.observe(stats.n_drafted + 1, seconds)
         if self._checking and before is not None:
@@ -260,13 +332,12 @@ class AutoDrafter:
 
     def _drop_curve(self, deviation: float) -> None:
         why = f"T(n)/T(1) {deviation:.2g}x its own over {CHECK_PAIRS} pairs of rounds"
-        self._cost_note = f"auto: remembered costs contradicted by live rounds ({why}): dropped, measuring afresh"
+        self._cost_note = f"auto: remembered costs contradicted by live rounds ({why}): dropped, learning afresh"
         self.check = None
         if self.store is not None:
             self.store.drop()
-        self._unstored = "contradicted by live rounds"  # until measured afresh
-        self.calibrated_k = 0
-        self._remeasure = self.target is not None
+        self.learning = self.target is not None  # learnt afresh from the rounds (and idle pairs)
+        self._since_save = SAVE_EVERY
 
     def _load_model(self) -> bool:
         """Make sure the draft model is loaded (a lazy one loads now, its seconds kept out of the round's
@@ -308,12 +379,36 @@ class AutoDrafter:
                 pending.append((tokens, order, start))
         self._shadows = pending
 
+    def _enter_bucket(self, bucket: int) -> None:
+        if bucket == self._bucket:
+            return
+        costs = self.controller.costs
+        if self._bucket is not None:
+            self._bucket_scale[self._bucket] = costs.scale
+        self._bucket = bucket
+        known = self._bucket_scale.get(bucket)
+        if known is not None:
+            costs.scale = known
+        self._fresh_bucket = known is None
+
+    def _first_at_length(self, n: int, seconds: float) -> None:
+        """The first round at a context length not seen yet sets the pace outright (the common factor's slow
+        average would take some twenty rounds to follow an 8k prompt's doubled T(1)), within 4x either way."""
+        self._fresh_bucket = False
+        costs = self.controller.costs
+        predicted = costs.target_s(n)
+        if seconds > 0 and predicted > 0 and not np.isnan(predicted):
+            costs.scale *= min(max(seconds / predicted, 0.25), 4.0)
+
     def observe(self, stats: RoundStats) -> None:
+        if self._fresh_bucket and not self.learning:
+            self._first_at_length(stats.n_drafted + 1, stats.verify_s - stats.rollback_s)
         if self._plan is not None:
             # Catching the draft's cache up after plain rounds is a one-off, not the draft's per-token cost.
             # So are calibration and loading the draft model.
             drafting = replace(stats, draft_s=max(stats.draft_s - self._catch_up_s - self._setup_s, 0.0))
             self.controller.observe(self._plan, drafting, self._order)
+        self._learn(stats.n_drafted + 1, stats.verify_s - stats.rollback_s)
         self._check_curve(stats)
         self._plan = None
         self._checking = False
@@ -342,3 +437,11 @@ class AutoDrafter:
 
 def _join(*notes: str) -> str:
     return "; ".join(n for n in notes if n)
+
+
+def idle_work(drafter: Drafter) -> Callable[[], bool] | None:
+    """A drafter's calibration for idle time, one piece a call (True while more pieces are wanted); None when
+    it has none (not auto, or auto with a trusted curve)."""
+    if isinstance(drafter, AutoDrafter) and drafter.idle_due():
+        return drafter.idle_step
+    return None

@@ -123,19 +123,52 @@ def time_target_paired(
 ) -> PairedTimings:
     """Each batch size n > 1 timed `reps` times, each right after a 1-token pass, in an order rotated from
     one repetition to the next (no size always first). The cache ends as it began."""
-    n0 = len(target.cached_tokens)
-    batch = sorted({n for n in sizes if n > 1 and n0 + n <= target.n_ctx})
-    if n0 == 0 or n0 + 1 > target.n_ctx:
-        return PairedTimings((), {})
-    one = list(time_target(target, [1], reps=1, clock=clock).values())  # the warm-up, and a first T(1)
-    pairs: dict[int, list[tuple[float, float]]] = {n: [] for n in batch}
-    for i in range(reps):
-        shift = i % len(batch) if batch else 0
-        for n in batch[shift:] + batch[:shift]:
-            timed = time_target(target, [1, n], reps=1, clock=clock, warm_up=False)
-            one.append(timed[1])
-            pairs[n].append((timed[1], timed[n]))
-    return PairedTimings(tuple(one), {n: tuple(p) for n, p in pairs.items()})
+    run = PairedRun(target, sizes, reps=reps, clock=clock)
+    while run.step():
+        pass
+    return run.timings()
+
+
+class PairedRun:
+    """time_target_paired in pieces, for idle time: each step() is one piece (the warm-up pass, or one pair),
+    on the cache as it is then (which it leaves as it found it), so a caller can stop between any two."""
+
+    def __init__(
+        self, target: Backend, sizes: Sequence[int], *, reps: int = 3, clock: Callable[[], float] = time.perf_counter
+    ) -> None:
+        self.target, self.clock = target, clock
+        batch = sorted({n for n in sizes if n > 1})
+        rotations = [batch[i % len(batch) :] + batch[: i % len(batch)] for i in range(reps)] if batch else []
+        self.order = [n for rotation in rotations for n in rotation]
+        self.one: list[float] = []
+        self.pairs: dict[int, list[tuple[float, float]]] = {n: [] for n in batch}
+        self.last: tuple[int, float, float] | None = None  # the last piece: (n, T(1), T(n)); n = 1 for the warm-up
+        self._warm = False
+
+    def step(self) -> bool:
+        """Time one piece; False when none is left (or the cache leaves no room to time anything)."""
+        n0 = len(self.target.cached_tokens)
+        if n0 == 0 or n0 + 1 > self.target.n_ctx:
+            return False
+        if not self._warm:
+            self._warm = True
+            t1 = time_target(self.target, [1], reps=1, clock=self.clock)[1]  # the warm-up, and a first T(1)
+            self.one.append(t1)
+            self.last = (1, t1, t1)
+            return True
+        while self.order:
+            n = self.order.pop(0)
+            if n0 + n > self.target.n_ctx:
+                continue
+            timed = time_target(self.target, [1, n], reps=1, clock=self.clock, warm_up=False)
+            self.one.append(timed[1])
+            self.pairs[n].append((timed[1], timed[n]))
+            self.last = (n, timed[1], timed[n])
+            return True
+        return False
+
+    def timings(self) -> PairedTimings:
+        return PairedTimings(tuple(self.one), {n: tuple(p) for n, p in self.pairs.items() if p})
 
 
 def time_rollback(

@@ -1,4 +1,4 @@
-"""Auto's measured costs, remembered on disk so that no run pays for calibration twice.
+"""Auto's measured costs, remembered on disk so that no run has to learn them twice.
 
 One small JSON file per (target file, draft file, backend build, device, threads) under the user cache
 directory ($LOCALSPEC_CACHE_DIR, else $XDG_CACHE_HOME/localspec, else ~/.cache/localspec), in

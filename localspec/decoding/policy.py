@@ -12,9 +12,10 @@ and the kept tokens fed again for a recurrent or hybrid model whose snapshots do
 from the rounds, as RoundStats.rollback_s).
 
 T(n) is the target's time for a batch of n tokens and draft_cost(j) is j times the draft model's time
-per token (about zero for n-gram lookup). All of these are measured (localspec.decoding.calibrate seeds
-them; every round's own draft/verify seconds keep them current, and one common factor follows how busy
-the machine is, so plain and speculative estimates do not drift apart). Acceptance alpha is a decayed
+per token (about zero for n-gram lookup). All of these are measured: the rounds time them
+(localspec.decoding.live_costs), idle-time calibration adds sizes the rounds did not reach, every
+round's own draft/verify seconds keep them current, and one common factor follows how busy the machine
+is, so plain and speculative estimates do not drift apart. Acceptance alpha is a decayed
 success count per draft source (per matched n-gram length for prompt lookup), so it follows the text.
 Each round takes the option with the best rate, plain decoding included.
 
@@ -53,6 +54,7 @@ CONFIDENCE_SCALE = 0.5  # see Controller._with_confidence
 MARGIN = 0.03  # speculation must beat plain decoding by this much (timing noise)
 EXPLORE = 0.03  # model-draft re-probes may cost at most this share of the plain decoding time between them
 MAX_BACKOFF = 5  # ... and that allowance halves after each probe that does not change the decision, 2**5 at most
+DRAFT_REPS = 3  # the draft model's first timings: the least of them stands until this many (noise only adds)
 CATCH_UP_ROUNDS = 8  # a draft model that fell behind is caught up once: its cost is spread over this many rounds
 # Priors (weight of about two rounds): optimistic enough to try, quickly overruled.
 MODEL_PRIOR = 0.6
@@ -264,6 +266,10 @@ class Controller:
         self.ngram_accept = {n: Acceptance(p) for n, p in NGRAM_PRIOR.items()}
         self.probe_credit = 0.0  # plain decoding seconds since the last model probe
         self.probe_fails = 0  # model probes in a row that left plain decoding ahead
+        # Draft-model timings so far (a remembered cost counts as settled): until DRAFT_REPS, the least of
+        # them stands and probes go on, so one probe in a busy spell cannot rule the draft out for good.
+        self.draft_timings = DRAFT_REPS if self.costs.draft_token is not None else 0
+        self._least_draft = math.inf
 
     def ngram_acceptance(self, order: int) -> Acceptance:
         """How often a copy of `order` tokens (a lookup match, extended by the draft so far) goes on."""
@@ -316,9 +322,14 @@ class Controller:
     def model_can_pay(self, k_max: int) -> bool:
         """Whether a model draft could beat plain decoding even with every draft token accepted
         (True while the costs are unknown: only a measurement can say no)."""
-        if 1 not in self.costs.target or self.costs.draft_token is None:
+        if 1 not in self.costs.target or not self.draft_settled:
             return True
         return self.ceiling("model", k_max) > self.plain_rate() * (1.0 + MARGIN)
+
+    @property
+    def draft_settled(self) -> bool:
+        """Whether the draft model's cost rests on DRAFT_REPS timings (or was remembered)."""
+        return self.draft_timings >= DRAFT_REPS
 
     def plan(
         self, k_max: int, *, model: bool, ngram_avail: int = 0, ngram_order: int = 0, model_gap: int = 0
@@ -354,10 +365,13 @@ class Controller:
             k = min(k_max, 2)
             probe_cost = k * (self.costs.draft_s() or 0.0) + self.costs.target_s(k + 1) - self.costs.target_s(1)
             allowance = self.probe_credit * EXPLORE / 2 ** min(self.probe_fails, MAX_BACKOFF)
+            if self.draft_timings == 0:
+                allowance = math.inf  # never timed: the first probe is the measurement (a short draft, k <= 2)
             # The catch-up a probe entails is not charged to the allowance (it grows with every plain round,
             # and pays off if the probe does), but a probe must be able to win with it, spread as a plan
             # spreads it: after a long plain stretch on a CPU the draft's catch-up alone rules a probe out.
-            if allowance >= probe_cost and self.ceiling("model", k_max, extra=catch_up) > plain * (1.0 + MARGIN):
+            could_win = not self.draft_settled or self.ceiling("model", k_max, extra=catch_up) > plain * (1.0 + MARGIN)
+            if allowance >= probe_cost and could_win:
                 self.probe_credit = 0.0
                 self.probe_fails += 1
                 m = next(p for p in options if p.method == "model")
@@ -390,11 +404,19 @@ class Controller:
         if stats.n_accepted < stats.n_drafted:
             self.costs.observe_rollback(stats.rollback_s)
         if method == "model":
-            self.costs.observe_draft(stats.n_drafted, stats.draft_s)
+            self._observe_draft(stats.n_drafted, stats.draft_s)
             self.model_accept.update(stats.n_accepted, stats.n_drafted)
         elif method == "ngram":
             self.costs.observe_ngram(stats.draft_s)
             self.observe_lookup(ngram_order, stats.n_accepted, stats.n_drafted)
+
+    def _observe_draft(self, n_tokens: int, seconds: float) -> None:
+        if self.draft_settled:
+            self.costs.observe_draft(n_tokens, seconds)
+            return
+        self.draft_timings += 1
+        self._least_draft = min(self._least_draft, seconds / n_tokens / self.costs.scale)
+        self.costs.draft_token = self._least_draft
 
     def new_generation(self) -> None:
         self.model_accept.soften(0.25)

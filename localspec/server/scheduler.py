@@ -5,6 +5,10 @@ Cancelling a job (its client went away, or stopped reading for STALL_S) sets its
 engine ends after the round in flight) and aborts the forward pass in flight, so the next request
 starts within one round. The KV caches stay as the last generation left them: the next request that
 shares a prefix with it (a conversation's next turn) evaluates only its new tokens.
+
+While no request waits, the same thread times auto's cost curve where it has none yet
+(decoding.auto.idle_work), one piece (a pair of forward passes) at a time, checking the queue between
+pieces: a request that arrives meanwhile starts once the piece in flight ends.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from localspec.decoding.auto import idle_work
 from localspec.decoding.drafters import Drafter
 from localspec.decoding.engine import Done
 from localspec.decoding.stats import SpecStats
@@ -39,6 +44,7 @@ class Outcome:
     finish_reason: str  # "stop" | "length" | "cancelled"
     stats: SpecStats
     ttft_s: float  # from the request reaching the engine to its first text
+    stop_string: str | None = None  # the request's stop string that ended it, if one did
 
 
 Item = str | Outcome | APIError  # what a job's channel carries: text deltas, then an Outcome or an error
@@ -92,6 +98,8 @@ class Scheduler:
         self._current: Job | None = None
         self._closed = False
         self._recent_s: collections.deque[float] = collections.deque(maxlen=8)  # for Retry-After
+        self._idle = idle_work(pipeline.drafter)  # auto's calibration between requests (None: nothing to time)
+        self.idle_pieces = 0  # pieces of it run so far
         self._thread = threading.Thread(target=self._loop, name="localspec-serve-engine", daemon=True)
         self._thread.start()
 
@@ -152,15 +160,19 @@ class Scheduler:
     def _loop(self) -> None:
         while True:
             with self._cv:
-                while not self._waiting and not self._closed:
+                while not self._waiting and not self._closed and self._idle is None:
                     self._cv.wait()
                 if self._closed:
                     return
-                job = self._waiting.popleft()
-                self._current = job
-                self.metrics.waiting.set(len(self._waiting))
-                self.metrics.running.set(1)
                 self.pipeline.abort(False)  # re-arm after a cancelled job's abort
+                job = self._waiting.popleft() if self._waiting else None
+                if job is not None:
+                    self._current = job
+                    self.metrics.waiting.set(len(self._waiting))
+                    self.metrics.running.set(1)
+            if job is None:
+                self._idle_piece()
+                continue
             t0 = time.perf_counter()
             try:
                 self._run(job)
@@ -169,6 +181,21 @@ class Scheduler:
                     self._current = None
                     self.metrics.running.set(0)
                     self._recent_s.append(time.perf_counter() - t0)
+            if self._idle is None:  # a remembered curve the answer contradicted is timed again meanwhile
+                self._idle = idle_work(self.pipeline.drafter)
+
+    def _idle_piece(self) -> None:
+        """One piece of idle-time calibration; the idle work ends when it wants no more, or fails."""
+        assert self._idle is not None
+        try:
+            more = self._idle()
+            self.idle_pieces += 1
+        except Exception as e:  # noqa: BLE001 - timing passes must never take the server down
+            self.log(f"auto: idle calibration stopped: {error_text(e)}")
+            more = False
+        if not more:
+            self._idle = None
+            self.log(f"auto: cost curve timed between requests ({self.idle_pieces} pairs of passes so far)")
 
     def _run(self, job: Job) -> None:
         req = job.request
@@ -227,7 +254,8 @@ class Scheduler:
             reason = "stop"
         else:
             reason = FINISH_REASONS.get(done.stats.stop_reason or "stopped", "stop")
-        return Outcome(matcher.text, reason, done.stats, ttft if ttft is not None else time.perf_counter() - t0)
+        ttft_s = ttft if ttft is not None else time.perf_counter() - t0
+        return Outcome(matcher.text, reason, done.stats, ttft_s, matcher.matched if reason == "stop" else None)
 
     def _drafter(self, method: str) -> Drafter:
         """The drafter a request asked for, built on first use. A method the loaded models cannot draft with
@@ -256,7 +284,7 @@ def request_line(req: GenerationRequest, o: Outcome) -> str:
         spec = f" · acceptance {s.acceptance_rate:.0%}, {s.mean_accepted_length:.2f} tokens/pass"
     choices = f" · {s.choices()}" if s.draft_method == "auto" and s.choices() else ""
     return (
-        f"POST {'/v1/chat/completions' if req.endpoint == 'chat' else '/v1/completions'}"
+        f"POST {req.path or ('/v1/chat/completions' if req.endpoint == 'chat' else '/v1/completions')}"
         f"{' (stream)' if req.stream else ''} · prompt {s.n_prompt} ({s.n_prompt_cached} cached, "
         f"{s.prompt_s * 1000:.0f} ms; first text after {o.ttft_s * 1000:.0f} ms) · "
         f"{s.n_generated} tokens at {s.decode_tps:.1f} tok/s · "

@@ -17,6 +17,7 @@ from textual.timer import Timer
 from textual.widgets import Footer, Header, Input, Static
 
 from localspec.backends.base import ChatMessage
+from localspec.decoding.auto import idle_work
 from localspec.decoding.engine import Done, GenerationConfig, Segment, Step
 from localspec.errors import LocalspecError, error_text
 from localspec.options import GenerationSettings, ModelOptions
@@ -51,6 +52,9 @@ class ChatScreen(Screen[None]):
         self.stop_event = threading.Event()
         self.idle = threading.Event()  # set while no generation thread runs
         self.idle.set()
+        self.turns_sent = 0  # replies started: a worker whose reply is no longer the latest stops timing
+        self.engine = threading.Lock()  # one engine thread at a time (a new reply waits out a timing piece)
+        self.idle_pieces = 0  # auto's timing pieces run between turns (tests read it)
         self.generating = False
         self.colour = False
         self.live: LiveStats | None = None
@@ -141,25 +145,40 @@ class ChatScreen(Screen[None]):
         self.live = None
         self.pacer.reset()
         self.set_status("Generating … (Esc stops)")
+        self.turns_sent += 1  # the previous worker stops timing after its piece in flight
         pipeline.abort(False)  # re-arm after an Esc that stopped the last reply mid-pass
-        self._generate(pipeline, messages, config)
+        self._generate(pipeline, messages, config, self.turns_sent)
 
     @work(thread=True, group="generate", exit_on_error=False)
-    def _generate(self, pipeline: Pipeline, messages: Sequence[ChatMessage], config: GenerationConfig) -> None:
-        """The engine loop, off the UI thread. Everything it tells the UI goes through messages."""
+    def _generate(
+        self, pipeline: Pipeline, messages: Sequence[ChatMessage], config: GenerationConfig, turn: int
+    ) -> None:
+        """The engine loop, off the UI thread. Everything it tells the UI goes through messages. After the
+        reply, while the user types, auto's cost curve is timed (when it has none yet) until the next message."""
         try:
-            tokens = pipeline.prompt_tokens(messages)
-            self.post_message(msg.ReplyStarted(len(tokens)))
-            for event in pipeline.generate(tokens, config, stop=self.stop_event):
-                if isinstance(event, Done):
-                    self.post_message(msg.ReplyDone(event))
-                    break
-                if self.buffer.push(event):
-                    self.post_message(msg.ChunksReady())
+            with self.engine:
+                tokens = pipeline.prompt_tokens(messages)
+                self.post_message(msg.ReplyStarted(len(tokens)))
+                for event in pipeline.generate(tokens, config, stop=self.stop_event):
+                    if isinstance(event, Done):
+                        self.post_message(msg.ReplyDone(event))
+                        break
+                    if self.buffer.push(event):
+                        self.post_message(msg.ChunksReady())
+                self._time_between_turns(pipeline, turn)
         except Exception as e:  # shown in the app; the transcript stays
             self.post_message(msg.ReplyFailed(error_text(e)))
         finally:
-            self.idle.set()
+            if self.turns_sent == turn:
+                self.idle.set()
+
+    def _time_between_turns(self, pipeline: Pipeline, turn: int) -> None:
+        step = idle_work(pipeline.drafter)
+        try:
+            while step is not None and self.turns_sent == turn and not self.stop_event.is_set() and step():
+                self.idle_pieces += 1
+        except Exception:  # noqa: BLE001 - timing is optional: the next reply learns from its rounds anyway
+            pass
 
     def on_reply_started(self, message: msg.ReplyStarted) -> None:
         self.live = LiveStats()
