@@ -153,6 +153,21 @@ def test_one_call_at_most_drops_the_rest_and_says_done() -> None:
     assert parse_answer(text, HERMES, max_calls=1)[1][0].name == "get_weather"
 
 
+def test_a_call_to_a_function_not_offered_is_content_whole_and_streamed() -> None:
+    offered = frozenset({"get_weather"})
+    text = 'Let me see. <tool_call>\n{"name": "setup", "arguments": {"name": "demo"}}\n</tool_call>'
+    content, calls = parse_answer(text, HERMES, names=offered)
+    assert calls == [] and content == text
+    rng = random.Random(7)
+    for pieces in [list(text), *(_random_pieces(text, rng) for _ in range(20))]:
+        parser = ToolStreamParser(HERMES, names=offered)
+        events = [e for p in pieces for e in parser.feed(p)] + parser.finish()
+        assert _assemble(events) == (text, []), pieces
+    both = text + '\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    content, calls = parse_answer(both, HERMES, names=offered)
+    assert _calls(calls) == [("get_weather", {"city": "Oslo"})] and content == text
+
+
 def test_a_call_cut_short_keeps_what_it_had() -> None:
     content, calls = parse_answer('Hi <tool_call>\n{"name": "f", "arguments": {"a": [1, ', HERMES)
     assert content == "Hi" and [(c.name, c.arguments) for c in calls] == [("f", '{"a": [1, ')]

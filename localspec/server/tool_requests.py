@@ -106,7 +106,7 @@ def read_tools(body: ChatCompletionRequest, support: ToolTemplate | str) -> Tool
         return ToolUse(support.chat_format, fmt=support.fmt)
     definitions = [t.model_dump(exclude_none=True) for t in body.tools or []]
     max_calls = 1 if body.parallel_tool_calls is False else None
-    plan = ToolPlan(support.fmt, max_calls)
+    plan = ToolPlan(support.fmt, max_calls, frozenset(f.name for f in functions))
     if choice == "auto":
         return ToolUse(support.chat_format, definitions, plan, fmt=support.fmt)
     only = [f for f in functions if isinstance(choice, NamedToolChoice) and f.name == choice.function.name]

@@ -175,13 +175,16 @@ def _markers(backend: Backend, fmt: ToolFormat) -> tuple[tuple[str, int, bool], 
 class ToolStreamParser:
     """Feed an answer's text as it comes; get content deltas and calls (its name first, then chunks of its
     arguments). Text that could still become a call's marker is held back until it is known. With
-    `max_calls`, everything after that many calls is dropped (`done` says so: the generation may stop).
+    `max_calls`, everything after that many calls is dropped (`done` says so: the generation may stop). With
+    `names`, a call to a function not among them is not a call: the model wrote text that looks like one, and
+    it goes out as content (an agent must never receive a call to a function it did not offer).
 
     Whitespace between content and a call is dropped, and so is whitespace after the last call."""
 
-    def __init__(self, fmt: ToolFormat, max_calls: int | None = None) -> None:
+    def __init__(self, fmt: ToolFormat, max_calls: int | None = None, names: frozenset[str] | None = None) -> None:
         self.fmt = fmt
         self.max_calls = max_calls
+        self.names = names
         self.calls: list[ToolCall] = []
         self.content: list[str] = []
         self._buf = ""
@@ -190,6 +193,7 @@ class ToolStreamParser:
         self._close = fmt.close  # what ends the block open now
         self._marker = ""  # the marker that opened it, given back as content if no call follows
         self._ws = ""  # whitespace after the content sent, held until more content comes
+        self._ws_before = ""  # ... as it was when a call began (given back with it if it is not a call)
         self._out: list[ToolEvent] = []
         self._call = _CallScan()
 
@@ -259,6 +263,7 @@ class ToolStreamParser:
             return True
         if rest[0] != "{":
             return self._not_a_call(self._buf)
+        self._marker += self._buf[: len(self._buf) - len(rest)]  # given back whole if no call follows
         self._buf = rest
         self._begin_call()
         return True
@@ -284,6 +289,8 @@ class ToolStreamParser:
         used, finished = self._call.feed(self._buf)
         self._buf = self._buf[used:]
         self._stream_call()
+        if self._state != "object":  # a call to a function not offered: given back as content
+            return True
         if finished:
             self._end_call(complete=True)
             return True
@@ -326,11 +333,14 @@ class ToolStreamParser:
         self._call = _CallScan()
         self._state = "object"
         self._at_start = False
-        self._ws = ""
+        self._ws_before, self._ws = self._ws, ""
 
     def _stream_call(self) -> None:
         scan = self._call
         if not scan.started and scan.name is not None:
+            if not self._offered(scan.name):
+                self._give_back(scan.text)
+                return
             scan.started = True
             scan.id = new_call_id()
             self._emit(CallStart(len(self.calls), scan.id, scan.name))
@@ -343,10 +353,8 @@ class ToolStreamParser:
         scan = self._call
         if not scan.started:
             whole = _read_call(scan.text) if complete else None
-            if whole is None:  # not a call after all: the text stays content
-                self._state = "content"
-                self._content(self._marker + scan.text)
-                self._marker = ""
+            if whole is None or not self._offered(whole[0]):  # not a call after all: the text stays content
+                self._give_back(scan.text)
                 return
             scan.started, scan.id, scan.name = True, new_call_id(), whole[0]
             self._emit(CallStart(len(self.calls), scan.id, whole[0]))
@@ -363,6 +371,16 @@ class ToolStreamParser:
         self.calls.append(ToolCall(scan.id, scan.name, scan.args_sent))
         full = self.max_calls is not None and len(self.calls) >= self.max_calls
         self._state = "done" if full else "after"
+
+    def _offered(self, name: str) -> bool:
+        return self.names is None or name in self.names
+
+    def _give_back(self, text: str) -> None:
+        """What looked like a call (its marker and `text`) is content after all."""
+        self._state = "content"
+        self._ws = self._ws_before
+        self._content(self._marker + text)
+        self._marker = ""
 
     def _not_a_call(self, rest: str) -> bool:
         self._content(self._marker)
@@ -542,14 +560,17 @@ class ToolPlan:
 
     fmt: ToolFormat
     max_calls: int | None = None  # 1 for parallel_tool_calls false
+    names: frozenset[str] | None = None  # the functions offered: a "call" to another one is content
 
     def parser(self) -> ToolStreamParser:
-        return ToolStreamParser(self.fmt, self.max_calls)
+        return ToolStreamParser(self.fmt, self.max_calls, self.names)
 
 
-def parse_answer(text: str, fmt: ToolFormat, max_calls: int | None = None) -> tuple[str, list[ToolCall]]:
+def parse_answer(
+    text: str, fmt: ToolFormat, max_calls: int | None = None, names: frozenset[str] | None = None
+) -> tuple[str, list[ToolCall]]:
     """(content, calls) of a whole answer: what the stream parser gives, put together."""
-    parser = ToolStreamParser(fmt, max_calls)
+    parser = ToolStreamParser(fmt, max_calls, names)
     parser.feed(text)
     parser.finish()
     return "".join(parser.content), parser.calls
