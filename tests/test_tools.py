@@ -276,7 +276,7 @@ def test_the_call_grammar_accepts_exactly_valid_calls(qwen_pair: tuple[Path, Pat
 
     from localspec.backends import llama_cpp
     from localspec.decoding import grammar
-    from localspec.server.tools import call_grammar, tool_template
+    from localspec.server.tools import call_grammar, lazy_call_grammar, tool_template
 
     b = llama_cpp.load(qwen_pair[1], n_ctx=256, threads=1)
     try:
@@ -302,6 +302,14 @@ def test_the_call_grammar_accepts_exactly_valid_calls(qwen_pair: tuple[Path, Pat
         assert not accepts(both, one.replace(', "unit": "C"', ""))  # a required argument missing
         assert not accepts(both, one.replace('"C"', '"K"'))
         assert not accepts(both, "Sure! " + one)
+        lazy = lazy_call_grammar(tmpl, _functions(WEATHER, LOCAL_TIME), parallel=True)  # tool_choice auto
+        assert lazy is not None
+        assert accepts(lazy, "Sure! " + one) and accepts(lazy, two) and accepts(lazy, "No call needed.")
+        assert accepts(lazy, "")  # an empty answer
+        assert not accepts(lazy, "Sure! " + one.replace("get_weather", "get_wether"))  # once a call opens, held
+        assert not accepts(lazy, one.replace('"C"', '"K"'))
+        assert not accepts(lazy, one + " and more text")  # calls end the answer
+        assert not accepts(lazy, "<|fim_prefix|>")  # other special tokens are not text
     finally:
         b.close()
 
@@ -310,7 +318,7 @@ def test_the_call_grammar_accepts_exactly_valid_calls(qwen_pair: tuple[Path, Pat
 def test_the_call_grammar_of_the_other_formats_compiles(fmt: ToolFormat) -> None:
     from localspec.backends.chat_template import ChatFormat
     from localspec.decoding import grammar
-    from localspec.server.tools import ToolTemplate, call_grammar
+    from localspec.server.tools import ToolTemplate, call_grammar, lazy_call_grammar
 
     tmpl = ToolTemplate(ChatFormat("model"), fmt, (("[TOOL_CALLS]", 5, False),) if fmt is MISTRAL else ())
     text = call_grammar(tmpl, _functions(WEATHER, LOCAL_TIME), parallel=True)
@@ -319,6 +327,7 @@ def test_the_call_grammar_of_the_other_formats_compiles(fmt: ToolFormat) -> None
     assert ('"parameters": ' if fmt is LLAMA3 else '"arguments": ') in key
     if fmt is MISTRAL:
         assert text.startswith("start: <[5]>")
+    assert lazy_call_grammar(tmpl, _functions(WEATHER), parallel=True) is None  # a call's start is not one token
 
 
 # -- the server, fast: a tiny random model (its family's tool format), and a model without one -------------

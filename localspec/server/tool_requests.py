@@ -4,7 +4,8 @@ template with `tools`, or its family's tool format) and what the answer is read 
 
 tool_choice "none" renders no tools and reads no calls: the model is not told it could call, so no call
 syntax can end up in the answer's text, and a conversation with earlier calls still renders them.
-"auto" offers the tools and reads calls from free output; "required" and a named function also put a
+"auto" offers the tools and reads calls from free output, held to the offered functions and their schemas
+once a call opens where the format allows it (tools.lazy_call_grammar: a call marker that is one token); "required" and a named function also put a
 grammar into the generation config, so the answer is a call (one or more) with arguments valid against
 the function's schema. parallel_tool_calls false allows one call: the reading stops after it.
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from localspec.backends.base import ChatMessage, ChatToolCall
@@ -28,6 +29,7 @@ from localspec.server.tools import (
     ToolFormat,
     ToolPlan,
     ToolTemplate,
+    lazy_call_grammar,
     call_grammar,
     mistral_id,
 )
@@ -108,7 +110,8 @@ def read_tools(body: ChatCompletionRequest, support: ToolTemplate | str) -> Tool
     max_calls = 1 if body.parallel_tool_calls is False else None
     plan = ToolPlan(support.fmt, max_calls, frozenset(f.name for f in functions))
     if choice == "auto":
-        return ToolUse(support.chat_format, definitions, plan, fmt=support.fmt)
+        lazy = lazy_call_grammar(support, functions, parallel=max_calls is None)
+        return ToolUse(support.chat_format, definitions, plan, lazy or "", fmt=support.fmt)
     only = [f for f in functions if isinstance(choice, NamedToolChoice) and f.name == choice.function.name]
     grammar = call_grammar(support, only or functions, parallel=max_calls is None and not only)
     return ToolUse(support.chat_format, definitions, plan, grammar, support.fmt)
@@ -133,11 +136,7 @@ def check_definitions(body: ChatCompletionRequest) -> list[FunctionSpec]:
 
 
 def with_tools(config: GenerationConfig, use: ToolUse) -> GenerationConfig:
-    """The generation config with the call grammar in it, when tool_choice forces a call."""
+    """The generation config with the call grammar in it: a forced call, or auto's lazily constrained calls."""
     if not use.grammar_text:
         return config
-    if "grammar" not in {f.name for f in fields(config)}:
-        raise APIError(400, "tool_choice required or a named function needs constrained decoding, which this "
-                       "localspec build lacks; use tool_choice auto", "tool_choice",
-                       "unsupported_parameter")  # fmt: skip
-    return replace(config, grammar=GrammarSpec("lark", use.grammar_text))  # type: ignore[call-arg]
+    return replace(config, grammar=GrammarSpec("lark", use.grammar_text))

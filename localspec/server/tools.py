@@ -21,7 +21,7 @@ import json
 import re
 import secrets
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from localspec.backends.chat_template import FAMILIES, ChatFormat, detect_family
@@ -607,6 +607,20 @@ def call_grammar(tmpl: ToolTemplate, functions: Sequence[FunctionSpec], *, paral
         lines.append(f"call: {obj}")
         start = f"call ({_lit('; ')} call)*" if parallel else "call"
     return "\n".join([f"start: {start}", *lines]) + "\n"
+
+
+def lazy_call_grammar(tmpl: ToolTemplate, functions: Sequence[FunctionSpec], *, parallel: bool) -> str | None:
+    """tool_choice "auto": free text, then optionally calls held to the offered functions and their schemas
+    (the grammar constrains only once a call opens). Only where a call opens with a single token that text
+    cannot spell (Hermes' `<tool_call>` in Qwen's vocabulary); elsewhere free text and the start of a call
+    cannot be told apart by a grammar, and auto stays unconstrained (None)."""
+    tokens = {text for text, _, _ in tmpl.markers}
+    if tmpl.fmt is not HERMES or not {"<tool_call>", "</tool_call>"} <= tokens:
+        return None
+    as_tokens = replace(tmpl, markers=tuple((text, token, False) for text, token, _ in tmpl.markers))
+    head, rest = call_grammar(as_tokens, functions, parallel=parallel).split("\n", 1)
+    calls = head.removeprefix("start: ")
+    return f"start: TEXT? calls?\nTEXT: /(?s:.+)/\ncalls: {calls}\n{rest}"
 
 
 # The arguments as templates' `tojson` writes them (", " and ": "), never free whitespace: a model may
