@@ -65,6 +65,7 @@ class ChatMessage:
     tool_calls: tuple[ChatToolCall, ...] = ()  # an assistant turn's calls
     tool_call_id: str = ""  # a tool turn: the call it answers
     name: str = ""  # a tool turn: the function that answered (some templates write it)
+    reasoning_content: str = ""  # an assistant turn's thinking (templates that use it write it, others drop it)
 
     def template_dict(self) -> dict[str, Any]:
         """The message as chat templates read it (Hugging Face's and llama.cpp's shape)."""
@@ -78,6 +79,8 @@ class ChatMessage:
             out["tool_call_id"] = self.tool_call_id
         if self.name:
             out["name"] = self.name
+        if self.reasoning_content:
+            out["reasoning_content"] = self.reasoning_content
         return out
 
 

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 from localspec.commands.first_use import model_options_from_args
 from localspec.errors import UsageError
+from localspec.server.reasoning import DEFAULT_FORMAT as DEFAULT_REASONING_FORMAT
+from localspec.server.reasoning import FORMATS as REASONING_FORMATS
 from localspec.options import (
     DEFAULT_MAX_TOKENS,
     GenerationSettings,
@@ -64,6 +66,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                    help="allow browser requests from this origin (repeatable; '*' for any); default: CORS off")  # fmt: skip
     g.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY,
                    help=f"largest request body accepted; larger get 413 (default: {DEFAULT_MAX_BODY:,})")  # fmt: skip
+    g.add_argument("--reasoning-format", choices=REASONING_FORMATS, default=DEFAULT_REASONING_FORMAT,
+                   help="a reasoning model's <think> block: deepseek returns it as reasoning_content (Anthropic: "
+                        "thinking blocks), none keeps it inline in the content; a request's reasoning_format "
+                        f"overrides it (default: {DEFAULT_REASONING_FORMAT})")  # fmt: skip
     g.add_argument("--print-vllm", action="store_true",
                    help="print the equivalent `vllm serve` command for the --pair and exit")  # fmt: skip
     p.set_defaults(handler=serve)
@@ -121,6 +127,7 @@ def build_server(args: argparse.Namespace, opts: ModelOptions) -> tuple[FastAPI,
             max_queue=args.max_queue,
             cors_origins=tuple(args.cors_origin),
             max_body_bytes=args.max_body_bytes,
+            reasoning_format=args.reasoning_format,
         )
         return create_app(pipeline, settings), pipeline, name
     except BaseException:

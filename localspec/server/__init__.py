@@ -4,6 +4,7 @@
     errors.py    OpenAI-shaped error bodies and the exceptions that carry them
     requests.py  a request body -> prompt tokens, GenerationConfig, drafter method, stop strings
     stops.py     stop strings over a text stream, holding back what could still become one
+    reasoning.py a reasoning model's <think> block split from the answer as it streams (reasoning_content)
     scheduler.py one generation at a time on a worker thread, a bounded FIFO queue, cancellation
     responses.py OpenAI response and chunk bodies, with the run's speculative `timings`
     metrics.py   Prometheus counters (vLLM-like names)

@@ -7,8 +7,13 @@ scheduler like any chat request, so it is checked, rendered and generated exactl
 would; this module only translates the request in and the answer out, and gives errors Anthropic's shape
 on every /v1/messages* path. Tools map onto OpenAI's (tool_use -> tool_calls, tool_result -> `tool`
 messages, tool_choice any -> "required"), and the answer is read for calls by tools.ToolStreamParser;
-output_config.format is response_format json_schema (strict). Extended thinking and content other than
-text, tool_use and tool_result (images, documents) are refused with a 400.
+output_config.format is response_format json_schema (strict). A reasoning model's think block
+(reasoning.py) comes back as a `thinking` content block before the text, streamed with thinking_delta
+events; its `signature` is an empty string (nothing here signs thinking, and nothing checks it when it is
+sent back: earlier turns' thinking blocks are left out of the prompt, as Anthropic leaves them out of the
+context). `thinking: enabled` is accepted where the served model thinks (its `budget_tokens` is not
+enforced: max_tokens bounds thinking and text together, as on Anthropic), refused elsewhere; content
+other than text, tool_use and tool_result (images, documents) is refused with a 400.
 
     messages_router(service) -> APIRouter       the two routes, mounted by app.create_app
     error_body(APIError) -> dict                 {"type": "error", "error": {"type", "message"}}
@@ -35,11 +40,13 @@ from localspec.server.anthropic_schemas import (
     MessagesRequest,
     ToolParam,
     TextBlock,
+    ThinkingBlock,
     ToolResultBlock,
     ToolUseBlock,
 )
 from localspec.server.errors import APIError
 from localspec.server.metrics import Metrics
+from localspec.server.reasoning import ReasoningDelta
 from localspec.server.requests import GenerationRequest, Served, chat_request
 from localspec.server.responses import timings
 from localspec.server.scheduler import Job, Outcome
@@ -128,14 +135,15 @@ def generation_fields(body: MessagesRequest) -> dict[str, Any]:
     return out
 
 
-# `adaptive` lets the model decide whether to think: a model served here never does, which that allows.
-THINKING_ACCEPTED = ("disabled", "adaptive")
+# `adaptive` lets the model decide whether to think; `enabled` is checked against the served model (thinking_check).
+# `disabled` cannot stop a model whose template opens a think block: its thinking still comes back, as a block.
+THINKING_ACCEPTED = ("disabled", "adaptive", "enabled")
 
 
 def refuse_unhonoured(body: Conversation) -> None:
     if body.thinking is not None and body.thinking.type not in THINKING_ACCEPTED:
-        raise APIError(400, f"thinking {body.thinking.type}: extended thinking is not supported by localspec serve "
-                       "(the model answers without thinking blocks); leave it out", "thinking")  # fmt: skip
+        raise APIError(400, f"thinking {body.thinking.type}: unknown to localspec serve (one of: "
+                       f"{', '.join(THINKING_ACCEPTED)})", "thinking")  # fmt: skip
     if body.mcp_servers:
         raise APIError(400, "mcp_servers: the MCP connector is not supported by localspec serve (the model would "
                        "answer without the servers' tools); give their tools in `tools` instead",
@@ -201,22 +209,28 @@ def turn(i: int, message: MessageParam) -> list[dict[str, Any]]:
     return user_turn(i, message.content)
 
 
-# Earlier turns' thinking (from another server) is left out of the prompt, as Anthropic leaves it out of the context.
-PAST_THINKING = ("thinking", "redacted_thinking")
+# An earlier turn's thinking goes to the chat template as the turn's reasoning_content, which writes it only if it
+# uses it (Qwen3's keeps it within a tool-calling turn, as Anthropic wants thinking sent back there, and drops it
+# before the last user message, as Anthropic leaves it out of the context); redacted thinking is left out.
+PAST_THINKING = ("redacted_thinking",)
 
 
 def assistant_turn(i: int, blocks: Sequence[Block]) -> dict[str, Any]:
     text: list[dict[str, str]] = []
     calls: list[dict[str, Any]] = []
+    thoughts: list[str] = []
     for j, block in enumerate(blocks):
         if isinstance(block, TextBlock):
             text.append(text_part(block))
+        elif isinstance(block, ThinkingBlock):
+            thoughts.append(block.thinking)
         elif isinstance(block, ToolUseBlock):
             arguments = json.dumps(block.input, ensure_ascii=False)
             calls.append({"id": block.id, "type": "function", "function": {"name": block.name, "arguments": arguments}})
         elif block.type not in PAST_THINKING:
             refuse_block(f"messages[{i}].content[{j}]", block, "assistant")
-    return {"role": "assistant", "content": text, **({"tool_calls": calls} if calls else {})}
+    reasoning = {"reasoning_content": "\n\n".join(thoughts)} if thoughts else {}
+    return {"role": "assistant", "content": text, **({"tool_calls": calls} if calls else {}), **reasoning}
 
 
 def user_turn(i: int, blocks: Sequence[Block]) -> list[dict[str, Any]]:
@@ -271,7 +285,16 @@ def text_parts(blocks: Sequence[TextBlock]) -> list[dict[str, str]]:
 
 
 def generation_request(body: MessagesRequest, served: Served) -> GenerationRequest:
-    return replace(chat_request(chat_body(body), served), path=PATH)
+    req = replace(chat_request(chat_body(body), served), path=PATH)
+    thinking_check(body, req, served)
+    return req
+
+
+def thinking_check(body: MessagesRequest, req: GenerationRequest, served: Served) -> None:
+    """`thinking: enabled` asks for thinking blocks: a 400 where the served model never writes a think block."""
+    if body.thinking is not None and body.thinking.type == "enabled" and req.reasoning is None and not served.thinks():
+        raise APIError(400, "thinking enabled: the served model does not think (its chat template opens no think "
+                       "block and its vocabulary has no </think>); leave thinking out", "thinking")  # fmt: skip
 
 
 def count_request(body: Conversation, served: Served) -> GenerationRequest:
@@ -315,7 +338,8 @@ def tool_input(arguments: str) -> dict[str, Any]:
 
 
 def full_message(msg_id: str, model: str, outcome: Outcome, text: str, calls: Sequence[ToolCall]) -> dict[str, Any]:
-    content: list[dict[str, Any]] = [{"type": "text", "text": text}] if text or not calls else []
+    content: list[dict[str, Any]] = [thinking_block(outcome.reasoning)] if outcome.reasoning else []
+    content += [{"type": "text", "text": text}] if text or not calls else []
     content += [{"type": "tool_use", "id": tool_use_id(c.id), "name": c.name, "input": tool_input(c.arguments)}
                 for c in calls]  # fmt: skip
     return {
@@ -329,6 +353,11 @@ def full_message(msg_id: str, model: str, outcome: Outcome, text: str, calls: Se
         "usage": {"input_tokens": outcome.stats.n_prompt, "output_tokens": outcome.stats.n_generated},
         "timings": timings(outcome.stats),  # localspec's speculative statistics, as on the OpenAI routes
     }
+
+
+def thinking_block(text: str) -> dict[str, Any]:
+    """A reasoning model's thinking; the signature is empty: nothing here signs it (or checks it when sent back)."""
+    return {"type": "thinking", "thinking": text, "signature": ""}
 
 
 def event(name: str, data: dict[str, Any]) -> bytes:
@@ -355,6 +384,12 @@ class Blocks:
                 self.delta({"type": "input_json_delta", "partial_json": piece.text})
         return self.take()
 
+    def thinking(self, text: str) -> list[bytes]:
+        if self.open_kind != "thinking":
+            self.start(thinking_block(""), "thinking")
+        self.delta({"type": "thinking_delta", "thinking": text})
+        return self.take()
+
     def text(self, text: str) -> None:
         if self.open_kind != "text":
             self.start({"type": "text", "text": ""}, "text")
@@ -372,6 +407,8 @@ class Blocks:
                                                       "content_block": block}))  # fmt: skip
 
     def close(self) -> None:
+        if self.open_kind == "thinking":  # Anthropic ends a thinking block with its signature (empty here)
+            self.delta({"type": "signature_delta", "signature": ""})
         if self.open_kind is not None:
             self.out.append(event("content_block_stop", {"type": "content_block_stop", "index": self.index}))
             self.open_kind = None
@@ -457,6 +494,8 @@ def messages_router(service: MessagesService) -> APIRouter:
                 item = await job.next()
                 if isinstance(item, str):
                     answer.feed(item)
+                elif isinstance(item, ReasoningDelta):
+                    continue  # the Outcome has the whole of it
                 elif isinstance(item, APIError):
                     raise item
                 else:
@@ -481,6 +520,9 @@ def messages_router(service: MessagesService) -> APIRouter:
                 item = await job.next()
                 if isinstance(item, str):
                     for chunk in blocks.events(answer.feed(item)):
+                        yield chunk
+                elif isinstance(item, ReasoningDelta):  # a reasoning model's thinking, before the text
+                    for chunk in blocks.thinking(item.text):
                         yield chunk
                 elif isinstance(item, APIError):
                     service.metrics.error(item.status)  # (a non-streamed error is counted by its handler)

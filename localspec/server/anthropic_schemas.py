@@ -3,7 +3,7 @@ strict types (a wrong type is a 400), unknown fields ignored (clients send many 
 no use for), and the known fields localspec cannot honour typed here so that anthropic.py can refuse
 them with a 400 instead of answering as if they were not there.
 
-Content blocks are told apart by their `type`; a block of any other type (image, document, thinking,
+Content blocks are told apart by their `type`; a block of any other type (image, document, redacted thinking,
 a server tool's) parses as OtherBlock so that the refusal can name it."""
 
 from __future__ import annotations
@@ -31,13 +31,21 @@ class ToolUseBlock(_Body):
     input: dict[str, Any]
 
 
+class ThinkingBlock(_Body):
+    """An earlier answer's thinking, sent back (its signature is not checked: nothing here signs thinking)."""
+
+    type: Literal["thinking"]
+    thinking: str
+    signature: str | None = None
+
+
 class OtherBlock(_Body):
     """A block of a type localspec serve does not take (refused by anthropic.py, naming its type)."""
 
     type: str
 
 
-KNOWN_BLOCKS = ("text", "tool_use", "tool_result")
+KNOWN_BLOCKS = ("text", "tool_use", "tool_result", "thinking")
 
 
 def block_kind(value: Any) -> str:
@@ -66,6 +74,7 @@ Block = Annotated[
     Annotated[TextBlock, Tag("block:text")]
     | Annotated[ToolUseBlock, Tag("block:tool_use")]
     | Annotated[ToolResultBlock, Tag("block:tool_result")]
+    | Annotated[ThinkingBlock, Tag("block:thinking")]
     | Annotated[OtherBlock, Tag("block:other")],
     Discriminator(block_kind),
 ]
@@ -133,8 +142,8 @@ class MessagesRequest(Conversation):
 
 
 BODIES: tuple[type[BaseModel], ...] = (
-    TextBlock, ToolUseBlock, OtherBlock, ToolResultBlock, MessageParam, ToolParam, ToolChoice, Thinking, OutputFormat,
-    OutputConfig, Conversation, MessagesRequest, Speculative,
+    TextBlock, ToolUseBlock, ThinkingBlock, OtherBlock, ToolResultBlock, MessageParam, ToolParam, ToolChoice, Thinking,
+    OutputFormat, OutputConfig, Conversation, MessagesRequest, Speculative,
 )  # fmt: skip
 # To name a bad field in errors, as the client wrote it.
 FIELD_NAMES = frozenset(f.alias or name for body in BODIES for name, f in body.model_fields.items())

@@ -39,6 +39,7 @@ def timings(stats: SpecStats) -> dict[str, Any]:
         "drafted_by_position": list(stats.drafted_by_position),
         "accepted_by_position": list(stats.accepted_by_position),
         "rounds": stats.n_rounds,
+        "grammar_ms": stats.grammar_s * 1000,  # the grammar matcher's time (response_format, forced tool calls)
         "draft_method": stats.draft_method,
         "draft": stats.draft,
         "k": stats.num_draft,
@@ -81,10 +82,13 @@ class ResponseIds:
 
 
 def full_response(
-    ids: ResponseIds, text: str, finish_reason: str, stats: SpecStats, calls: Sequence[ToolCall] = ()
+    ids: ResponseIds, text: str, finish_reason: str, stats: SpecStats, calls: Sequence[ToolCall] = (),
+    reasoning: str = "",
 ) -> dict[str, Any]:
     if ids.endpoint == "chat":
         message: dict[str, Any] = {"role": "assistant", "content": text if text or not calls else None}
+        if reasoning:  # a reasoning model's thinking, split from the content (reasoning.py)
+            message["reasoning_content"] = reasoning
         if calls:
             message["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name,
                                       "arguments": c.arguments}} for c in calls]  # fmt: skip
@@ -96,12 +100,15 @@ def full_response(
 
 
 def chunk(ids: ResponseIds, *, text: str | None = None, role: bool = False, finish_reason: str | None = None,
-          stats: SpecStats | None = None, include_usage: bool = False) -> dict[str, Any]:  # fmt: skip
-    """One stream chunk: the role (first), a text delta, or the finish reason with the timings (last)."""
+          stats: SpecStats | None = None, include_usage: bool = False,
+          reasoning: str | None = None) -> dict[str, Any]:  # fmt: skip
+    """One stream chunk: the role (first), a text or reasoning delta, or the finish reason with the timings (last)."""
     if ids.endpoint == "chat":
         delta: dict[str, Any] = {}
         if role:
             delta = {"role": "assistant", "content": ""}
+        elif reasoning is not None:
+            delta = {"reasoning_content": reasoning}
         elif text is not None:
             delta = {"content": text}
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}

@@ -29,6 +29,7 @@ from localspec.errors import Interrupted, LocalspecError, error_text
 from localspec.pipeline import Pipeline
 from localspec.server.errors import APIError, from_localspec
 from localspec.server.metrics import Metrics
+from localspec.server.reasoning import ReasoningDelta, Split
 from localspec.server.requests import GenerationRequest
 from localspec.server.responses import FINISH_REASONS
 from localspec.server.stops import StopMatcher
@@ -45,9 +46,11 @@ class Outcome:
     stats: SpecStats
     ttft_s: float  # from the request reaching the engine to its first text
     stop_string: str | None = None  # the request's stop string that ended it, if one did
+    reasoning: str = ""  # the thinking split from the answer (reasoning.py); `text` is the content only
 
 
-Item = str | Outcome | APIError  # what a job's channel carries: text deltas, then an Outcome or an error
+# What a job's channel carries: content deltas (str) and reasoning deltas, then an Outcome or an error.
+Item = str | ReasoningDelta | Outcome | APIError
 
 
 @dataclass(eq=False)
@@ -232,11 +235,16 @@ class Scheduler:
         ttft: float | None = None
         done: Done | None = None
         drafter = self._drafter(req.method)
+        splitter = req.reasoning.splitter() if req.reasoning is not None else None
         for event in self.pipeline.generate(req.prompt, req.config, stop=job.stop, drafter=drafter):
             if isinstance(event, Done):
                 done = event
                 break
-            text = matcher.feed(event.text)
+            piece = splitter.feed(event.text) if splitter is not None else Split(content=event.text)
+            if piece.reasoning:  # the thinking first, apart; stop strings apply to the content only
+                ttft = ttft if ttft is not None else time.perf_counter() - t0
+                job.push(ReasoningDelta(piece.reasoning))
+            text = matcher.feed(piece.content)
             if text:
                 ttft = ttft if ttft is not None else time.perf_counter() - t0
                 job.push(text)
@@ -245,7 +253,10 @@ class Scheduler:
             if job.stalled(time.monotonic()):
                 self.cancel(job)
         assert done is not None
-        tail = matcher.flush()
+        last = splitter.finish() if splitter is not None and not matcher.hit else Split()
+        if last.reasoning:
+            job.push(ReasoningDelta(last.reasoning))
+        tail = matcher.feed(last.content) + matcher.flush()
         if tail:
             job.push(tail)
         if job.cancelled:
@@ -255,7 +266,9 @@ class Scheduler:
         else:
             reason = FINISH_REASONS.get(done.stats.stop_reason or "stopped", "stop")
         ttft_s = ttft if ttft is not None else time.perf_counter() - t0
-        return Outcome(matcher.text, reason, done.stats, ttft_s, matcher.matched if reason == "stop" else None)
+        reasoning = "".join(splitter.reasoning) if splitter is not None else ""
+        return Outcome(matcher.text, reason, done.stats, ttft_s, matcher.matched if reason == "stop" else None,
+                       reasoning)  # fmt: skip
 
     def _drafter(self, method: str) -> Drafter:
         """The drafter a request asked for, built on first use. A method the loaded models cannot draft with

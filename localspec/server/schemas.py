@@ -1,6 +1,6 @@
 """Request bodies of the OpenAI API, as typed models. Unknown fields are ignored (clients send many
 that a local server has no use for); the known fields localspec cannot honour yet (legacy functions,
-penalties, fill-in-the-middle, ...) are typed here so that requests.refuse_unhonoured can refuse
+penalties, best_of, ...) are typed here so that requests.refuse_unhonoured can refuse
 them with a 400 instead of answering as if they were not there. Wrong types fail validation: a 400.
 
 Every field is strict, as OpenAI's API is: `"max_tokens": true` or `"10"` and `"stream": "yes"` are
@@ -40,6 +40,9 @@ class Message(_Body):
     tool_calls: list[MessageToolCall] | None = None  # an assistant turn's calls
     tool_call_id: str | None = None  # a tool turn: the call it answers
     name: str | None = None
+    # An earlier answer's thinking, as this server returns it: given to the chat template, which writes it only
+    # if it uses it (Qwen3's drops it before the last user turn and keeps it within a tool-calling turn).
+    reasoning_content: str | None = None
 
     def text(self) -> str:
         """The content as one string; only text parts are understood (others are refused upstream)."""
@@ -137,6 +140,7 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[ToolDef] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    reasoning_format: str | None = None  # llama-server's: "deepseek" splits the think block out, "none" keeps it
     functions: list[Any] | None = None
     function_call: str | dict[str, Any] | None = None
 
