@@ -47,6 +47,7 @@ from localspec.errors import (
     ModelFileError,
     UnsupportedModelError,
 )
+from localspec.fim import FimTokens
 from localspec.gguf_meta import GGUFHeader, read_gguf_header
 from localspec.vocab import VocabInfo
 
@@ -349,6 +350,13 @@ class LlamaCppBackend(CachedModel):
                 tokenize=self._tokenize_plain,
             )
         return self._token_table
+
+    def fim_tokens(self) -> FimTokens | None:
+        """The fill-in-the-middle tokens as llama.cpp reads them: the GGUF's tokenizer.ggml.fim_*_token_id,
+        else found by their known texts (Qwen, CodeLlama, StarCoder, DeepSeek, ...); None unless all three."""
+        ids = [int(f(self._vocab)) for f in (llama_cpp.llama_vocab_fim_pre, llama_cpp.llama_vocab_fim_suf,
+                                              llama_cpp.llama_vocab_fim_mid)]  # fmt: skip
+        return FimTokens(*ids) if all(0 <= i < self._n_vocab for i in ids) else None
 
     def _grammar_piece(self, token: int) -> bytes:
         """A token's bytes with specials rendered; control tokens (and added <...> tokens) marked with 0xff."""

@@ -42,6 +42,7 @@ from localspec.errors import (
     ModelFileError,
     UnsupportedModelError,
 )
+from localspec.fim import FIM_END_TEXTS, FimTokens, find_fim_tokens
 from localspec.vocab import VocabInfo
 
 NAME = "mlx"
@@ -328,6 +329,11 @@ class MLXBackend(CachedModel):
         tok = self.tokenizer._tokenizer
         return list(tok.encode(text, add_special_tokens=add_special, split_special_tokens=not parse_special))
 
+    def fim_tokens(self) -> FimTokens | None:
+        """The fill-in-the-middle tokens, found in the tokenizer's vocabulary by their known texts (as llama.cpp
+        finds them in a GGUF's); None unless all three are there."""
+        return find_fim_tokens(self.tokenizer._tokenizer.get_vocab())
+
     def token_table(self) -> TokenTable:
         """The vocabulary for a grammar (decoding/grammar.py): the fast tokenizer's own JSON."""
         if self._token_table is None:
@@ -507,7 +513,7 @@ class MLXBackend(CachedModel):
             ids.add(int(tok.eos_token_id))
         # Only whole added tokens count: a plain-text "</s>" in a BPE vocabulary is ordinary text.
         for i, t in tok.added_tokens_decoder.items():
-            if str(t) in _EOG_TEXTS:
+            if str(t) in _EOG_TEXTS or str(t) in FIM_END_TEXTS:  # llama.cpp ends at the FIM pad/separators too
                 ids.add(int(i))
         return frozenset(ids)
 

@@ -193,6 +193,36 @@ def test_errors_in_anthropic_shape(server: InProcess) -> None:
     assert create(server, max_tokens=2).content  # still serving
 
 
+@pytest.mark.parametrize(
+    ("fields", "where"),
+    [
+        ({"max_tokens": True}, "max_tokens"),
+        ({"max_tokens": "10"}, "max_tokens"),
+        ({"stream": "yes"}, "stream"),
+        ({"temperature": "0.5"}, "temperature"),
+        ({"temperature": True}, "temperature"),
+        ({"top_k": 2.5}, "top_k"),
+        ({"stop_sequences": "END"}, "stop_sequences"),
+        ({"speculative": {"k": "2"}}, "speculative.k"),
+    ],
+)
+def test_request_types_are_strict(server: InProcess, fields: dict[str, Any], where: str) -> None:
+    """A boolean is no number and a string no boolean or number, as on the OpenAI routes: a 400 naming the field."""
+    body = {"model": MODEL, "messages": HI, "max_tokens": 4, **fields}
+    assert_error(post(server, "/v1/messages", body), 400, "invalid_request_error", f"{where}:")
+
+
+def test_a_head_method_with_an_ordinary_draft_is_a_400(server: InProcess) -> None:
+    """speculative.method eagle3 on a server whose draft is an ordinary model: a 400 saying why, streamed or not
+    (checked before the stream begins), never a 500 that the SDK would retry."""
+    for stream in (False, True):
+        body = {"model": MODEL, "messages": HI, "max_tokens": 4, "stream": stream, "speculative": {"method": "eagle3"}}
+        assert_error(post(server, "/v1/messages", body), 400, "invalid_request_error", "speculative.method eagle3",
+                     "not an EAGLE-3 head")  # fmt: skip
+    with pytest.raises(anthropic.BadRequestError):
+        create(server, extra_body={"temperature": 0, "speculative": {"method": "eagle3"}})
+
+
 def test_api_key_as_x_api_key_or_bearer(server: InProcess) -> None:
     with pytest.raises(anthropic.AuthenticationError) as e:
         client(server, api_key="wrong").messages.create(model=MODEL, messages=HI, max_tokens=2)

@@ -447,6 +447,7 @@ USAGE = "stream_options.include_usage"
         ({"json": {"messages": HELLO, "stream": 1}}, 400, "invalid_type", "stream"),
         ({"json": {"messages": HELLO, "temperature": True}}, 400, "invalid_type", "temperature"),
         ({"json": {"messages": HELLO, "top_p": "0.5"}}, 400, "invalid_type", "top_p"),
+        ({"json": {"messages": HELLO, "temperature": "0.5"}}, 400, "invalid_type", "temperature"),
         ({"json": {"messages": HELLO, "seed": "7"}}, 400, "invalid_type", "seed"),
         ({"json": {"messages": HELLO, "stop": 5}}, 400, "invalid_type", "stop"),
         ({"json": {"messages": HELLO, "speculative": {"k": "2"}}}, 400, "invalid_type", "speculative.k"),
@@ -491,8 +492,6 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters":
         (CHAT, {"response_format": {"type": "xml"}}, "response_format.type", "invalid_value"),
         (CHAT, {"logit_bias": {"15": 5}}, "logit_bias", "unsupported_parameter"),
         (CHAT, {"presence_penalty": 0.5}, "presence_penalty", "unsupported_parameter"),
-        ("/v1/completions", {"suffix": "\n    return x"}, "suffix", "unsupported_parameter"),
-        ("/v1/completions", {"echo": True}, "echo", "unsupported_parameter"),
         ("/v1/completions", {"best_of": 3}, "best_of", "unsupported_parameter"),
     ],
 )  # fmt: skip
@@ -511,6 +510,83 @@ def test_fields_serve_cannot_honour_are_refused_not_ignored(
     assert _post(server, CHAT, json={"messages": HELLO, "max_tokens": 2, **idle}).status_code == 200
     plain = {"prompt": "def f(x):", "max_tokens": 2, "suffix": "", "echo": False, "best_of": 1}
     assert _post(server, "/v1/completions", json=plain).status_code == 200
+
+
+COMPLETIONS = "/v1/completions"
+HI = {"prompt": "Once upon a time", "max_tokens": 4}
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"max_tokens": True}, "max_tokens"),
+        ({"max_tokens": "10"}, "max_tokens"),
+        ({"stream": "yes"}, "stream"),
+        ({"stream": 1}, "stream"),
+        ({"temperature": "0.5"}, "temperature"),
+        ({"temperature": True}, "temperature"),
+        ({"seed": 1.5}, "seed"),
+        ({"echo": "yes"}, "echo"),
+        ({"echo": 1}, "echo"),
+        ({"suffix": 5}, "suffix"),
+        ({"prompt": 5}, "prompt"),
+        ({"prompt": [1.5, 2]}, "prompt"),
+        ({"speculative": {"method": 3}}, "speculative.method"),
+    ],
+)
+def test_completion_request_types_are_strict(server: ServeProcess, fields: dict[str, Any], param: str) -> None:
+    """/v1/completions reads its body as strictly as chat: a bool is no number, a string no bool or number."""
+    err = _assert_openai_error(_post(server, COMPLETIONS, json={**HI, **fields}), 400, code="invalid_type")
+    assert err["param"] == param and err["type"] == "invalid_request_error"
+
+
+def test_a_head_method_on_completions_is_a_400_too(server: ServeProcess) -> None:
+    """eagle3 with an ordinary draft model: a 400 naming why on /v1/completions as on chat, streamed or not."""
+    for stream in (False, True):
+        body = {**HI, "stream": stream, "speculative": {"method": "eagle3"}}
+        err = _assert_openai_error(_post(server, COMPLETIONS, json=body), 400, code="invalid_value")
+        assert err["param"] == "speculative.method" and "not an EAGLE-3 head" in err["message"], err
+
+
+def test_echo_repeats_the_prompt_before_the_completion(server: ServeProcess) -> None:
+    """OpenAI's echo: the text starts with the prompt (streamed: the prompt is the first chunk); usage counts
+    the same tokens as without echo."""
+    client = server.client()
+    prompt = "The robot picked up a brush and"
+    plain = client.completions.create(model="tiny", prompt=prompt, max_tokens=12, temperature=0)
+    echoed = client.completions.create(model="tiny", prompt=prompt, max_tokens=12, temperature=0, echo=True)
+    assert echoed.choices[0].text == prompt + plain.choices[0].text
+    assert echoed.usage.prompt_tokens == plain.usage.prompt_tokens
+    assert echoed.usage.completion_tokens == plain.usage.completion_tokens
+    chunks = list(client.completions.create(model="tiny", prompt=prompt, max_tokens=12, temperature=0, echo=True,
+                                            stream=True))  # fmt: skip
+    assert chunks[0].choices[0].text == prompt
+    assert "".join(c.choices[0].text for c in chunks) == echoed.choices[0].text
+    # Token ids echo as their text.
+    ids = _post(server, "/tokenize", json={"content": prompt}).json()["tokens"]
+    by_ids = client.completions.create(model="tiny", prompt=ids, max_tokens=12, temperature=0, echo=True)
+    assert by_ids.choices[0].text == echoed.choices[0].text
+    # A stop string ends the completion, never the echoed prompt (which contains it).
+    stopped = client.completions.create(model="tiny", prompt=prompt, max_tokens=12, temperature=0, echo=True,
+                                        stop=["robot"])  # fmt: skip
+    assert stopped.choices[0].text.startswith(prompt)
+    err = _assert_openai_error(_post(server, COMPLETIONS, json={**HI, "echo": True, "logprobs": 2}), 400)
+    assert err["param"] == "logprobs"
+
+
+def test_a_suffix_on_a_model_without_fim_tokens_is_a_400(server: ServeProcess) -> None:
+    """The tiny models have SmolLM2's vocabulary: no FIM tokens, so fill-in-the-middle is refused, saying why;
+    echo with a suffix is refused on any model (as OpenAI refuses it); an empty suffix asks for nothing."""
+    for stream in (False, True):
+        body = {**HI, "suffix": "\n    return x", "stream": stream}
+        err = _assert_openai_error(_post(server, COMPLETIONS, json=body), 400, code="unsupported_parameter")
+        assert err["param"] == "suffix" and "FIM tokens" in err["message"], err
+        assert "tiny-llama-0 has none" in err["message"], err  # the model's own name (its GGUF's general.name)
+    both = _assert_openai_error(_post(server, COMPLETIONS, json={**HI, "suffix": "x", "echo": True}), 400)
+    assert both["param"] == "echo" and "suffix" in both["message"]
+    with pytest.raises(openai.BadRequestError, match="FIM tokens"):
+        server.client().completions.create(model="tiny", prompt="def f(x):", suffix="\n    return y", max_tokens=4)
+    assert _post(server, COMPLETIONS, json={**HI, "suffix": ""}).status_code == 200
 
 
 def test_wrong_http_method_is_an_invalid_request(server: ServeProcess) -> None:

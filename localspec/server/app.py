@@ -26,6 +26,7 @@ from localspec.pipeline import Pipeline
 from localspec.server import anthropic
 from localspec.server.errors import APIError
 from localspec.server.metrics import Metrics
+from localspec.server.reasoning import DEFAULT_FORMAT, ReasoningDelta
 from localspec.server.requests import (
     GenerationRequest,
     Served,
@@ -65,12 +66,14 @@ class ServerSettings:
     max_queue: int = 16
     cors_origins: tuple[str, ...] = ()
     max_body_bytes: int = DEFAULT_MAX_BODY
+    reasoning_format: str = DEFAULT_FORMAT  # serve --reasoning-format: a thinking model's think block, split or inline
     log: Callable[[str], None] = field(default=lambda line: print(line, file=sys.stderr, flush=True))
 
 
 def create_app(pipeline: Pipeline, settings: ServerSettings) -> FastAPI:
     metrics = Metrics()
-    served = Served(pipeline, settings.defaults, (settings.model_name, *settings.model_aliases))
+    served = Served(pipeline, settings.defaults, (settings.model_name, *settings.model_aliases),
+                    reasoning_format=settings.reasoning_format)
     state: dict[str, Scheduler] = {}
 
     @asynccontextmanager
@@ -193,10 +196,11 @@ def create_app(pipeline: Pipeline, settings: ServerSettings) -> FastAPI:
                         job.stop.set()  # parallel_tool_calls false: nothing after the one call is wanted
                 if isinstance(item, Outcome):
                     if reader is None:
-                        return JSONResponse(full_response(ids, item.text, item.finish_reason, item.stats))
+                        return JSONResponse(full_response(ids, req.echo + item.text, item.finish_reason, item.stats,
+                                                          reasoning=item.reasoning))  # fmt: skip
                     reader.finish()
                     return JSONResponse(full_response(ids, "".join(reader.content), item.finish_reason, item.stats,
-                                                      reader.calls))  # fmt: skip
+                                                      reader.calls, item.reasoning))  # fmt: skip
         finally:
             watcher.cancel()
             scheduler.cancel(job)  # a no-op once it has finished
@@ -205,7 +209,9 @@ def create_app(pipeline: Pipeline, settings: ServerSettings) -> FastAPI:
         usage = job.request.include_usage
         reader = job.request.tools.parser() if job.request.tools else None
         try:
-            yield sse(chunk(ids, role=True, include_usage=usage))
+            echo = job.request.echo  # /v1/completions' echo: the prompt is the first chunk's text
+            first = chunk(ids, text=echo, include_usage=usage) if echo else chunk(ids, role=True, include_usage=usage)
+            yield sse(first)
             while True:
                 item = await job.next()
                 if isinstance(item, str) and reader is not None:
@@ -215,6 +221,8 @@ def create_app(pipeline: Pipeline, settings: ServerSettings) -> FastAPI:
                         job.stop.set()  # parallel_tool_calls false: nothing after the one call is wanted
                 elif isinstance(item, str):
                     yield sse(chunk(ids, text=item, include_usage=usage))
+                elif isinstance(item, ReasoningDelta):  # a reasoning model's thinking, before the content
+                    yield sse(chunk(ids, reasoning=item.text, include_usage=usage))
                 elif isinstance(item, APIError):
                     metrics.error(item.status)  # (a non-streamed error is counted by its handler)
                     yield sse(item.body())  # the stream ends with the error; the server serves on

@@ -14,9 +14,12 @@ from localspec.decoding.engine import GenerationConfig
 from localspec.decoding.grammar import GrammarSpec
 from localspec.errors import LocalspecError
 from localspec.families import registry
+from localspec.fim import FimTokens
 from localspec.options import GenerationSettings
 from localspec.pipeline import Pipeline
+from localspec.server.completion_prompt import completion_prompt
 from localspec.server.errors import APIError, from_localspec
+from localspec.server.reasoning import CLOSE, DEFAULT_FORMAT, FORMATS, ReasoningPlan, opened_in_prompt, template_thinks
 from localspec.server.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -40,12 +43,37 @@ class Served:
     model_ids: tuple[str, ...]
     _unfit: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
     _tools: list[ToolTemplate | str] = field(default_factory=list, compare=False, repr=False)
+    _fim: list[FimTokens | None] = field(default_factory=list, compare=False, repr=False)
+    reasoning_format: str = DEFAULT_FORMAT  # serve --reasoning-format: for requests that send none
+    _thinks: list[bool] = field(default_factory=list, compare=False, repr=False)
 
     def tool_template(self) -> ToolTemplate | str:
         """How the served model takes tools, or why it cannot; found once."""
         if not self._tools:
             self._tools.append(tool_template(self.pipeline.target, self.pipeline.chat_format))
         return self._tools[0]
+
+    def fim_tokens(self) -> FimTokens | None:
+        """The served model's fill-in-the-middle tokens (None: it has none, or its backend cannot say); found once."""
+        if not self._fim:
+            find = getattr(self.pipeline.target, "fim_tokens", None)  # an optional backend method, as token_table
+            self._fim.append(find() if find is not None else None)
+        return self._fim[0]
+
+    def thinks(self) -> bool:
+        """The served model may write think blocks: its chat template writes them, or `</think>` is one token of
+        its vocabulary (Qwen3, DeepSeek-R1). Other models' answers are never split. Found once."""
+        if not self._thinks:
+            fmt, target = self.pipeline.chat_format, self.pipeline.target
+            template = (target.chat_template() if fmt is None or fmt.source == "model" else fmt.template) or ""
+            one_token = len(target.tokenize(CLOSE, add_special=False, parse_special=True)) == 1
+            self._thinks.append(template_thinks(template) or one_token)
+        return self._thinks[0]
+
+    def opened(self, prompt: list[int]) -> str:
+        """The think block's opening the rendered prompt ends with ("<think>\n"), else ""."""
+        detok = self.pipeline.target.detokenizer()
+        return opened_in_prompt(detok.add(prompt[-8:]) + detok.flush())
 
     def method_unfit(self, method: str) -> str:
         """Why a request may not draft with `method` here ("" when it may); found once per method."""
@@ -65,6 +93,8 @@ class GenerationRequest:
     include_usage: bool
     tools: ToolPlan | None = None  # the answer is read for tool calls
     path: str = ""  # the route asked, for the log line, when it is not the endpoint's own (/v1/messages)
+    echo: str = ""  # /v1/completions' echo: the prompt's text, sent before the answer
+    reasoning: ReasoningPlan | None = None  # a chat answer's think block is split from it (reasoning.py)
 
 
 def check_model(body: SamplingFields, served: Served) -> None:
@@ -98,6 +128,8 @@ def chat_request(body: ChatCompletionRequest, served: Served) -> GenerationReque
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     req = _request("chat", body, tokens, max_tokens, param, served)
+    forced = bool(body.tools) and body.tool_choice not in (None, "auto", "none")
+    req = replace(req, reasoning=reasoning_plan(body, tokens, served, free=req.config.grammar is None and not forced))
     if tools is None:
         return req
     if req.config.grammar is not None and (body.tools and body.tool_choice != "none"):
@@ -110,6 +142,22 @@ def chat_request(body: ChatCompletionRequest, served: Served) -> GenerationReque
     return replace(req, config=config, tools=tools.plan)
 
 
+def reasoning_plan(
+    body: ChatCompletionRequest, tokens: list[int], served: Served, *, free: bool
+) -> ReasoningPlan | None:
+    """How the answer's think block is returned (None: the model does not think, or it stays inline as it is).
+    A grammar that shapes the answer from its first token (response_format, a forced call) leaves the model no
+    room to think: its answer is all content, even after a prompt that opened the block."""
+    fmt = body.reasoning_format if body.reasoning_format is not None else served.reasoning_format
+    if fmt not in FORMATS:
+        raise APIError(400, f"reasoning_format {fmt!r} is unknown to localspec serve (one of: {', '.join(FORMATS)})",
+                       "reasoning_format", "invalid_value")  # fmt: skip
+    opened = served.opened(tokens) if free else ""
+    if not (opened or served.thinks()) or (fmt == "none" and not opened):
+        return None
+    return ReasoningPlan(fmt, opened)
+
+
 def has_tool_turns(body: ChatCompletionRequest) -> bool:
     return any(m.role == "tool" or m.tool_calls for m in body.messages)
 
@@ -117,21 +165,9 @@ def has_tool_turns(body: ChatCompletionRequest) -> bool:
 def completion_request(body: CompletionRequest, served: Served) -> GenerationRequest:
     check_model(body, served)
     refuse_unhonoured(body)
-    pipeline = served.pipeline
-    prompt = body.prompt
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
-        if len(prompt) != 1:
-            raise APIError(400, "only one prompt per request is supported (got a batch)", "prompt", "invalid_value")
-        prompt = prompt[0]
-    if not prompt:
-        raise APIError(400, "the prompt is empty", "prompt", "invalid_value")
-    try:
-        tokens = pipeline.prompt_tokens(prompt, raw=True)  # str, or token ids as they are
-    except LocalspecError as e:
-        raise from_localspec(e, param="prompt") from None
-    if any(t < 0 or t >= pipeline.target.n_vocab for t in tokens):
-        raise APIError(400, "the prompt has token ids outside the model's vocabulary", "prompt", "invalid_value")
-    return _request("completion", body, tokens, body.max_tokens, "max_tokens", served)
+    prompt = completion_prompt(body, served.pipeline, served.fim_tokens)  # with a suffix: fill-in-the-middle
+    req = _request("completion", body, prompt.tokens, body.max_tokens, "max_tokens", served)
+    return replace(req, echo=prompt.echo)
 
 
 # Fields OpenAI accepts that localspec serve cannot honour yet, with the value that asks for nothing and
@@ -143,8 +179,6 @@ UNHONOURED: dict[str, tuple[tuple[object, ...], str]] = {
     "logit_bias": ((None, {}), "logit_bias is not supported: the exact rule would need the biased distribution"),
     "frequency_penalty": ((None, 0, 0.0), "repetition penalties are not supported"),
     "presence_penalty": ((None, 0, 0.0), "repetition penalties are not supported"),
-    "suffix": ((None, ""), "fill-in-the-middle (suffix) is not supported: the completion would ignore the suffix"),
-    "echo": ((None, False), "echo is not supported: the prompt is not repeated in the answer"),
     "best_of": ((None, 1), "best_of is not supported: one completion per request"),
 }
 RESPONSE_FORMATS = ("text", "json_object", "json_schema")
@@ -203,7 +237,8 @@ def chat_messages(body: ChatCompletionRequest, system: str | None) -> list[ChatM
         if m.non_text_parts():
             raise APIError(400, f"messages[{i}] has {', '.join(m.non_text_parts())} content; only text is supported",
                            f"messages[{i}].content", "invalid_value")  # fmt: skip
-        out.append(ChatMessage(role, m.text(), **message_tool_fields(i, m, call_names)))
+        thought = {"reasoning_content": m.reasoning_content} if m.reasoning_content and role == "assistant" else {}
+        out.append(ChatMessage(role, m.text(), **message_tool_fields(i, m, call_names), **thought))
     if system and not any(m.role == "system" for m in out):
         out.insert(0, ChatMessage("system", system))
     return out
