@@ -93,7 +93,8 @@ def test_parse_methods_with_heads() -> None:
 
 def test_builtin_suites() -> None:
     s = suites()
-    assert list(s) == ["code-gen", "code-edit", "chat", "agentic", "agent-long", "long-summary"]
+    assert list(s) == ["code-gen", "code-edit", "chat", "agentic", "structured", "agent-long", "long-summary"]
+    assert len(s["structured"].grammars) == len(s["structured"].prompts) == 3 and s["chat"].grammar(0) is None
     assert s["agentic"].session and all(len(conv) == 3 for conv in s["agentic"].prompts)
     assert all("whole file" in m.content for conv in s["agentic"].prompts for m in conv)
     assert all(len(x.prompts) >= 1 for x in s.values())

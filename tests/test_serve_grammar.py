@@ -75,6 +75,7 @@ def test_json_schema_answers_validate(server: ServeProcess) -> None:
         "localspec:spec_decode_num_accepted_tokens_total", 0.0)  # fmt: skip
     assert delta == sum(t["draft_n_accepted"] for t in timings)
     assert all(len(t["acceptance_by_position"]) > 0 for t in timings if t["draft_n"])
+    assert all(t["grammar_ms"] > 0 for t in timings)  # the matcher's own time, for the constrained answers
 
 
 @pytest.mark.slow

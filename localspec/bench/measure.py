@@ -296,7 +296,9 @@ def _measure_all(
                     )
                     # A fresh drafter per run (a session: per conversation), as `localspec run` (`chat`) builds one.
                     drafter = pipeline.new_drafter(m.method)
-                    config = GenerationConfig(max_tokens=max_tokens, num_draft=m.k, sampling=sampling)
+                    config = GenerationConfig(
+                        max_tokens=max_tokens, num_draft=m.k, sampling=sampling, grammar=suite.grammar(pi)
+                    )
                     try:
                         if suite.session:
                             history: list[ChatMessage] = []
@@ -345,6 +347,8 @@ class Row:
     decisions: str = ""
     verify_ms: float = 0.0  # target time per round (verify pass and rollback)
     rollback_ms: float = 0.0  # ... of which cutting the target back (a recurrent model restores its state)
+    grammar_ms: float | None = None  # the grammar matcher's time per generated token (None: no grammar)
+    grammar_share: float | None = None  # ... as a share of decode time
 
 
 def summarize(result: BenchResult) -> list[Row]:
@@ -389,9 +393,20 @@ def summarize(result: BenchResult) -> list[Row]:
                     decisions=format_choices(dict(decisions)),
                     verify_ms=1e3 * sum(r.stats.verify_s for r in runs) / n_rounds if n_rounds else 0.0,
                     rollback_ms=1e3 * sum(r.stats.rollback_s for r in runs) / n_rounds if n_rounds else 0.0,
+                    **_grammar_cost(runs),
                 )
             )
     return rows
+
+
+def _grammar_cost(runs: Sequence[RunResult]) -> dict[str, float | None]:
+    """The grammar matcher's time per generated token and its share of decode time (None without a grammar)."""
+    if not any(r.stats.grammar_masks for r in runs):
+        return {}
+    spent = sum(r.stats.grammar_s for r in runs)
+    tokens = sum(r.stats.n_generated for r in runs)
+    decode = sum(r.stats.decode_s for r in runs)
+    return {"grammar_ms": 1e3 * spent / tokens if tokens else 0.0, "grammar_share": spent / decode if decode else None}
 
 
 def _fixed_drafts(method: str) -> bool:

@@ -74,12 +74,12 @@ def _fmt_pct(x: float | None) -> str:
 
 
 def suite_table(result: BenchResult, suite: str, rows: list[Row]) -> list[str]:
+    rows = [r for r in rows if r.suite == suite]
+    grammar = any(r.grammar_ms is not None for r in rows)  # a structured suite: the matcher's cost per token too
     head = ("method", "tok/s", "spread", "speedup", "accept", "len", "bound", "of bound", "verify/round", "rollback",
-            "accept by position / auto chose")
+            *(("grammar/tok",) if grammar else ()), "accept by position / auto chose")
     body = []
     for r in rows:
-        if r.suite != suite:
-            continue
         tail = r.decisions if r.method.startswith("auto") else " ".join(f"{a:.0%}" for a in r.acceptance_by_position)
         body.append(
             (
@@ -93,15 +93,25 @@ def suite_table(result: BenchResult, suite: str, rows: list[Row]) -> list[str]:
                 _fmt_pct(r.of_bound),
                 f"{r.verify_ms:.2f}ms",
                 f"{r.rollback_ms:.2f}ms",
+                *((_grammar_cell(r),) if grammar else ()),
                 tail or "-",
             )
         )
     widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)]
-    fmt = lambda cells: "  ".join(c.ljust(w) if i in (0, 10) else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+    last = len(head) - 1
+    fmt = lambda cells: "  ".join(c.ljust(w) if i in (0, last) else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
     sc = result.costs.get(suite)
     title = f"suite {suite}" + (f" ({sc.n_context} tokens of context in its first prompt)" if sc else "")
     why = bound_line(sc)
-    return [title, fmt(head), *(fmt(b) for b in body), *([why] if why else [])]
+    note = ["grammar/tok: the grammar matcher's time per generated token (masks of every verified row, consumes, "
+            "rollbacks), and its share of decode time"] if grammar else []
+    return [title, fmt(head), *(fmt(b) for b in body), *([why] if why else []), *note]
+
+
+def _grammar_cell(r: Row) -> str:
+    if r.grammar_ms is None:
+        return "-"
+    return f"{r.grammar_ms:.2f}ms" + ("" if r.grammar_share is None else f" {r.grammar_share:.0%}")
 
 
 def bench_lines(result: BenchResult) -> list[str]:

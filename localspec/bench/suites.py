@@ -7,6 +7,8 @@
 - agentic: multi-turn sessions that edit and re-emit files shown earlier (docstrings, renames, a fix
   from a failing test's output); each conversation runs as one session, so a drafter that keeps a
   session index (suffix) sees the earlier turns
+- structured: answers held to a JSON schema by the grammar (an API response, records from CSV, a tool
+  call's arguments: localspec.bench.structured); bench adds the grammar's time per token
 - agent-long: a coding agent's 8.7k-token prompt (system prompt, tool schemas, files read through tools,
   a failing test, an edit request: localspec.bench.agent_transcript), answered with a whole file
 """
@@ -18,6 +20,8 @@ from importlib import resources
 
 from localspec.backends.base import ChatMessage
 from localspec.bench.agent_transcript import agent_messages
+from localspec.bench.structured import structured_prompts
+from localspec.decoding.grammar import GrammarSpec
 
 _EDIT_SOURCE = '''def load_orders(path):
     data = []
@@ -97,6 +101,10 @@ class Suite:
     description: str
     prompts: tuple[tuple[ChatMessage, ...], ...]
     session: bool = False
+    grammars: tuple[GrammarSpec, ...] = ()  # one per prompt: the answer held to it (empty: unconstrained)
+
+    def grammar(self, prompt: int) -> GrammarSpec | None:
+        return self.grammars[prompt] if self.grammars else None
 
 
 def _user(text: str) -> tuple[ChatMessage, ...]:
@@ -183,6 +191,12 @@ def suites() -> dict[str, Suite]:
                 ),
             ),
             session=True,
+        ),
+        Suite(
+            "structured",
+            "answers held to a JSON schema (API response, records from CSV, tool-call arguments)",
+            tuple(p.messages for p in structured_prompts()),
+            grammars=tuple(p.grammar for p in structured_prompts()),
         ),
         Suite(
             "agent-long",

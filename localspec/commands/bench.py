@@ -28,6 +28,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     add_model_options(p, method=False, suffix_memory=False)  # bench runs every method itself (--methods)
     g = p.add_argument_group("benchmark")
     g.add_argument("--suites", default="all", help="comma-separated: code-gen, code-edit, agentic, chat, long-summary, "
+                   "structured (answers held to a JSON schema; the grammar's time per token is shown), "
                    "agent-long (a coding agent's 8.7k-token prompt; needs --n-ctx 10240) (default: all but agent-long)")
     g.add_argument(
         "--methods",

@@ -34,6 +34,7 @@ Compiled tokenizers are cached per backend object (one per loaded vocabulary), c
 from __future__ import annotations
 
 import json
+import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -228,15 +229,22 @@ class Constraint:
         self._eog_only = np.zeros(self.n_vocab, dtype=bool)
         self._eog_only[[t for t in self._eog if t < self.n_vocab]] = True
         self._walked = 0  # tokens the last walk consumed (an end token ends a draft and is never consumed)
+        # The matcher's own time (masks, consumes, rollbacks) and masks computed: what the grammar costs a
+        # run, read into SpecStats.grammar_s (a clock read is ~50 ns against a mask's ~0.1 ms).
+        self.busy_s = 0.0
+        self.n_masks = 0
 
     def mask(self) -> np.ndarray:
         """Allowed tokens [n_vocab] (bool) in the current state."""
         if self._matcher.is_stopped():
             return self._eog_only.copy()
+        t0 = time.perf_counter()
         bits = np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8)
         allowed = np.unpackbits(bits, bitorder="little")[: self.n_vocab].view(bool)
         if allowed.shape[0] < self.n_vocab:
             allowed = np.pad(allowed, (0, self.n_vocab - allowed.shape[0]))
+        self.busy_s += time.perf_counter() - t0
+        self.n_masks += 1
         self._raise_on_error()
         return allowed
 
@@ -260,7 +268,10 @@ class Constraint:
         """After a walk: back to the accepted draft prefix (the rejected rest undone), then the emitted token."""
         n_back = self._walked - min(n_accepted, self._walked)
         self._walked = 0
-        if n_back > 0 and not self._matcher.rollback(n_back):
+        t0 = time.perf_counter()
+        rolled = n_back <= 0 or self._matcher.rollback(n_back)
+        self.busy_s += time.perf_counter() - t0
+        if not rolled:
             self._raise_on_error()
         self.advance(token)
 
@@ -275,7 +286,10 @@ class Constraint:
         return bool(self._matcher.is_stopped())
 
     def _consume(self, token: int) -> None:
-        if not self._matcher.consume_token(int(token)):
+        t0 = time.perf_counter()
+        ok = self._matcher.consume_token(int(token))
+        self.busy_s += time.perf_counter() - t0
+        if not ok:
             self._raise_on_error()
 
     def _raise_on_error(self) -> None:

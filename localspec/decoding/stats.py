@@ -85,6 +85,8 @@ class SpecStats:
     sources: tuple[SourceStats, ...] = ()
     rollback_s: float = 0.0
     near_ties: tuple[NearTie, ...] = ()  # greedy runs only
+    grammar_s: float = 0.0  # the grammar matcher's time (masks, consumes, rollbacks; decoding/grammar.py)
+    grammar_masks: int = 0  # masks it computed: one per verified row
 
     @property
     def prompt_tps(self) -> float:
