@@ -13,7 +13,7 @@ import time
 from contextlib import suppress
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Literal, Protocol
 
 import numpy as np
 
@@ -21,7 +21,9 @@ from localspec.backends.base import Backend, Detokenizer, sync_cache
 from localspec.errors import ContextOverflowError, Interrupted, UsageError
 from localspec.decoding import verify
 from localspec.decoding.grammar import Constraint, GrammarSpec, apply_mask, mask_q
+from localspec.decoding.crowd import Candidate, plan_crowd
 from localspec.decoding.drafters import Drafter
+from localspec.decoding.policy import MODEL_PRIOR, Acceptance, CostModel
 from localspec.draft import Draft
 from localspec.sampling import SamplingParams, greedy, probabilities, runner_up_gaps, sample
 from localspec.decoding.stats import NEAR_TIE_GAP, NearTie, RoundStats, SpecStats, StatsCollector, StopReason
@@ -69,6 +71,19 @@ class Done:
 
 
 Event = Step | Done
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """A round between its draft and the target's verdict."""
+
+    draft: Draft
+    masks: np.ndarray | None
+    k: int
+    t0: float  # drafting began
+    t1: float  # drafting ended
+    n_before: int  # tokens the target's cache held before the verify batch
+    batch: list[int]  # [last, d1..dk] (see _verify_batch)
 
 
 def generate(
@@ -129,40 +144,62 @@ class _Run:
         self.eog = target.eog_ids
         self.prompt_s = 0.0
         self.n_cached = 0
-        self.t_decode = 0.0  # clock when decoding started (after the prompt pass)
+        self.t_decode: float | None = 0.0  # clock when decoding started (after the prompt pass; None: it never did)
         self.constraint = Constraint(target, config.grammar) if config.grammar is not None else None
 
     # -- the loop ---------------------------------------------------------------------------------
 
     def events(self) -> Iterator[Event]:
+        reason = yield from self.begin()
+        while reason is None:
+            reason, k = self.next_round()
+            if reason is not None:
+                break
+            try:
+                pending = self.draft(k)
+                step = self.settle(pending, self.target.forward(pending.batch), pending.t1)
+            except Interrupted:
+                self.drop_round()
+                reason = "stopped"
+                break
+            reason = yield from self._emit(*step)
+        yield from self.finish(reason)
+
+    # -- the loop's parts (a batched pass, CrowdDecoder below, drives several runs through them) ----------
+
+    def begin(self) -> Iterator[Event]:
+        """Read the prompt and emit the first token; return why the run already ends (None: it goes on)."""
         t0 = self.clock()
         try:
             n_cached, first = self._prefill()
         except Interrupted:
             self.prompt_s = self.clock() - t0
-            yield Done("", (), self._stats("stopped", 0.0))
-            return
+            self.t_decode = None
+            return "stopped"
         self.t_decode = self.clock()
         self.prompt_s, self.n_cached = self.t_decode - t0, n_cached
-        reason = yield from self._emit([first], ["target"], None)
-        while reason is None:
-            if self.stop is not None and self.stop.is_set():
-                reason = "stopped"
-                break
-            k = self._draft_budget()
-            if k < 0:
-                reason = "context"
-                break
-            try:
-                step = self._round(k)
-            except Interrupted:
-                # The round in flight is dropped whole. A recurrent model may need a forward pass for that,
-                # which the abort stops too: its cache then holds a shorter prefix, which is as good.
-                with suppress(Interrupted):
-                    self.target.rollback(len(self.context) - 1)
-                reason = "stopped"
-                break
-            reason = yield from self._emit(*step)
+        return (yield from self._emit([first], ["target"], None))
+
+    def next_round(self) -> tuple[StopReason | None, int]:
+        """(why the run ends now, or None; the longest draft the next round may have)."""
+        if self.stop is not None and self.stop.is_set():
+            return "stopped", 0
+        k = self._draft_budget()
+        return ("context", 0) if k < 0 else (None, k)
+
+    def drop_round(self) -> None:
+        """The round in flight is dropped whole (an abort). A recurrent model may need a forward pass for that,
+        which the abort stops too: its cache then holds a shorter prefix, which is as good."""
+        with suppress(Interrupted):
+            self.target.rollback(len(self.context) - 1)
+
+    def emit(self, step: tuple[list[int], list[Origin], RoundStats]) -> Iterator[Event]:
+        return self._emit(*step)
+
+    def finish(self, reason: StopReason | None) -> Iterator[Event]:
+        if self.t_decode is None:  # stopped while reading the prompt
+            yield Done("", (), self._stats("stopped", 0.0))
+            return
         decode_s = self.clock() - self.t_decode
         tail = self.detok.flush()
         if tail:
@@ -184,15 +221,22 @@ class _Run:
         self.drafter.prepare(self.prompt, self.config.num_draft)
         return keep, first
 
-    def _round(self, k: int) -> tuple[list[int], list[Origin], RoundStats]:
+    def draft(self, k: int) -> _Pending:
+        """Draft up to k tokens (the grammar cuts them); the batch the target must verify."""
         t0 = self.clock()
         draft = self.drafter.propose(self.context, k, self.sampling, self.rng) if k > 0 else Draft([], None)
         masks = None
         if self.constraint is not None:
             draft, masks = self._constrain(draft)
         t1 = self.clock()
-        n_before = len(self.target.cached_tokens)
-        logits = self.target.forward(self._verify_batch(draft.tokens))  # [k+1, V], fewer: see _verify_batch
+        return _Pending(draft, masks, k, t0, t1, len(self.target.cached_tokens), self._verify_batch(draft.tokens))
+
+    def settle(
+        self, pending: _Pending, logits: np.ndarray, t_verify: float
+    ) -> tuple[list[int], list[Origin], RoundStats]:
+        """Grade the draft against the target's rows (`logits`, [k+1, V] or fewer) with the rule, roll the cache
+        back to the accepted prefix; the round's tokens. `t_verify`: when the target's pass began."""
+        draft, masks = pending.draft, pending.masks
         if masks is not None:
             logits = apply_mask(logits, masks)
         verdict = self._verify(draft, logits, masks)
@@ -201,7 +245,7 @@ class _Run:
         self._note_ties(logits[: verdict.n_accepted + 1])
         # Only a recurrent state costs anything to cut back (a KV cache drops positions in microseconds).
         t_rollback = self.clock() if self.recurrent else 0.0
-        self.target.rollback(n_before + 1 + verdict.n_accepted)
+        self.target.rollback(pending.n_before + 1 + verdict.n_accepted)
         t2 = self.clock()
         tokens = [*draft.tokens[: verdict.n_accepted], verdict.token]
         origins: list[Origin] = ["draft"] * verdict.n_accepted + ["target"]
@@ -210,10 +254,10 @@ class _Run:
             n_drafted=len(draft.tokens),
             n_accepted=verdict.n_accepted,
             n_emitted=len(tokens),
-            draft_s=t1 - t0,
-            verify_s=t2 - t1,
+            draft_s=pending.t1 - pending.t0,
+            verify_s=t2 - t_verify,
             kind=verdict.kind,
-            k=k,
+            k=pending.k,
             note=draft.note,
             source=draft.source if draft.tokens else "none",
             rollback_s=t2 - t_rollback if self.recurrent else 0.0,
@@ -282,7 +326,7 @@ class _Run:
         self.context += tokens
         segments = self._segments(tokens, origins)
         self.text_parts += [s for s, _ in segments]
-        yield Step(segments, tuple(tokens), tuple(origins), stats, self._stats(None, self.clock() - self.t_decode))
+        yield Step(segments, tuple(tokens), tuple(origins), stats, self._stats(None, self.clock() - (self.t_decode or 0.0)))
         return reason
 
     def _segments(self, tokens: list[int], origins: list[Origin]) -> tuple[Segment, ...]:
@@ -343,8 +387,161 @@ class _Run:
             decode_s=decode_s,
             stop_reason=reason,
             near_ties=tuple(self.near_ties),
+            grammar_s=self.constraint.busy_s if self.constraint is not None else 0.0,
+            grammar_masks=self.constraint.n_masks if self.constraint is not None else 0,
             **self.collector.totals(),
         )
+
+
+# -- several sequences in one target pass -------------------------------------------------------------
+
+
+class BatchTarget(Protocol):
+    """A target holding several sequences (backends/llama_multi.LlamaSlots): one pass appends each
+    (slot, tokens) to its slot and returns every position's logits rows per part."""
+
+    def forward_many(self, parts: Sequence[tuple[int, Sequence[int]]]) -> list[np.ndarray]: ...
+
+
+@dataclass(frozen=True)
+class Job:
+    """One sequence of a crowd: `target` is its slot's own Backend (prompt passes, rollback)."""
+
+    slot: int
+    target: Backend
+    drafter: Drafter
+    prompt: Sequence[int]
+    config: GenerationConfig
+    stop: threading.Event | None = None
+
+
+@dataclass(frozen=True)
+class PassStats:
+    """One shared target pass: how many sequences, how many tokens, what share of them were drafts."""
+
+    n_sequences: int
+    n_tokens: int
+    n_drafted: int
+    target_s: float
+
+    @property
+    def draft_share(self) -> float:
+        return self.n_drafted / self.n_tokens if self.n_tokens else 0.0
+
+
+@dataclass
+class _Member:
+    run: _Run
+    slot: int
+    accept: Acceptance
+    draft_token_s: float = 0.0
+
+
+class CrowdDecoder:
+    """Decodes several sequences together: each pass drafts for every active sequence (lengths from the crowd
+    policy, decoding/crowd.py, on the measured T(n) of the whole batch), verifies all of them in one target
+    pass, and grades and rolls back each sequence with the same exact rule as a single run.
+
+    Keys name the sequences; `add` reads a prompt and returns its first events; `step` runs one shared pass
+    and returns every sequence's events, a Done for each that ended (its slot is then free).
+    `crowd_aware=False` gives every sequence its full draft length (the fixed-k baseline).
+    """
+
+    def __init__(
+        self,
+        batch: BatchTarget,
+        *,
+        clock: Callable[[], float] = time.perf_counter,
+        costs: CostModel | None = None,
+        crowd_aware: bool = True,
+    ) -> None:
+        self.batch = batch
+        self.clock = clock
+        self.costs = costs or CostModel()
+        self.crowd_aware = crowd_aware
+        self.members: dict[object, _Member] = {}
+        self.last_pass: PassStats | None = None
+
+    def add(self, key: object, job: Job) -> list[Event]:
+        if key in self.members:
+            raise ValueError(f"sequence {key!r} is already decoding")
+        run = _Run(job.target, job.drafter, job.prompt, job.config, job.stop, self.clock)
+        member = _Member(run, job.slot, Acceptance(MODEL_PRIOR))
+        events, reason = _collect(run.begin())
+        if reason is not None:
+            return events + list(run.finish(reason))
+        self.members[key] = member
+        return events
+
+    def cancel(self, key: object) -> list[Event]:
+        """End a sequence now (a disconnect): its Done says "stopped"."""
+        member = self.members.pop(key, None)
+        return [] if member is None else list(member.run.finish("stopped"))
+
+    def step(self) -> list[tuple[object, Event]]:
+        out: list[tuple[object, Event]] = []
+        ready: dict[object, int] = {}
+        for key, member in list(self.members.items()):
+            reason, k = member.run.next_round()
+            if reason is not None:
+                out += [(key, e) for e in member.run.finish(reason)]
+                del self.members[key]
+            else:
+                ready[key] = k if member.run.drafter.method != "none" else 0
+        if not ready:
+            return out
+        lengths = self._lengths(ready)
+        pending = {key: self.members[key].run.draft(lengths[key]) for key in ready}
+        t0 = self.clock()
+        try:
+            rows = self.batch.forward_many([(self.members[key].slot, pending[key].batch) for key in ready])
+        except Interrupted:
+            for key in ready:
+                self.members[key].run.drop_round()
+                out += [(key, e) for e in self.members.pop(key).run.finish("stopped")]
+            return out
+        seconds = self.clock() - t0
+        n_tokens = sum(len(p.batch) for p in pending.values())
+        self.costs.observe_target(n_tokens, seconds)
+        self.last_pass = PassStats(len(ready), n_tokens, n_tokens - len(ready), seconds)
+        for (key, p), logits in zip(pending.items(), rows):
+            member = self.members[key]
+            step = member.run.settle(p, logits, t0)
+            self._learn(member, step[2])
+            events, reason = _collect(member.run.emit(step))
+            out += [(key, e) for e in events]
+            if reason is not None:
+                out += [(key, e) for e in member.run.finish(reason)]
+                del self.members[key]
+        return out
+
+    def _lengths(self, ready: dict[object, int]) -> dict[object, int]:
+        """Each sequence's draft length this pass: its budget, or the crowd policy's share of it."""
+        if not self.crowd_aware:
+            return dict(ready)
+        candidates = [
+            Candidate((self.members[key].accept.alpha,) * k, self.members[key].draft_token_s) for key, k in ready.items()
+        ]
+        plan = plan_crowd(candidates, self.costs.target_s)
+        return dict(zip(ready, plan.lengths))
+
+    def _learn(self, member: _Member, stats: RoundStats) -> None:
+        if stats.n_drafted == 0:
+            return
+        member.accept.update(stats.n_accepted, stats.n_drafted)
+        if member.run.drafter.method not in ("ngram", "suffix"):  # lookups cost ~nothing per token
+            per = stats.draft_s / stats.n_drafted
+            member.draft_token_s = per if not member.draft_token_s else member.draft_token_s + 0.3 * (per - member.draft_token_s)
+
+
+def _collect(events: Iterator[Event]) -> tuple[list[Event], StopReason | None]:
+    """A generator's events and its return value."""
+    out: list[Event] = []
+    while True:
+        try:
+            out.append(next(events))
+        except StopIteration as done:
+            return out, done.value
 
 
 def _same_width(p: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,246 @@
+"""Several sequences in one llama.cpp context: a sequence id per slot, one batch for all of them.
+
+`LlamaSlots` makes a second context on a loaded target's model (the weights are shared, not loaded again)
+with `n_seq_max` = slots and a unified KV cache, so the slots share the cells and each holds up to
+`n_ctx_slot` positions. Each slot is a Backend of its own (`LlamaSlot`: its tokens, forward and rollback
+on its sequence id, `llama_memory_seq_rm` per slot), and `forward_many` puts several slots' tokens in one
+`llama_decode`, returning each part's logits rows. Recurrent and hybrid targets are refused: their per-slot
+state snapshots are not built here (serve runs them with --parallel 1).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import llama_cpp
+import numpy as np
+
+from localspec.backends.base import ByteDetokenizer, CachedModel, ChatMessage, RollbackRoute, TokenTable, rollback_route
+from localspec.backends.llama_cpp import LOG, LlamaCppBackend, abort_check, last_error
+from localspec.errors import GenerationError, Interrupted, ModelFileError, UnsupportedModelError
+from localspec.vocab import VocabInfo
+
+
+@dataclass(frozen=True)
+class Part:
+    """One slot's share of a batched pass."""
+
+    slot: int
+    tokens: Sequence[int]
+    all_logits: bool = True  # every position's logits (a verify), else the last one's (a prompt)
+
+
+class LlamaSlots:
+    """A context holding `n_slots` sequences of a loaded llama.cpp target."""
+
+    def __init__(self, target: LlamaCppBackend, n_slots: int, n_ctx_slot: int, n_batch: int = 512) -> None:
+        if target.info.is_recurrent:
+            raise UnsupportedModelError(
+                f"{target.info.name} has recurrent layers, whose per-slot state snapshots localspec does not keep",
+                "serve it with --parallel 1",
+            )
+        if n_slots < 1:
+            raise ValueError(f"n_slots must be >= 1, got {n_slots}")
+        self.target = target
+        self._ctx: llama_cpp.llama_context_p | None = self._new_context(n_slots, n_ctx_slot, n_batch)
+        self._n_batch = int(llama_cpp.llama_n_batch(self._ctx))
+        self._batch: Any = llama_cpp.llama_batch_init(self._n_batch, 0, 1)
+        self._memory = llama_cpp.llama_get_memory(self._ctx)
+        self.slots = [LlamaSlot(self, i, n_ctx_slot) for i in range(n_slots)]
+
+    def _new_context(self, n_slots: int, n_ctx_slot: int, n_batch: int) -> llama_cpp.llama_context_p:
+        model, _ = self.target.handle
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = n_slots * n_ctx_slot
+        params.n_batch = n_batch
+        params.n_ubatch = n_batch
+        params.n_seq_max = n_slots
+        params.kv_unified = True  # the slots share the cells: a long conversation may use what idle ones leave
+        params.n_threads = self.target.threads
+        params.n_threads_batch = self.target.threads
+        params.no_perf = True
+        with LOG.capture() as log:
+            ctx: llama_cpp.llama_context_p | None = llama_cpp.llama_init_from_model(model, params)
+        if not ctx:
+            raise ModelFileError(
+                f"llama.cpp could not create a context of {n_slots} x {n_ctx_slot:,} tokens: "
+                f"{last_error(log) or 'no reason given'}",
+                "lower --parallel or --n-ctx, or free memory",
+            )
+        if abort_check() is not None:
+            llama_cpp.llama_set_abort_callback(ctx, abort_check(), self.target.abort_flag_pointer)
+        return ctx
+
+    @property
+    def n_batch(self) -> int:
+        return self._n_batch
+
+    def forward_many(self, parts: Sequence[tuple[int, Sequence[int]]]) -> list[np.ndarray]:
+        """Append each (slot, tokens) in one pass (more where they overflow the batch size); every position's
+        logits rows per part (copies), [len(tokens), V]."""
+        return self.forward_parts([Part(slot, tokens) for slot, tokens in parts])
+
+    def forward_parts(self, parts: Sequence[Part]) -> list[np.ndarray]:
+        """Append each part's tokens to its slot in as few decodes as the batch size allows (one, when they fit);
+        return each part's logits rows (copies), [len(tokens) or 1, V]."""
+        if not parts or any(not p.tokens for p in parts):
+            raise ValueError("forward_many needs parts with at least one token each")
+        if len({p.slot for p in parts}) != len(parts):
+            raise ValueError("forward_many takes one part per slot")
+        for p in parts:
+            self.slots[p.slot].check_room(len(p.tokens))
+        out: list[np.ndarray | None] = [None] * len(parts)
+        group: list[int] = []
+        size = 0
+        for i, p in enumerate(parts):
+            if len(p.tokens) > self._n_batch:
+                out[i] = self._forward_long(p)
+                continue
+            if size + len(p.tokens) > self._n_batch:
+                self._run_group([parts[j] for j in group], group, out)
+                group, size = [], 0
+            group.append(i)
+            size += len(p.tokens)
+        if group:
+            self._run_group([parts[j] for j in group], group, out)
+        return [o for o in out if o is not None]
+
+    def _forward_long(self, part: Part) -> np.ndarray:
+        rows = []
+        for start in range(0, len(part.tokens), self._n_batch):
+            chunk = part.tokens[start : start + self._n_batch]
+            last = start + self._n_batch >= len(part.tokens)
+            rows.append(self._decode([replace(part, tokens=chunk, all_logits=part.all_logits)])[0])
+            if not (part.all_logits or last):
+                rows.pop()
+        return np.concatenate(rows) if part.all_logits else rows[-1]
+
+    def _run_group(self, parts: list[Part], where: list[int], out: list[np.ndarray | None]) -> None:
+        for i, rows in zip(where, self._decode(parts)):
+            out[i] = rows
+
+    def _decode(self, parts: Sequence[Part]) -> list[np.ndarray]:
+        """One llama_decode of the parts; each part's rows, copied out of llama.cpp's buffer."""
+        if ctypes.cast(self.target.abort_flag_pointer, ctypes.c_char_p).value:
+            raise Interrupted("stopped before the forward pass")
+        b = self._batch
+        n = 0
+        counts = []
+        for p in parts:
+            slot = self.slots[p.slot]
+            base = len(slot.cached_tokens)
+            for j, t in enumerate(p.tokens):
+                b.token[n] = t
+                b.pos[n] = base + j
+                b.n_seq_id[n] = 1
+                b.seq_id[n][0] = p.slot
+                b.logits[n] = p.all_logits or j == len(p.tokens) - 1
+                n += 1
+            counts.append(len(p.tokens) if p.all_logits else 1)
+        b.n_tokens = n
+        with LOG.capture() as log:
+            rc = llama_cpp.llama_decode(self._ctx, b)
+        if rc != 0:
+            for p in parts:  # a failed decode may leave part of the batch: cut back to what each slot tracks
+                llama_cpp.llama_memory_seq_rm(self._memory, p.slot, len(self.slots[p.slot].cached_tokens), -1)
+            if rc == 2:
+                raise Interrupted("stopped during a forward pass")
+            raise GenerationError(
+                f"llama_decode failed (code {rc}): {last_error(log) or 'no reason given'}",
+                "the shared KV cache may be full; lower --parallel or --max-tokens, or raise --n-ctx",
+            )
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits(self._ctx), shape=(sum(counts), self.target.n_vocab))
+        out, start = [], 0
+        for p, c in zip(parts, counts):
+            out.append(logits[start : start + c].copy())
+            self.slots[p.slot].appended(p.tokens)
+            start += c
+        return out
+
+    def remove(self, slot: int, n_keep: int) -> None:
+        if not llama_cpp.llama_memory_seq_rm(self._memory, slot, n_keep, -1):
+            raise UnsupportedModelError(f"llama.cpp could not cut slot {slot} back to {n_keep} tokens", "use --parallel 1")
+
+    def close(self) -> None:
+        if getattr(self, "_batch", None) is not None:  # __init__ may have failed before making it
+            llama_cpp.llama_batch_free(self._batch)
+            self._batch = None
+        if getattr(self, "_ctx", None) is not None:
+            llama_cpp.llama_free(self._ctx)
+            self._ctx = None
+
+    def __del__(self) -> None:
+        self.close()
+
+
+class LlamaSlot(CachedModel):
+    """One sequence of a LlamaSlots context, as a Backend (text, templates and facts from the target)."""
+
+    def __init__(self, owner: LlamaSlots, index: int, n_ctx: int) -> None:
+        self._owner = owner
+        self.index = index
+        target = owner.target
+        self._info = replace(target.info, n_ctx=n_ctx)
+        self._n_vocab = target.n_vocab
+        self._eog = target.eog_ids
+        self._tokens: list[int] = []
+        self.rollback_routes: Counter[str] = Counter()
+
+    def vocab_info(self) -> VocabInfo:
+        return self._owner.target.vocab_info()
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        return self._owner.target.tokenize(text, add_special=add_special, parse_special=parse_special)
+
+    def detokenizer(self) -> ByteDetokenizer:
+        return self._owner.target.detokenizer()
+
+    def token_table(self) -> TokenTable:
+        return self._owner.target.token_table()
+
+    def chat_template(self) -> str | None:
+        return self._owner.target.chat_template()
+
+    def apply_chat_template(
+        self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True, template: str | None = None,
+        tools: Sequence[dict[str, Any]] | None = None,
+    ) -> str:
+        return self._owner.target.apply_chat_template(
+            messages, add_generation_prompt=add_generation_prompt, template=template, tools=tools
+        )
+
+    def forward(self, tokens: Sequence[int], *, all_logits: bool = True) -> np.ndarray:
+        if not tokens:
+            raise ValueError("forward needs at least one token")
+        return self._owner.forward_parts([Part(self.index, tokens, all_logits)])[0]
+
+    def check_room(self, n: int) -> None:
+        self._check_room(n, "raise --n-ctx (memory permitting), or lower --max-tokens")
+
+    def appended(self, tokens: Sequence[int]) -> None:
+        self._tokens.extend(int(t) for t in tokens)
+
+    def _route(self, n_keep: int) -> RollbackRoute:
+        return rollback_route(len(self._tokens), n_keep, recurrent=False)
+
+    def _refused_state(self) -> str:
+        return "it keeps no recurrent state"
+
+    def rollback(self, n_keep: int) -> None:
+        if self._rollback_route(n_keep) == "none":
+            return
+        self._owner.remove(self.index, n_keep)
+        del self._tokens[n_keep:]
+
+    def checkpoint(self) -> None:
+        return None  # a KV cache is cut back by position
+
+    def abort(self, on: bool = True) -> None:
+        self._owner.target.abort(on)
+
+    def close(self) -> None:
+        return None  # the owner frees the shared context

@@ -1,0 +1,81 @@
+"""Crowd-aware drafting: how many draft tokens each of several sequences gets in one shared target pass.
+
+Pure: no backends, no clocks. Several sequences share each forward pass, so a draft token costs what it
+adds to the whole batch, T(n + 1) - T(n), not what it would cost alone. The plan maximises the expected
+accepted tokens per second of the whole pass:
+
+    rate(j_1..j_N) = sum_i E_i(j_i) / (sum_i j_i d_i + T(N + sum_i j_i))
+    E_i(j)         = 1 + s_i(1) + ... + s_i(j),  s_i(m) = P(the first m drafts of sequence i are accepted)
+
+Each E_i is concave (s_i(m) never grows with m), so for a given total the best split takes draft tokens in
+order of their survival per cost; the plan walks that order one token at a time and keeps the best prefix.
+The empty prefix is plain batched decoding, so the plan is never expected to be slower than it. With one
+sequence the prefixes are j = 0..k and the rate is auto's (policy.Controller.best, less its rollback term).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from localspec.decoding.policy import survival
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One sequence's drafting prospects this pass."""
+
+    alphas: tuple[float, ...]  # acceptance of each draft position given the ones before (len = its longest draft)
+    draft_s: float = 0.0  # seconds per draft token (a draft model's step; ~0 for lookup)
+
+
+@dataclass(frozen=True)
+class CrowdPlan:
+    lengths: tuple[int, ...]  # draft tokens per sequence
+    expected: float  # tokens the pass is expected to emit, all sequences together
+    seconds: float  # what the pass is expected to cost (drafts and the target's batch)
+    plain_rate: float  # tokens per second of plain batched decoding (every length 0)
+
+    @property
+    def rate(self) -> float:
+        return self.expected / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def batch(self) -> int:
+        return len(self.lengths) + sum(self.lengths)
+
+
+def plan_crowd(candidates: Sequence[Candidate], target_s: Callable[[int], float]) -> CrowdPlan:
+    """The draft lengths that maximise the pass's expected tokens per second; `target_s(n)`: T(n)."""
+    n = len(candidates)
+    if n == 0:
+        return CrowdPlan((), 0.0, 0.0, 0.0)
+    t_plain = target_s(n)
+    if math.isnan(t_plain) or t_plain <= 0:
+        return CrowdPlan((0,) * n, float(n), 0.0, 0.0)  # nothing measured: the caller explores
+    plain_rate = n / t_plain
+    order = _token_order(candidates, target_s)
+    lengths = [0] * n
+    best = CrowdPlan(tuple(lengths), float(n), t_plain, plain_rate)
+    expected, draft_cost = float(n), 0.0
+    for i, held in order:
+        lengths[i] += 1
+        expected += held
+        draft_cost += candidates[i].draft_s
+        plan = CrowdPlan(tuple(lengths), expected, draft_cost + target_s(n + sum(lengths)), plain_rate)
+        if plan.rate > best.rate:
+            best = plan
+    return best
+
+
+def _token_order(candidates: Sequence[Candidate], target_s: Callable[[int], float]) -> list[tuple[int, float]]:
+    """Every draft token as (sequence, survival), most worth its cost first; within a sequence in order."""
+    n, total = len(candidates), sum(len(c.alphas) for c in candidates)
+    slope = max(target_s(n + total) - target_s(n), 0.0) / total if total else 0.0
+    tokens = []
+    for i, c in enumerate(candidates):
+        for m, held in enumerate(survival(c.alphas)):
+            tokens.append((held / (c.draft_s + slope + 1e-12), i, m, held))
+    tokens.sort(key=lambda t: (-t[0], t[1], t[2]))  # a sequence's survival never grows: its order holds
+    return [(i, held) for _, i, _, held in tokens]

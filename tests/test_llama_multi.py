@@ -1,0 +1,129 @@
+"""Several sequences in one llama.cpp context (backends/llama_multi.py) on a real model (SmolLM2-135M):
+each slot's cache is its own (rollback of one leaves the others), greedy answers decoded together through
+engine.CrowdDecoder equal each answered alone (near-ties aside), each sequence decoded together follows
+the target's joint distribution (chi-square at temperature 1, top-k 2, mixed draft lengths), and a
+recurrent target is refused with the reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from head_chi import CHI_PROMPT, N_SAMPLES, TOP_K, WINDOW, expected_joint
+from test_verify import joint_check
+
+from localspec.backends import llama_cpp as lb
+from localspec.backends.base import sync_cache
+from localspec.backends.llama_multi import LlamaSlots
+from localspec.decoding.drafters import ModelDrafter, NgramDrafter
+from localspec.decoding.engine import CrowdDecoder, Done, Event, GenerationConfig, Job, generate
+from localspec.errors import UnsupportedModelError
+from localspec.sampling import SamplingParams
+
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
+    "One, two, three, four, five, six,",
+    "The quick brown fox jumps over the lazy dog. The quick brown fox",
+]
+
+
+@pytest.fixture(scope="module")
+def target(smollm2_path: Path):  # type: ignore[no-untyped-def]
+    t = lb.load(str(smollm2_path), n_ctx=512, threads=1)
+    yield t
+    t.close()
+
+
+@pytest.fixture(scope="module")
+def slots(target):  # type: ignore[no-untyped-def]
+    s = LlamaSlots(target, 4, 256)
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def self_draft(smollm2_path: Path):  # type: ignore[no-untyped-def]
+    t = lb.load(str(smollm2_path), n_ctx=512, threads=1)
+    yield t
+    t.close()
+
+
+def _drive(crowd: CrowdDecoder, jobs: dict[int, Job], sizes: set[int] | None = None) -> dict[int, Done]:
+    """Decode the jobs together to the end; `sizes` collects how many sequences each shared pass held."""
+    events: dict[int, list[Event]] = {key: crowd.add(key, job) for key, job in jobs.items()}
+    while crowd.members:
+        for key, event in crowd.step():
+            events[key].append(event)
+        if sizes is not None and crowd.last_pass is not None:
+            sizes.add(crowd.last_pass.n_sequences)
+    return {key: evs[-1] for key, evs in events.items()}  # type: ignore[misc]
+
+
+def test_each_slot_rolls_back_alone(target, slots) -> None:  # type: ignore[no-untyped-def]
+    a, b = slots.slots[0], slots.slots[1]
+    toks = target.tokenize(PROMPTS[0])
+    for s in (a, b):
+        s.rollback(0)
+    rows = slots.forward_many([(0, toks), (1, toks)])
+    assert np.allclose(rows[0], rows[1], atol=1e-3)
+    a.rollback(2)
+    assert list(b.cached_tokens) == toks and list(a.cached_tokens) == toks[:2]
+    again = a.forward(toks[2:])
+    assert np.allclose(again[-1], rows[1][-1], atol=1e-3)  # slot 1's cache was untouched by slot 0's cut
+    _, alone = sync_cache(target, toks, logits=True)
+    assert int(np.argmax(alone)) == int(np.argmax(rows[1][-1]))
+
+
+def test_greedy_answers_together_equal_each_alone(target, slots, self_draft) -> None:  # type: ignore[no-untyped-def]
+    greedy = SamplingParams(temperature=0.0)
+    # a model drafter holds one sequence's cache: one sequence gets it, two look up, the last decodes plainly
+    drafters = [NgramDrafter(), ModelDrafter(self_draft), NgramDrafter(), NgramDrafter()]
+    crowd = CrowdDecoder(slots)
+    jobs = {}
+    for i, prompt in enumerate(PROMPTS):
+        cfg = GenerationConfig(max_tokens=32, num_draft=0 if i == 3 else 3, sampling=greedy)
+        jobs[i] = Job(i, slots.slots[i], drafters[i], target.tokenize(prompt), cfg)
+    together = _drive(crowd, jobs)
+    for i, prompt in enumerate(PROMPTS):
+        cfg = GenerationConfig(max_tokens=32, num_draft=0, sampling=greedy)
+        alone = list(generate(target, NgramDrafter(), target.tokenize(prompt), cfg))[-1]
+        assert isinstance(alone, Done) and isinstance(together[i], Done)
+        ties = [t.position for t in (*alone.stats.near_ties, *together[i].stats.near_ties)]
+        cut = min([*ties, len(alone.tokens)])
+        assert together[i].tokens[:cut] == alone.tokens[:cut], f"prompt {i}"
+        if not ties:
+            assert together[i].tokens == alone.tokens
+
+
+def test_each_sequence_decoded_together_is_distributed_as_the_target(target, slots, self_draft) -> None:  # type: ignore[no-untyped-def]
+    """Two sequences share every pass: a model draft of 2 on CHI_PROMPT, a lookup draft of 1 on another."""
+    sampling = SamplingParams(temperature=1.0, top_k=TOP_K)
+    prompt = target.tokenize(CHI_PROMPT)
+    expected = expected_joint(target, prompt, sampling)
+    other = target.tokenize(PROMPTS[2])
+    drafter = ModelDrafter(self_draft)
+    samples = []
+    sizes: set[int] = set()
+    for draw in range(N_SAMPLES):
+        crowd = CrowdDecoder(slots, crowd_aware=False)
+        seeded = [SamplingParams(temperature=1.0, top_k=TOP_K, seed=1000 + draw + 5000 * i) for i in range(2)]
+        jobs = {
+            0: Job(0, slots.slots[0], drafter, prompt, GenerationConfig(max_tokens=WINDOW, num_draft=2, sampling=seeded[0])),
+            1: Job(1, slots.slots[1], NgramDrafter(), other, GenerationConfig(max_tokens=WINDOW, num_draft=1, sampling=seeded[1])),
+        }
+        done = _drive(crowd, jobs, sizes)
+        samples.append(done[0].tokens)
+    assert 2 in sizes
+    failure = joint_check(lambda n: samples[n], expected, N_SAMPLES)
+    assert failure is None, failure
+
+
+def test_a_recurrent_target_is_refused_with_the_reason(hybrid_ggufs) -> None:  # type: ignore[no-untyped-def]
+    t = lb.load(str(hybrid_ggufs["lfm2"][0]), n_ctx=256, threads=1)
+    try:
+        with pytest.raises(UnsupportedModelError, match="--parallel 1"):
+            LlamaSlots(t, 2, 128)
+    finally:
+        t.close()
