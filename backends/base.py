@@ -36,7 +36,7 @@ from __future__ import annotations
 import codecs
 import threading
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
@@ -172,11 +172,12 @@ class Backend(Protocol):
 
     def apply_chat_template(
         self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True, template: str | None = None,
-        tools: Sequence[dict[str, Any]] | None = None,
+        tools: Sequence[dict[str, Any]] | None = None, variables: Mapping[str, Any] | None = None,
     ) -> str:
         """The prompt text for a conversation, rendered with `template` or else the model's own (which
         must exist: chat_template.choose_chat_format decides what a model without one gets); `tools`
-        (OpenAI's tool definitions) go to the template as its `tools` variable."""
+        (OpenAI's tool definitions) go to the template as its `tools` variable, and `variables` as more of
+        them (a request's chat_template_kwargs, e.g. Qwen3's enable_thinking)."""
         ...
 
     def forward(self, tokens: Sequence[int], *, all_logits: bool = True) -> np.ndarray:
@@ -360,7 +361,7 @@ def sync_cache(backend: Backend, tokens: Sequence[int], *, logits: bool) -> tupl
 
 def chat_prompt_tokens(
     backend: Backend, messages: Sequence[ChatMessage], fmt: ChatFormat | None = None,
-    tools: Sequence[dict[str, Any]] | None = None,
+    tools: Sequence[dict[str, Any]] | None = None, variables: Mapping[str, Any] | None = None,
 ) -> list[int]:
     """Render a conversation in `fmt` (default: chosen for the model, see choose_chat_format), with
     `tools` offered to the template when given, and tokenize it, specials included.
@@ -370,7 +371,7 @@ def chat_prompt_tokens(
     from localspec.backends.chat_template import choose_chat_format, conversation_text
 
     fmt = fmt or choose_chat_format(backend)
-    text = conversation_text(backend, messages, fmt, tools)
+    text = conversation_text(backend, messages, fmt, tools, variables)
     tokens = backend.tokenize(text, add_special=True, parse_special=not fmt.raw)
     bos = backend.vocab_info().bos_id
     if bos is not None and len(tokens) >= 2 and tokens[0] == tokens[1] == bos:

@@ -5,7 +5,7 @@ tokens the template needs), or not at all (plain completion), always saying whic
 from __future__ import annotations
 
 import datetime
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -183,14 +183,21 @@ def _is_special_token(backend: Backend, text: str) -> bool:
 
 
 def conversation_text(
-    backend: Backend, messages: Sequence[ChatMessage], fmt: ChatFormat, tools: Sequence[dict[str, Any]] | None = None
+    backend: Backend, messages: Sequence[ChatMessage], fmt: ChatFormat, tools: Sequence[dict[str, Any]] | None = None,
+    variables: Mapping[str, Any] | None = None,
 ) -> str:
-    """The prompt text for a conversation in format `fmt`, with `tools` offered when given."""
+    """The prompt text for a conversation in format `fmt`, with `tools` offered when given and `variables` handed
+    to the template (a format without one cannot take them: an error, never dropped)."""
+    if variables and fmt.raw:
+        raise UsageError("chat template variables need a chat template, and this prompt is raw text",
+                         "leave chat_template_kwargs out, or serve with a chat template")  # fmt: skip
     if fmt.raw:
         return "\n\n".join(m.content for m in messages)
     if fmt.merge_system:
         messages = merge_system(messages)
     extra: dict[str, Any] = {"tools": list(tools)} if tools else {}
+    if variables:
+        extra["variables"] = variables
     if fmt.source == "model":
         return backend.apply_chat_template(messages, **extra)
     return backend.apply_chat_template(messages, template=fmt.template, **extra)
@@ -214,6 +221,7 @@ def render_chat(
     bos_token: str = "",
     eos_token: str = "",
     tools: Sequence[dict[str, Any]] | None = None,
+    variables: Mapping[str, Any] | None = None,
 ) -> str:
     import jinja2
     from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -229,9 +237,22 @@ def render_chat(
             add_generation_prompt=add_generation_prompt,
             bos_token=bos_token,
             eos_token=eos_token,
+            **check_variables(variables),
         )
     except jinja2.TemplateError as e:
         raise GenerationError(f"the chat template failed: {e}", "try without --system, or use --raw") from None
+
+
+RESERVED = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
+
+
+def check_variables(variables: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A request's template variables, refused where they would replace what localspec itself hands the template."""
+    taken = sorted(RESERVED & set(variables or {}))
+    if taken:
+        raise UsageError(f"chat template variables cannot set {', '.join(taken)}: localspec sets them from the request",
+                         "send messages and tools as request fields")  # fmt: skip
+    return dict(variables or {})
 
 
 def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,

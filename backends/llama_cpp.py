@@ -22,7 +22,7 @@ import os
 import sys
 import threading
 from collections import Counter, deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -378,7 +378,7 @@ class LlamaCppBackend(CachedModel):
 
     def apply_chat_template(
         self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True, template: str | None = None,
-        tools: Sequence[dict[str, Any]] | None = None,
+        tools: Sequence[dict[str, Any]] | None = None, variables: Mapping[str, Any] | None = None,
     ) -> str:
         template = template or self.chat_template()
         if template is None:
@@ -390,6 +390,7 @@ class LlamaCppBackend(CachedModel):
             bos_token=self._special_text("tokenizer.ggml.bos_token_id"),
             eos_token=self._special_text("tokenizer.ggml.eos_token_id"),
             tools=tools,
+            variables=variables,
         )
 
     def _special_text(self, key: str) -> str:

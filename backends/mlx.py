@@ -19,7 +19,7 @@ import json
 import sys
 import threading
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -360,7 +360,7 @@ class MLXBackend(CachedModel):
 
     def apply_chat_template(
         self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True, template: str | None = None,
-        tools: Sequence[dict[str, Any]] | None = None,
+        tools: Sequence[dict[str, Any]] | None = None, variables: Mapping[str, Any] | None = None,
     ) -> str:
         if template is not None:  # a family's or the user's template, rendered as for llama.cpp
             from localspec.backends.chat_template import render_chat
@@ -368,12 +368,15 @@ class MLXBackend(CachedModel):
             tok = self.tokenizer._tokenizer
             return render_chat(
                 template, messages, add_generation_prompt=add_generation_prompt,
-                bos_token=tok.bos_token or "", eos_token=tok.eos_token or "", tools=tools,
+                bos_token=tok.bos_token or "", eos_token=tok.eos_token or "", tools=tools, variables=variables,
             )  # fmt: skip
         if not self.tokenizer.has_chat_template:
             raise GenerationError(f"{self.info.name} ships no chat template", "give one with --chat-template, or use --raw")
+        from localspec.backends.chat_template import check_variables
+
         msgs = [m.template_dict() for m in messages]
         extra: dict[str, Any] = {"tools": list(tools)} if tools else {}
+        extra.update(check_variables(variables))  # transformers hands extra keyword arguments to the template
         return self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=add_generation_prompt,
                                                   **extra)  # fmt: skip
 

@@ -115,7 +115,9 @@ THINKING_TEMPLATE = (  # ChatML, with Hermes' tool calls, and think blocks
     "{{- '<|im_end|>\\n' -}}"
     "{%- endif -%}"
     "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n<think>\\n' -}}{%- endif -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n<think>\\n' -}}"
+    "{%- if enable_thinking is defined and enable_thinking is false -%}{{- '\\n</think>\\n\\n' -}}{%- endif -%}"
+    "{%- endif -%}"
 )
 QUESTION = "What is 17 + 25? Think first."
 THOUGHT = "17 + 25: 17 + 20 is 37, and 37 + 5 is 42."
@@ -160,6 +162,21 @@ def test_reasoning_content_whole_and_streamed(thinking_server: InProcess) -> Non
     assert kinds == sorted(kinds, reverse=True) and "r" in kinds and "c" in kinds  # all reasoning, then content
     assert "".join((d.model_extra or {}).get("reasoning_content") or "" for d in deltas) == reasoning
     assert "".join(d.content or "" for d in deltas) == message.content
+
+
+def test_chat_template_kwargs_reach_the_template(thinking_server: InProcess) -> None:
+    """Qwen3's switch: enable_thinking false closes the think block in the prompt, so the answer is all content."""
+    thinking = thinking_server.post("/v1/chat/completions", KW).json()
+    body = {**KW, "chat_template_kwargs": {"enable_thinking": False}}
+    plain = thinking_server.post("/v1/chat/completions", body).json()
+    assert plain["usage"]["prompt_tokens"] > thinking["usage"]["prompt_tokens"]  # the closed block was rendered
+    message = plain["choices"][0]["message"]
+    assert "reasoning_content" not in message and "think>" not in message["content"] and "42" in message["content"]
+    for bad in ({"messages": []}, {"add_generation_prompt": False}):  # what localspec sets itself
+        r = thinking_server.post("/v1/chat/completions", {**KW, "chat_template_kwargs": bad})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs", r.text
+    r = thinking_server.post("/v1/chat/completions", {**KW, "chat_template_kwargs": "enable_thinking=false"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs"
 
 
 def test_reasoning_format_none_keeps_it_inline(thinking_server: InProcess) -> None:

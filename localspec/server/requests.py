@@ -117,14 +117,16 @@ def chat_request(body: ChatCompletionRequest, served: Served) -> GenerationReque
     messages = chat_messages(body, served.defaults.system)
     asks_tools = body.tools or body.tool_choice is not None or has_tool_turns(body)
     tools = read_tools(body, served.tool_template()) if asks_tools else None
+    variables = body.chat_template_kwargs or None
     try:
         if tools is None or tools.chat_format is None:
-            tokens = served.pipeline.prompt_tokens(messages)
+            tokens = (chat_prompt_tokens(served.pipeline.target, messages, served.pipeline.chat_format, None, variables)
+                      if variables else served.pipeline.prompt_tokens(messages))  # fmt: skip
         else:
             tokens = chat_prompt_tokens(served.pipeline.target, tools.messages(messages), tools.chat_format,
-                                        tools.definitions)  # fmt: skip
+                                        tools.definitions, variables)  # fmt: skip
     except LocalspecError as e:
-        raise from_localspec(e, param="messages") from None
+        raise from_localspec(e, param="chat_template_kwargs" if variables else "messages") from None
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     req = _request("chat", body, tokens, max_tokens, param, served)

@@ -141,6 +141,7 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     reasoning_format: str | None = None  # llama-server's: "deepseek" splits the think block out, "none" keeps it
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's and llama-server's: more variables for the template
     functions: list[Any] | None = None
     function_call: str | dict[str, Any] | None = None
 
