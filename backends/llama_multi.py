@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ctypes
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -207,10 +207,10 @@ class LlamaSlot(CachedModel):
 
     def apply_chat_template(
         self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True, template: str | None = None,
-        tools: Sequence[dict[str, Any]] | None = None,
+        tools: Sequence[dict[str, Any]] | None = None, variables: Mapping[str, Any] | None = None,
     ) -> str:
         return self._owner.target.apply_chat_template(
-            messages, add_generation_prompt=add_generation_prompt, template=template, tools=tools
+            messages, add_generation_prompt=add_generation_prompt, template=template, tools=tools, variables=variables
         )
 
     def forward(self, tokens: Sequence[int], *, all_logits: bool = True) -> np.ndarray:
