@@ -30,6 +30,7 @@ from localspec.backends.base import ChatMessage
 from localspec.backends.chat_template import choose_chat_format, conversation_text
 from localspec.bench.suites import suites
 from localspec.decoding.engine import Done, GenerationConfig, generate
+from localspec.decoding.grammar import GrammarSpec
 from localspec.sampling import SamplingParams
 from localspec.options import AUTO_MAX_K, ModelOptions
 from localspec.pipeline import load_pipeline
@@ -38,13 +39,19 @@ DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds")
 ACCEPT = re.compile(r"n_drafted\s*=\s*(\d+).*?n_accept\s*=\s*(\d+)", re.S)
 
 
-def llama_lookup(binary: Path, args: argparse.Namespace, prompt: str, draft_max: int, cache: Path | None) -> dict:
+def llama_lookup(
+    binary: Path, args: argparse.Namespace, prompt: str, draft_max: int, cache: Path | None, grammar: GrammarSpec | None
+) -> dict:
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False, encoding="utf-8") as fh:
         fh.write(prompt)
     cmd = [str(binary), "-m", args.target, "-f", fh.name, "-n", str(args.max_tokens), "-t", str(args.threads),
-           "-tb", str(args.threads), "--temp", "0", "--spec-draft-n-max", str(draft_max), "-c", "4096"]  # fmt: skip
+           "-tb", str(args.threads), "--temp", "0", "--spec-draft-n-max", str(draft_max), "-c", str(args.n_ctx)]  # fmt: skip
     if cache is not None:
         cmd += ["-lcd", str(cache)]
+    if grammar is not None:  # llama.cpp's own JSON-schema grammar (its sampler masks every sampled token)
+        if grammar.kind != "json_schema":
+            raise SystemExit(f"llama-lookup takes JSON schemas only, not {grammar.kind}")
+        cmd += ["--json-schema", grammar.text]
     out = subprocess.run(cmd, capture_output=True, text=True)
     Path(fh.name).unlink()
     log = out.stdout + out.stderr
@@ -62,16 +69,18 @@ def main() -> None:
     ap.add_argument("--draft")
     ap.add_argument("--bin-dir", default="/work/tools/llama.cpp/build/bin")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--n-ctx", type=int, default=4096, help="context for both (agent-long needs 10240)")
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--draft-max", type=int, default=8, help="llama-lookup's draft length")
-    ap.add_argument("--suites", default="code-edit,agentic,code-gen,chat")
+    ap.add_argument("--suites", default="code-edit,agentic,code-gen,chat",
+                    help="also: structured (JSON schemas: llama-lookup gets --json-schema), agent-long (--n-ctx 10240)")
     ap.add_argument("--prompts", type=int, default=2, help="prompts (conversations) per suite")
     ap.add_argument("--reps", type=int, default=1)
     args = ap.parse_args()
     binary = Path(args.bin_dir) / "llama-lookup"
     if not binary.exists():
         raise SystemExit(f"{binary} not found: build llama.cpp's llama-lookup first (see this file's docstring)")
-    opts = ModelOptions(target=args.target, draft=args.draft, draft_method="auto", threads=args.threads)
+    opts = ModelOptions(target=args.target, draft=args.draft, draft_method="auto", threads=args.threads, n_ctx=args.n_ctx)
     pipe = load_pipeline(opts)
     for note in pipe.notes:
         print(note, file=sys.stderr)
@@ -87,6 +96,7 @@ def main() -> None:
                     history: list[ChatMessage] = []
                     drafter = pipe.new_drafter("auto")
                     cache = Path(tempfile.mkdtemp()) / "lookup.bin" if suite.session else None
+                    grammar = suite.grammar(pi)
                     for ti, turn in enumerate(turns):
                         history += turn
                         tokens = pipe.prompt_tokens(history)
@@ -97,12 +107,12 @@ def main() -> None:
                         for runner in runners[shift:] + runners[:shift]:
                             if runner.startswith("llama"):
                                 dm = 0 if runner == "llama plain" else args.draft_max
-                                r = llama_lookup(binary, args, text, dm, cache if dm else None)
+                                r = llama_lookup(binary, args, text, dm, cache if dm else None, grammar)
                             else:
                                 method = runner.split()[1]
                                 d = drafter if method == "auto" else pipe.new_drafter("none")
                                 k = AUTO_MAX_K if method == "auto" else 0
-                                cfg = GenerationConfig(max_tokens=args.max_tokens, num_draft=k, sampling=greedy)
+                                cfg = GenerationConfig(max_tokens=args.max_tokens, num_draft=k, sampling=greedy, grammar=grammar)
                                 *_, done = generate(pipe.target, d, tokens, cfg)
                                 assert isinstance(done, Done)
                                 s = done.stats

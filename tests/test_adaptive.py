@@ -403,3 +403,35 @@ def test_ngram_acceptance_is_learned_during_plain_rounds_for_free() -> None:
     assert not any("probe" in r.note for r in rounds)  # the slow draft model is never worth a look
     assert sum("ngram" in r.note for r in rounds) >= len(rounds) // 2
     assert done.stats.decode_s < 0.85 * 119 * steep(1)  # faster than plain decoding, on a steep curve
+
+
+def test_the_first_probe_needs_a_draft_that_could_pay_on_prior_costs() -> None:
+    """Before the draft model is ever timed, a probe that must first read the prompt into it is judged on
+    prior costs (a draft token: the draft's share of T(1); reading: that share of a batched target token).
+    The curve measured on this CPU for Qwen2.5-Coder 1.5B (T(2) 1.8x, T(7) 4.5x T(1)) with the 0.5B (0.44 of
+    its size): no probe after a 455-token prompt (each conversation's first probe cost 2.3-2.8 s there).
+    A GPU-like curve probes at once, and so does this CPU for a draft a twentieth of the target's size."""
+    cpu = {1: 0.047, 2: 0.084, 3: 0.112, 4: 0.138, 5: 0.158, 6: 0.189, 7: 0.210}
+    assert not Controller(CostModel(target=cpu), draft_ratio=0.44).plan(32, model=True, model_gap=455).probe
+    gpu = Controller(CostModel(target={n: gpu_like(n) for n in (1, 2, 4, 9, 33)}), draft_ratio=0.44)
+    first = gpu.plan(32, model=True, model_gap=455)
+    assert first.probe and first.method == "model"
+    tiny = Controller(CostModel(target=cpu), draft_ratio=0.05)
+    assert tiny.plan(32, model=True, model_gap=40).probe
+    # One timing in a busy spell rules nothing out while unsettled: the prior's cost where it is lower.
+    busy = Controller(CostModel(target={n: gpu_like(n) for n in (1, 2, 4, 9, 33)}, draft_token=0.05))
+    busy.draft_timings = 1
+    assert any(busy.plan(32, model=True).probe for _ in range(1000))  # on the allowance, as re-probes are
+
+
+def test_the_draft_ratio_comes_from_the_models_sizes(smollm2_path) -> None:  # type: ignore[no-untyped-def]
+    from localspec.backends import llama_cpp as lb
+    from localspec.decoding.auto import draft_ratio
+    from localspec.decoding.policy import DRAFT_RATIO
+
+    t = lb.load(str(smollm2_path), n_ctx=128, threads=1)
+    try:
+        assert draft_ratio(ModelDrafter(t), t) == 1.0
+        assert draft_ratio(None, t) == DRAFT_RATIO and draft_ratio(ModelDrafter(t), None) == DRAFT_RATIO
+    finally:
+        t.close()

@@ -38,7 +38,7 @@ from localspec.decoding.cost_cache import CHECK_PAIRS, CONTRADICTION, CostStore,
 from localspec.decoding.drafters import Drafter, LazyModelDrafter, NgramDrafter
 from localspec.decoding.live_costs import LiveCurve, context_bucket
 from localspec.draft import EMPTY_DRAFT, Draft
-from localspec.decoding.policy import EXPLORE, MAX_BACKOFF, CostModel, Controller, Plan
+from localspec.decoding.policy import DRAFT_RATIO, EXPLORE, MAX_BACKOFF, CostModel, Controller, Plan
 from localspec.decoding.suffix import SuffixDrafter
 from localspec.decoding.suffix_memory import SuffixMemory
 from localspec.sampling import SamplingParams
@@ -64,6 +64,16 @@ def auto_lookup(memory: SuffixMemory | None = None) -> SuffixDrafter:
     """The lookup drafter auto uses: suffix matches over the session (and `memory`'s earlier sessions),
     ungated (the policy decides)."""
     return SuffixDrafter(gate=False, memory=memory)
+
+
+def draft_ratio(model: Drafter | None, target: Backend | None) -> float:
+    """The prior share of T(1) a draft token costs: the draft's weights over the target's (a pass streams them
+    all), where both sizes are known; DRAFT_RATIO otherwise."""
+    draft = getattr(model, "backend", None)
+    sizes = [getattr(getattr(b, "info", None), "size_bytes", None) for b in (draft, target)]
+    if sizes[0] and sizes[1]:
+        return min(max(sizes[0] / sizes[1], 0.02), 1.0)
+    return DRAFT_RATIO
 
 
 class AutoDrafter:
@@ -117,7 +127,7 @@ class AutoDrafter:
         self._checks_agreed = 0  # pairs in a row that agreed with the curve: checks back off
         self._checking = False  # this round is a check round
         self._cost_note = ""  # what became of the costs, said once in the next round's note
-        self.controller = Controller(costs)
+        self.controller = Controller(costs, draft_ratio(model, target))
         parts = [p for p in (ngram.name if ngram else "", model.name if model else "") if p]
         self.name = "auto(" + "+".join(parts) + ")"
         self.max_k = 0

@@ -56,6 +56,10 @@ EXPLORE = 0.03  # model-draft re-probes may cost at most this share of the plain
 MAX_BACKOFF = 5  # ... and that allowance halves after each probe that does not change the decision, 2**5 at most
 DRAFT_REPS = 3  # the draft model's first timings: the least of them stands until this many (noise only adds)
 CATCH_UP_ROUNDS = 8  # a draft model that fell behind is caught up once: its cost is spread over this many rounds
+# A draft token's cost as a share of T(1) until it is timed: the draft's size over the target's where both are
+# known (AutoDrafter passes it), else this. Its catch-up prior per token takes the same share of what a target
+# token costs in the largest batch measured: a prompt read in one batch, not token by token.
+DRAFT_RATIO = 0.5
 # Priors (weight of about two rounds): optimistic enough to try, quickly overruled.
 MODEL_PRIOR = 0.6
 # Lookup drafts (n-gram, suffix): the chance that a copy of a given length goes on one more token, in
@@ -260,8 +264,9 @@ class Plan:
 class Controller:
     """The decisions, separate from the drafting: costs in, plan out. Pure apart from its own state."""
 
-    def __init__(self, costs: CostModel | None = None) -> None:
+    def __init__(self, costs: CostModel | None = None, draft_ratio: float = DRAFT_RATIO) -> None:
         self.costs = costs.copy() if costs is not None else CostModel()
+        self.draft_ratio = draft_ratio  # a draft token's share of T(1) until the draft is timed
         self.model_accept = Acceptance(MODEL_PRIOR)
         self.ngram_accept = {n: Acceptance(p) for n, p in NGRAM_PRIOR.items()}
         self.probe_credit = 0.0  # plain decoding seconds since the last model probe
@@ -313,11 +318,22 @@ class Controller:
         t1 = self.costs.target_s(1)
         return 1.0 / t1 if t1 and t1 > 0 and not math.isnan(t1) else 0.0
 
-    def _draft_cost(self, method: Method, j: int) -> float:
+    def _draft_cost(self, method: Method, j: int, optimistic: bool = False) -> float:
+        """A j-token draft's cost; `optimistic`: the prior's where it is lower than a timing not yet settled."""
         if method == "ngram":
             return self.costs.ngram_round
         d = self.costs.draft_s()
-        return j * (d if d is not None else 0.5 * self.costs.target_s(1))
+        prior = self.draft_ratio * self.costs.target_s(1)
+        return j * (prior if d is None else min(d, prior) if optimistic else d)
+
+    def catch_up_s(self, n_tokens: int) -> float:
+        """Seconds for the draft model to read n tokens it missed: measured, else from the draft's cost, else
+        the draft's share (draft_ratio) of a target token's cost in the largest batch measured."""
+        if self.costs.catch_up_token is not None or self.costs.draft_token is not None or n_tokens <= 0:
+            return self.costs.catch_up_s(n_tokens)
+        n = max(self.costs.target)
+        per = self.costs.target_s(n) / n if n > 1 else 0.25 * self.costs.target_s(1)
+        return n_tokens * self.draft_ratio * per
 
     def model_can_pay(self, k_max: int) -> bool:
         """Whether a model draft could beat plain decoding even with every draft token accepted
@@ -343,7 +359,7 @@ class Controller:
             return Plan("none", 0, plain, plain)
         if 1 not in self.costs.target:  # nothing measured yet: a plain round measures T(1)
             return Plan("none", 0, 0.0, 0.0)
-        catch_up = self.costs.catch_up_s(model_gap) / CATCH_UP_ROUNDS
+        catch_up = self.catch_up_s(model_gap) / CATCH_UP_ROUNDS
         options: list[Plan] = []
         if ngram_avail > 0:
             options.append(self.best("ngram", min(k_max, ngram_avail), ngram_order))
@@ -370,7 +386,12 @@ class Controller:
             # The catch-up a probe entails is not charged to the allowance (it grows with every plain round,
             # and pays off if the probe does), but a probe must be able to win with it, spread as a plan
             # spreads it: after a long plain stretch on a CPU the draft's catch-up alone rules a probe out.
-            could_win = not self.draft_settled or self.ceiling("model", k_max, extra=catch_up) > plain * (1.0 + MARGIN)
+            # Before the draft is timed, on its prior costs: the first probe of every conversation would
+            # otherwise read the whole prompt into the draft model inside the answer (2.3-2.8 s of a 6.6 s
+            # answer on a 455-token prompt, on this CPU) where no draft could pay.
+            # A timing not yet settled rules nothing out (a busy spell): the prior's cost where it is lower.
+            unsettled = not self.draft_settled
+            could_win = self.ceiling("model", k_max, extra=catch_up, optimistic=unsettled) > plain * (1.0 + MARGIN)
             if allowance >= probe_cost and could_win:
                 self.probe_credit = 0.0
                 self.probe_fails += 1
@@ -378,11 +399,15 @@ class Controller:
                 return Plan("model", k, m.rate, plain, m.alpha, probe=True)
         return Plan("none", 0, top.rate, plain, top.alpha)
 
-    def ceiling(self, method: Method, k_max: int, ngram_avail: int = 0, extra: float = 0.0) -> float:
-        """The best rate a source could reach if every draft token were accepted (`extra`: seconds added per round)."""
+    def ceiling(
+        self, method: Method, k_max: int, ngram_avail: int = 0, extra: float = 0.0, optimistic: bool = False
+    ) -> float:
+        """The best rate a source could reach if every draft token were accepted (`extra`: seconds added per round;
+        `optimistic`: see _draft_cost)."""
         k_top = k_max if method == "model" else min(k_max, max(ngram_avail, 1))
         verify = self.costs.target_curve(k_top + 1)
-        rates = [(j + 1) / (self._draft_cost(method, j) + float(verify[j]) + extra) for j in range(1, k_top + 1)]
+        rates = [(j + 1) / (self._draft_cost(method, j, optimistic) + float(verify[j]) + extra)
+                 for j in range(1, k_top + 1)]  # fmt: skip
         return max(rates, default=0.0)
 
     def _with_confidence(self, plan: Plan) -> Plan:
