@@ -45,7 +45,8 @@ def llama_lookup(
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False, encoding="utf-8") as fh:
         fh.write(prompt)
     cmd = [str(binary), "-m", args.target, "-f", fh.name, "-n", str(args.max_tokens), "-t", str(args.threads),
-           "-tb", str(args.threads), "--temp", "0", "--spec-draft-n-max", str(draft_max), "-c", str(args.n_ctx)]  # fmt: skip
+           "-tb", str(args.threads), "--temp", "0", "--spec-draft-n-max", str(draft_max), "-c", str(args.n_ctx),
+           "-b", str(args.n_ctx)]  # fmt: skip (the tool reads the prompt in one batch: it must hold it whole)
     if cache is not None:
         cmd += ["-lcd", str(cache)]
     if grammar is not None:  # llama.cpp's own JSON-schema grammar (its sampler masks every sampled token)
