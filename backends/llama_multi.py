@@ -79,10 +79,14 @@ class LlamaSlots:
     def n_batch(self) -> int:
         return self._n_batch
 
-    def forward_many(self, parts: Sequence[tuple[int, Sequence[int]]]) -> list[np.ndarray]:
+    def forward_many(
+        self, parts: Sequence[tuple[int, Sequence[int]]], prefill: Sequence[tuple[int, Sequence[int]]] = ()
+    ) -> list[np.ndarray]:
         """Append each (slot, tokens) in one pass (more where they overflow the batch size); every position's
-        logits rows per part (copies), [len(tokens), V]."""
-        return self.forward_parts([Part(slot, tokens) for slot, tokens in parts])
+        logits rows per part (copies), [len(tokens), V]. `prefill`: prompt chunks of other slots that ride in the
+        same pass, their logits not kept (a new sequence's prompt read between the others' steps)."""
+        chunks = [Part(slot, tokens, all_logits=False) for slot, tokens in prefill]
+        return self.forward_parts([Part(slot, tokens) for slot, tokens in parts] + chunks)[: len(parts)]
 
     def forward_parts(self, parts: Sequence[Part]) -> list[np.ndarray]:
         """Append each part's tokens to its slot in as few decodes as the batch size allows (one, when they fit);

@@ -97,6 +97,33 @@ def test_greedy_answers_together_equal_each_alone(target, slots, self_draft) -> 
             assert together[i].tokens == alone.tokens
 
 
+def test_a_prompt_read_in_chunks_inside_the_others_passes_answers_as_alone(target, slots) -> None:  # type: ignore[no-untyped-def]
+    """serve --parallel's interleaving: slot 1's prompt rides in slot 0's passes (step's prefill), then slot 1
+    joins with only its last prompt token to read, and answers as alone."""
+    greedy = SamplingParams(temperature=0.0)
+    cfg = GenerationConfig(max_tokens=12, num_draft=0, sampling=greedy)
+    crowd = CrowdDecoder(slots)
+    for s in slots.slots[:2]:
+        s.rollback(0)
+    crowd.add(0, Job(0, slots.slots[0], NgramDrafter(), target.tokenize(PROMPTS[0]), cfg))
+    prompt = target.tokenize(PROMPTS[3])
+    fed = 0
+    while fed < len(prompt) - 1:
+        chunk = prompt[fed : min(fed + 4, len(prompt) - 1)]
+        crowd.step([(1, chunk)])
+        fed += len(chunk)
+    assert list(slots.slots[1].cached_tokens) == prompt[:-1]
+    events = crowd.add(1, Job(1, slots.slots[1], NgramDrafter(), prompt, cfg))
+    while 1 in crowd.members:
+        events += [e for key, e in crowd.step() if key == 1]
+    done = events[-1]
+    alone = list(generate(target, NgramDrafter(), prompt, cfg))[-1]
+    assert isinstance(done, Done) and isinstance(alone, Done)
+    assert done.stats.n_prompt_cached == len(prompt) - 1
+    cut = min([t.position for t in (*alone.stats.near_ties, *done.stats.near_ties)] + [len(alone.tokens)])
+    assert done.tokens[:cut] == alone.tokens[:cut]
+
+
 def test_each_sequence_decoded_together_is_distributed_as_the_target(target, slots, self_draft) -> None:  # type: ignore[no-untyped-def]
     """Two sequences share every pass: a model draft of 2 on CHI_PROMPT, a lookup draft of 1 on another."""
     sampling = SamplingParams(temperature=1.0, top_k=TOP_K)

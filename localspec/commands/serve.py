@@ -26,12 +26,16 @@ from localspec.options import (
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
 DEFAULT_MAX_QUEUE = 16
+# A GPU verifies a few sequences' tokens in about the time of one (its T(n) is flat at first), so several
+# requests share its passes nearly for free; a CPU's T(n) grows with every token, so one at a time is the default.
+GPU_PARALLEL = 4
 DEFAULT_MAX_BODY = 8 * 1024 * 1024  # the same as localspec.server.app.DEFAULT_MAX_BODY (not imported: no fastapi at parse time)
 API_KEY_ENV = "LOCALSPEC_API_KEY"
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
+    from localspec.backends.llama_multi import LlamaSlots
     from localspec.pipeline import Pipeline
 
 
@@ -62,6 +66,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     g.add_argument("--model-name", help="the model id served (default: the pair's name, else the target's file name)")
     g.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE,
                    help=f"requests that may wait while one generates; more get 503 (default: {DEFAULT_MAX_QUEUE})")  # fmt: skip
+    g.add_argument("--parallel", type=int, default=None, metavar="N",
+                   help="generations decoded together, one shared target pass per step, drafts sized for the "
+                        "crowd (llama.cpp targets without recurrent layers; default: 1 on a CPU-only build, "
+                        f"{GPU_PARALLEL} when llama.cpp offloads to a GPU)")  # fmt: skip
     g.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                    help="allow browser requests from this origin (repeatable; '*' for any); default: CORS off")  # fmt: skip
     g.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY,
@@ -100,8 +108,8 @@ def serve(args: argparse.Namespace) -> int:
     try:
         for note in pipeline.notes:
             print(f"note: {note}", file=sys.stderr)
-        print(f"serving {name!r} ({opts.draft_method} drafting) on http://{_url_host(args.host)}:{args.port}/v1",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(f"serving {name!r} ({opts.draft_method} drafting, {_parallel_text(args.parallel)}) on "
+              f"http://{_url_host(args.host)}:{args.port}/v1", file=sys.stderr, flush=True)  # fmt: skip
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False,
                     timeout_graceful_shutdown=3)  # fmt: skip
     finally:
@@ -117,6 +125,8 @@ def build_server(args: argparse.Namespace, opts: ModelOptions) -> tuple[FastAPI,
 
     pipeline = load_pipeline(opts)
     try:
+        args.parallel = resolve_parallel(args.parallel, pipeline)
+        slots = open_slots(pipeline, args.parallel)
         name = args.model_name or opts.pair or Path(opts.target).name.removesuffix(".gguf")
         settings = ServerSettings(
             model_name=name,
@@ -129,13 +139,54 @@ def build_server(args: argparse.Namespace, opts: ModelOptions) -> tuple[FastAPI,
             max_body_bytes=args.max_body_bytes,
             reasoning_format=args.reasoning_format,
         )
-        return create_app(pipeline, settings), pipeline, name
+        return create_app(pipeline, settings, slots), pipeline, name
     except BaseException:
         pipeline.close()
         raise
 
 
+def resolve_parallel(asked: int | None, pipeline: Pipeline) -> int:
+    """--parallel as given, else its default for this target (see GPU_PARALLEL); refused where it cannot run."""
+    info = pipeline.target.info
+    if asked is None:
+        can = info.backend == "llama" and not info.is_recurrent and pipeline.options.n_gpu_layers != 0
+        return GPU_PARALLEL if can and _gpu_offload() else 1
+    if asked > 1 and info.backend != "llama":
+        raise UsageError(f"--parallel {asked} needs the llama.cpp backend: the {info.backend} backend decodes one "
+                         "sequence at a time here", "serve it with --parallel 1")  # fmt: skip
+    if asked > 1 and info.is_recurrent:
+        raise UsageError(f"--parallel {asked}: {info.name} has recurrent layers ({info.recurrent}), whose per-sequence "
+                         "state snapshots localspec does not keep", "serve it with --parallel 1")  # fmt: skip
+    return asked
+
+
+def open_slots(pipeline: Pipeline, parallel: int) -> LlamaSlots | None:
+    """A second llama.cpp context on the target's weights, a sequence per slot, each as long as --n-ctx."""
+    if parallel <= 1:
+        return None
+    from localspec.backends.llama_multi import LlamaSlots
+
+    return LlamaSlots(pipeline.target, parallel, pipeline.target.n_ctx)  # type: ignore[arg-type]
+
+
+def _gpu_offload() -> bool:
+    import llama_cpp
+
+    return bool(llama_cpp.llama_supports_gpu_offload())
+
+
+def _parallel_text(n: int) -> str:
+    if n <= 1:
+        return "one generation at a time (--parallel 1)"
+    return f"up to {n} generations together (--parallel {n})"
+
+
 def check_server_args(args: argparse.Namespace) -> None:
+    if args.parallel is not None and args.parallel < 1:
+        raise UsageError(f"--parallel must be 1 or more, got {args.parallel}", "e.g. --parallel 4")
+    if args.parallel is not None and args.parallel > 1 and args.backend == "mlx":
+        raise UsageError(f"--parallel {args.parallel} needs the llama.cpp backend: the mlx backend decodes one "
+                         "sequence at a time here", "serve it with --parallel 1")  # fmt: skip
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port {args.port} is not a port number", "use 1..65535, e.g. --port 8080")
     if args.max_queue < 0:

@@ -400,7 +400,9 @@ class BatchTarget(Protocol):
     """A target holding several sequences (backends/llama_multi.LlamaSlots): one pass appends each
     (slot, tokens) to its slot and returns every position's logits rows per part."""
 
-    def forward_many(self, parts: Sequence[tuple[int, Sequence[int]]]) -> list[np.ndarray]: ...
+    def forward_many(
+        self, parts: Sequence[tuple[int, Sequence[int]]], prefill: Sequence[tuple[int, Sequence[int]]] = ()
+    ) -> list[np.ndarray]: ...
 
 
 @dataclass(frozen=True)
@@ -478,7 +480,9 @@ class CrowdDecoder:
         member = self.members.pop(key, None)
         return [] if member is None else list(member.run.finish("stopped"))
 
-    def step(self) -> list[tuple[object, Event]]:
+    def step(self, prefill: Sequence[tuple[int, Sequence[int]]] = ()) -> list[tuple[object, Event]]:
+        """One shared pass. `prefill`: (slot, prompt chunk) pairs of sequences not yet added, read in the same
+        pass (BatchTarget.forward_many), so a long prompt does not stop the others' streams."""
         out: list[tuple[object, Event]] = []
         ready: dict[object, int] = {}
         for key, member in list(self.members.items()):
@@ -489,12 +493,15 @@ class CrowdDecoder:
             else:
                 ready[key] = k if member.run.drafter.method != "none" else 0
         if not ready:
+            if prefill:
+                self.batch.forward_many([], prefill)
             return out
         lengths = self._lengths(ready)
         pending = {key: self.members[key].run.draft(lengths[key]) for key in ready}
+        parts = [(self.members[key].slot, pending[key].batch) for key in ready]
         t0 = self.clock()
         try:
-            rows = self.batch.forward_many([(self.members[key].slot, pending[key].batch) for key in ready])
+            rows = self.batch.forward_many(parts, prefill) if prefill else self.batch.forward_many(parts)
         except Interrupted:
             for key in ready:
                 self.members[key].run.drop_round()
@@ -502,7 +509,7 @@ class CrowdDecoder:
             return out
         seconds = self.clock() - t0
         n_tokens = sum(len(p.batch) for p in pending.values())
-        self.costs.observe_target(n_tokens, seconds)
+        self.costs.observe_target(n_tokens + sum(len(c) for _, c in prefill), seconds)
         self.last_pass = PassStats(len(ready), n_tokens, n_tokens - len(ready), seconds)
         for (key, p), logits in zip(pending.items(), rows):
             member = self.members[key]

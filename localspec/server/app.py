@@ -13,7 +13,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -52,6 +52,9 @@ from localspec.server.schemas import (
     TokenizeRequest,
 )
 
+if TYPE_CHECKING:
+    from localspec.backends.llama_multi import LlamaSlots
+
 DEFAULT_MAX_BODY = 8 * 1024 * 1024
 KEY_HINT = "send it as `Authorization: Bearer KEY`"
 OPEN_PATHS = ("/health",)  # answered without the API key (load balancers, `curl` checks)
@@ -70,7 +73,8 @@ class ServerSettings:
     log: Callable[[str], None] = field(default=lambda line: print(line, file=sys.stderr, flush=True))
 
 
-def create_app(pipeline: Pipeline, settings: ServerSettings) -> FastAPI:
+def create_app(pipeline: Pipeline, settings: ServerSettings, slots: LlamaSlots | None = None) -> FastAPI:
+    """`slots` (serve --parallel N > 1): the requests decode together in them (crowd_scheduler.py)."""
     metrics = Metrics()
     served = Served(pipeline, settings.defaults, (settings.model_name, *settings.model_aliases),
                     reasoning_format=settings.reasoning_format)
@@ -78,7 +82,13 @@ def create_app(pipeline: Pipeline, settings: ServerSettings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        state["scheduler"] = Scheduler(pipeline, max_queue=settings.max_queue, metrics=metrics, log=settings.log)
+        if slots is None:
+            state["scheduler"] = Scheduler(pipeline, max_queue=settings.max_queue, metrics=metrics, log=settings.log)
+        else:
+            from localspec.server.crowd_scheduler import CrowdScheduler
+
+            state["scheduler"] = CrowdScheduler(pipeline, slots, max_queue=settings.max_queue, metrics=metrics,
+                                                log=settings.log)  # fmt: skip
         try:
             yield
         finally:

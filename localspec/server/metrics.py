@@ -8,9 +8,11 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
+    Histogram,
     generate_latest,
 )
 
+from localspec.decoding.engine import PassStats
 from localspec.decoding.stats import SpecStats
 
 PREFIX = "localspec:"
@@ -23,7 +25,7 @@ class Metrics:
 
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
-        self.running = Gauge(f"{PREFIX}num_requests_running", "Generations running now (0 or 1).", registry=r)
+        self.running = Gauge(f"{PREFIX}num_requests_running", "Generations running now (up to --parallel).", registry=r)
         self.waiting = Gauge(f"{PREFIX}num_requests_waiting", "Requests waiting in the queue.", registry=r)
         self.success = Counter(f"{PREFIX}request_success", "Finished generations by finish reason.",
                                ["finished_reason"], registry=r)  # fmt: skip
@@ -43,6 +45,23 @@ class Metrics:
         self.drafted_per_pos = Counter(f"{PREFIX}spec_decode_num_draft_tokens_per_pos",
                                        "Drafted tokens by position in the draft (0 first).",
                                        ["position"], registry=r)  # fmt: skip
+
+        # serve --parallel: what each shared target pass held
+        self.batch_size = Gauge(f"{PREFIX}batch_sequences", "Sequences in the last shared target pass.", registry=r)
+        self.pass_sequences = Histogram(f"{PREFIX}batch_sequences_per_pass", "Sequences per shared target pass.",
+                                        buckets=(1, 2, 3, 4, 6, 8, 12, 16), registry=r)  # fmt: skip
+        self.pass_tokens = Counter(f"{PREFIX}batch_tokens", "Tokens in shared target passes (next tokens and drafts).",
+                                   registry=r)  # fmt: skip
+        self.pass_draft_tokens = Counter(f"{PREFIX}batch_draft_tokens",
+                                         "Draft tokens in shared target passes (their share of batch_tokens is the "
+                                         "share of the passes spent on drafts).", registry=r)  # fmt: skip
+
+    def passed(self, p: PassStats) -> None:
+        """One shared target pass of the crowd scheduler."""
+        self.batch_size.set(p.n_sequences)
+        self.pass_sequences.observe(p.n_sequences)
+        self.pass_tokens.inc(p.n_tokens)
+        self.pass_draft_tokens.inc(p.n_drafted)
 
     def finished(self, stats: SpecStats, finish_reason: str) -> None:
         self.success.labels("abort" if finish_reason == "cancelled" else finish_reason).inc()  # vLLM's label

@@ -9,6 +9,9 @@ shares a prefix with it (a conversation's next turn) evaluates only its new toke
 While no request waits, the same thread times auto's cost curve where it has none yet
 (decoding.auto.idle_work), one piece (a pair of forward passes) at a time, checking the queue between
 pieces: a request that arrives meanwhile starts once the piece in flight ends.
+
+`Reply` is one job's text on its way out (reasoning split, stop strings, stalls); crowd_scheduler.py uses it
+too, for `serve --parallel N`, where several jobs decode together.
 """
 
 from __future__ import annotations
@@ -113,8 +116,7 @@ class Scheduler:
         with self._cv:
             if self._closed:
                 raise APIError(503, "the server is shutting down", None, "shutting_down")
-            busy = self._current is not None or bool(self._waiting)
-            if busy and len(self._waiting) >= self.max_queue:
+            if self._full():
                 retry = self._retry_after()
                 raise APIError(503, f"the server is busy: {len(self._waiting)} requests are waiting "
                                f"(--max-queue {self.max_queue}); retry in about {retry} s",
@@ -122,6 +124,11 @@ class Scheduler:
             self._waiting.append(job)
             self.metrics.waiting.set(len(self._waiting))
             self._cv.notify()
+
+    def _full(self) -> bool:
+        """No room for another request: one generates and max_queue wait (the caller holds the lock)."""
+        busy = self._current is not None or bool(self._waiting)
+        return busy and len(self._waiting) >= self.max_queue
 
     def cancel(self, job: Job) -> None:
         """Stop a job at once: dropped from the queue, or its generation aborted mid-pass."""
@@ -201,74 +208,43 @@ class Scheduler:
             self.log(f"auto: cost curve timed between requests ({self.idle_pieces} pairs of passes so far)")
 
     def _run(self, job: Job) -> None:
-        req = job.request
         try:
             outcome = self._generate(job)
-            with self._cv:
-                job.finished = True
-        except APIError as e:  # the request asked for what cannot run here (a drafter that cannot be built)
-            job.finished = True
-            self.log(f"{req.endpoint} refused: {e.message}")
-            job.push(e)
-            return
-        except LocalspecError as e:  # Interrupted before any token counts as a cancel, not an error
-            job.finished = True
-            if job.cancelled:
-                return
-            err = from_localspec(e)
-            self.log(f"{req.endpoint} failed: {error_text(e)}")
-            job.push(err)
-            return
         except Exception as e:  # noqa: BLE001 - an engine bug must not take the server down: tell this client
-            job.finished = True
-            self.log(f"{req.endpoint} failed: {error_text(e)}")
-            job.push(APIError(500, f"generation failed: {error_text(e)}", None, "engine_error"))
+            self._failed(job, e)
             return
+        self._succeeded(job, outcome)
+
+    def _succeeded(self, job: Job, outcome: Outcome) -> None:
+        with self._cv:
+            job.finished = True
         self.metrics.finished(outcome.stats, outcome.finish_reason)
-        self.log(request_line(req, outcome))
+        self.log(request_line(job.request, outcome))
         job.push(outcome)
 
-    def _generate(self, job: Job) -> Outcome:
-        req = job.request
-        matcher = StopMatcher(req.stops)
-        t0 = time.perf_counter()
-        ttft: float | None = None
-        done: Done | None = None
-        drafter = self._drafter(req.method)
-        splitter = req.reasoning.splitter() if req.reasoning is not None else None
-        for event in self.pipeline.generate(req.prompt, req.config, stop=job.stop, drafter=drafter):
-            if isinstance(event, Done):
-                done = event
-                break
-            piece = splitter.feed(event.text) if splitter is not None else Split(content=event.text)
-            if piece.reasoning:  # the thinking first, apart; stop strings apply to the content only
-                ttft = ttft if ttft is not None else time.perf_counter() - t0
-                job.push(ReasoningDelta(piece.reasoning))
-            text = matcher.feed(piece.content)
-            if text:
-                ttft = ttft if ttft is not None else time.perf_counter() - t0
-                job.push(text)
-            if matcher.hit:
-                job.stop.set()  # the engine checks it before the next round: nothing more is computed
-            if job.stalled(time.monotonic()):
-                self.cancel(job)
-        assert done is not None
-        last = splitter.finish() if splitter is not None and not matcher.hit else Split()
-        if last.reasoning:
-            job.push(ReasoningDelta(last.reasoning))
-        tail = matcher.feed(last.content) + matcher.flush()
-        if tail:
-            job.push(tail)
-        if job.cancelled:
-            reason = "cancelled"
-        elif matcher.hit:
-            reason = "stop"
+    def _failed(self, job: Job, e: Exception) -> None:
+        """Tell the client why its generation could not run or went wrong."""
+        job.finished = True
+        endpoint = job.request.endpoint
+        if isinstance(e, APIError):  # the request asked for what cannot run here (a drafter that cannot be built)
+            self.log(f"{endpoint} refused: {e.message}")
+            job.push(e)
+        elif isinstance(e, LocalspecError):  # Interrupted before any token counts as a cancel, not an error
+            if not job.cancelled:
+                self.log(f"{endpoint} failed: {error_text(e)}")
+                job.push(from_localspec(e))
         else:
-            reason = FINISH_REASONS.get(done.stats.stop_reason or "stopped", "stop")
-        ttft_s = ttft if ttft is not None else time.perf_counter() - t0
-        reasoning = "".join(splitter.reasoning) if splitter is not None else ""
-        return Outcome(matcher.text, reason, done.stats, ttft_s, matcher.matched if reason == "stop" else None,
-                       reasoning)  # fmt: skip
+            self.log(f"{endpoint} failed: {error_text(e)}")
+            job.push(APIError(500, f"generation failed: {error_text(e)}", None, "engine_error"))
+
+    def _generate(self, job: Job) -> Outcome:
+        reply = Reply(job, self.cancel)
+        drafter = self._drafter(job.request.method)
+        for event in self.pipeline.generate(job.request.prompt, job.request.config, stop=job.stop, drafter=drafter):
+            if isinstance(event, Done):
+                return reply.finish(event)
+            reply.feed(event.text)
+        raise AssertionError("the engine ended without a Done")
 
     def _drafter(self, method: str) -> Drafter:
         """The drafter a request asked for, built on first use. A method the loaded models cannot draft with
@@ -287,6 +263,59 @@ class Scheduler:
     def _retry_after(self) -> int:
         mean = sum(self._recent_s) / len(self._recent_s) if self._recent_s else 1.0
         return max(1, math.ceil(mean * (len(self._waiting) + 1)))
+
+
+class Reply:
+    """One job's text on its way to the client: reasoning split off, stop strings held back and matched,
+    a stalled reader cancelled. The one-at-a-time and the crowd schedulers both stream through it."""
+
+    def __init__(self, job: Job, cancel: Callable[[Job], None]) -> None:
+        self.job = job
+        self.cancel = cancel
+        self.matcher = StopMatcher(job.request.stops)
+        self.splitter = job.request.reasoning.splitter() if job.request.reasoning is not None else None
+        self.t0 = time.perf_counter()
+        self.ttft: float | None = None
+
+    def feed(self, new_text: str) -> None:
+        """A step's new text: pushed as far as no stop string may still begin in it."""
+        job = self.job
+        piece = self.splitter.feed(new_text) if self.splitter is not None else Split(content=new_text)
+        if piece.reasoning:  # the thinking first, apart; stop strings apply to the content only
+            self._first_text()
+            job.push(ReasoningDelta(piece.reasoning))
+        text = self.matcher.feed(piece.content)
+        if text:
+            self._first_text()
+            job.push(text)
+        if self.matcher.hit:
+            job.stop.set()  # the engine checks it before the next round: nothing more is computed
+        if job.stalled(time.monotonic()):
+            self.cancel(job)
+
+    def finish(self, done: Done) -> Outcome:
+        """The held-back tail pushed; how the generation ended."""
+        job, matcher, splitter = self.job, self.matcher, self.splitter
+        last = splitter.finish() if splitter is not None and not matcher.hit else Split()
+        if last.reasoning:
+            job.push(ReasoningDelta(last.reasoning))
+        tail = matcher.feed(last.content) + matcher.flush()
+        if tail:
+            job.push(tail)
+        if job.cancelled:
+            reason = "cancelled"
+        elif matcher.hit:
+            reason = "stop"
+        else:
+            reason = FINISH_REASONS.get(done.stats.stop_reason or "stopped", "stop")
+        ttft_s = self.ttft if self.ttft is not None else time.perf_counter() - self.t0
+        reasoning = "".join(splitter.reasoning) if splitter is not None else ""
+        return Outcome(matcher.text, reason, done.stats, ttft_s, matcher.matched if reason == "stop" else None,
+                       reasoning)  # fmt: skip
+
+    def _first_text(self) -> None:
+        if self.ttft is None:
+            self.ttft = time.perf_counter() - self.t0
 
 
 def request_line(req: GenerationRequest, o: Outcome) -> str:

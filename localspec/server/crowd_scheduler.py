@@ -1,0 +1,234 @@
+"""Several generations at once (`serve --parallel N`, N > 1, llama.cpp): up to N requests decode together in
+one engine.CrowdDecoder over a LlamaSlots context (backends/llama_multi.py), one slot per request.
+
+Each engine step is one shared target pass: every running sequence's next token and draft (lengths from the
+crowd-aware policy, decoding/crowd.py, on the measured T(n) of the whole batch), and chunks of the prompts of
+requests just admitted (at most n_batch/2 prompt tokens a step), so a long prompt does not freeze the others'
+streams. Each sequence's text goes to its client through the same Reply as the one-at-a-time scheduler (stop
+strings, reasoning split, stalled readers). A cancel or a stop string sets the job's stop event: the sequence
+ends before the next pass and its slot is free.
+
+Slots and prefix reuse: a slot keeps its last conversation's tokens after the request ends. A new request takes
+the free slot whose cached tokens share the longest prefix with its prompt (a conversation's next turn finds
+its own slot while nobody else took it) and reads only the rest of its prompt.
+
+Drafters: lookup drafters (none, ngram, suffix) keep only their sequence's text, so every sequence gets its
+own. A drafter that holds a model's cache (model, auto with a draft model, heads) serves one sequence at a
+time: the first request that asks for it gets it, and requests that ask for it while it is taken draft by
+n-gram lookup instead (their stats say `ngram`). One draft-model context per slot would need the draft's
+cache rollback per sequence as well; on a CPU the crowd policy rarely buys model drafts for a full batch.
+
+Requests waiting for a slot are the queue: its bound and the 503 are as in scheduler.py.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from localspec.backends.base import common_prefix
+from localspec.backends.llama_multi import LlamaSlots
+from localspec.decoding.drafters import Drafter
+from localspec.decoding.engine import CrowdDecoder, Done, Event, Step
+from localspec.decoding.engine import Job as SequenceJob
+from localspec.decoding.policy import CostModel
+from localspec.errors import ContextOverflowError, UsageError, error_text
+from localspec.pipeline import Pipeline
+from localspec.server.metrics import Metrics
+from localspec.server.scheduler import Job, Reply, Scheduler
+
+PER_SEQUENCE = ("none", "ngram", "suffix")  # drafters cheap enough to make one per sequence
+BUSY_FALLBACK = "ngram"  # what a sequence drafts with while another holds the model drafter it asked for
+
+
+@dataclass(eq=False)
+class _Seat:
+    """An admitted request: its slot, its prompt and how much of it the slot holds, its drafter."""
+
+    job: Job
+    slot: int
+    prompt: list[int]
+    fed: int  # prompt tokens in the slot's cache
+    cached: int  # of those, reused from the slot's earlier conversation
+    reply: Reply
+    drafter: Drafter
+    lent: str | None  # the shared drafter's method it holds (None: its own drafter)
+    t0: float
+    started: bool = False  # added to the crowd (its first token is out)
+    prompt_s: float = 0.0
+
+
+class CrowdScheduler(Scheduler):
+    def __init__(
+        self, pipeline: Pipeline, slots: LlamaSlots, *, max_queue: int, metrics: Metrics,
+        log: Callable[[str], None] = print,
+    ) -> None:  # fmt: skip
+        self.slots = slots
+        self.n_slots = len(slots.slots)
+        self.crowd = CrowdDecoder(slots, costs=_prior_costs(pipeline))
+        self._seats: dict[Job, _Seat] = {}
+        self._lent: set[str] = set()
+        self._prefill_budget = max(1, slots.n_batch // 2)
+        super().__init__(pipeline, max_queue=max_queue, metrics=metrics, log=log)
+
+    @property
+    def depth(self) -> int:
+        with self._cv:
+            return len(self._waiting) + len(self._seats)
+
+    def _full(self) -> bool:
+        return len(self._waiting) >= self.max_queue + self.n_slots - len(self._seats)
+
+    def close(self, timeout: float = 10.0) -> None:
+        super().close(timeout)
+        if not self._thread.is_alive():
+            self.slots.close()
+
+    # -- the engine thread --------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._waiting and not self._seats and not self._closed:
+                    self._cv.wait()
+                if self._closed:
+                    if not self._seats:
+                        return
+                    for seat in self._seats.values():  # shutting down: each ends before the next pass
+                        seat.job.cancelled = True
+                        seat.job.stop.set()
+                self._admit()
+            try:
+                self._tick()
+            except Exception as e:  # noqa: BLE001 - a failed pass (a full KV cache) ends the running requests, not the server
+                self._fail_all(e)
+
+    def _admit(self) -> None:
+        """Waiting jobs into free slots, oldest first (the caller holds the lock)."""
+        while self._waiting and len(self._seats) < self.n_slots and not self._closed:
+            job = self._waiting.popleft()
+            try:
+                seat = self._seat(job)
+            except Exception as e:  # noqa: BLE001 - this request's mistake or failure, told to its client
+                self._failed(job, e)
+                continue
+            self._seats[job] = seat
+        self.metrics.waiting.set(len(self._waiting))
+        self.metrics.running.set(len(self._seats))
+
+    def _seat(self, job: Job) -> _Seat:
+        prompt = self.pipeline.prompt_tokens(job.request.prompt)
+        n_ctx = self.slots.slots[0].n_ctx
+        if not prompt:
+            raise UsageError("the prompt is empty", "give the model some text to continue")
+        if len(prompt) >= n_ctx:  # refused here, before its chunks share a pass with the others
+            raise ContextOverflowError(f"the prompt is {len(prompt):,} tokens but a slot's context holds {n_ctx:,}",
+                                       "raise --n-ctx (memory permitting) or shorten the prompt")  # fmt: skip
+        slot = self._best_slot(prompt)
+        backend = self.slots.slots[slot]
+        keep = common_prefix(backend.cached_tokens, prompt, limit=len(prompt) - 1)
+        backend.rollback(keep)
+        drafter, lent = self._seat_drafter(job.request.method)
+        return _Seat(job, slot, prompt, keep, keep, Reply(job, self.cancel), drafter, lent, time.perf_counter())
+
+    def _best_slot(self, prompt: list[int]) -> int:
+        """The free slot whose cache shares the longest prefix with the prompt (the emptiest on a tie)."""
+        taken = {seat.slot for seat in self._seats.values()}
+        free = [i for i in range(self.n_slots) if i not in taken]
+        cached = {i: self.slots.slots[i].cached_tokens for i in free}
+        return max(free, key=lambda i: (common_prefix(cached[i], prompt, limit=len(prompt)), -len(cached[i])))
+
+    def _seat_drafter(self, method: str) -> tuple[Drafter, str | None]:
+        if method in PER_SEQUENCE:
+            return self.pipeline.new_drafter(method), None
+        if method in self._lent:
+            return self.pipeline.new_drafter(BUSY_FALLBACK), None
+        drafter = self._drafter(method)
+        self._lent.add(method)
+        return drafter, method
+
+    def _tick(self) -> None:
+        """Start the seats whose prompts are read (one alone reads its prompt whole); one shared pass with the
+        next chunks of the others' prompts (several arriving together are read together)."""
+        chunks: list[tuple[int, list[int]]] = []
+        unstarted = [s for s in self._seats.values() if not s.started]
+        alone = not self.crowd.members and len(unstarted) == 1  # nobody to share a pass with: read it whole
+        budget = self._prefill_budget if self.crowd.members else self.slots.n_batch  # nobody's stream to stall
+        for seat in unstarted:
+            if seat.job.stop.is_set():
+                self._release(seat)
+                continue
+            rest = len(seat.prompt) - 1 - seat.fed
+            if rest <= 0 or alone:
+                self._start(seat)
+            elif budget > 0:
+                n = min(rest, budget)
+                chunks.append((seat.slot, seat.prompt[seat.fed : seat.fed + n]))
+                budget -= n
+        if not self.crowd.members and not chunks:
+            return
+        before = self.crowd.last_pass
+        events = self.crowd.step(chunks)
+        by_slot = {s.slot: s for s in self._seats.values()}
+        for slot, chunk in chunks:
+            by_slot[slot].fed += len(chunk)
+        if self.crowd.last_pass is not None and self.crowd.last_pass is not before:
+            self.metrics.passed(self.crowd.last_pass)
+        for key, event in events:
+            self._handle(self._seats[key], event)  # type: ignore[index]
+
+    def _start(self, seat: _Seat) -> None:
+        req = seat.job.request
+        job = SequenceJob(seat.slot, self.slots.slots[seat.slot], seat.drafter, seat.prompt, req.config, seat.job.stop)
+        seat.started = True
+        try:
+            events = self.crowd.add(seat.job, job)
+        except Exception as e:  # noqa: BLE001 - this request's failure (a prompt too long for its slot)
+            self._failed(seat.job, e)
+            self._release(seat)
+            return
+        seat.prompt_s = time.perf_counter() - seat.t0
+        for event in events:
+            self._handle(seat, event)
+
+    def _handle(self, seat: _Seat, event: Event) -> None:
+        if isinstance(event, Step):
+            seat.reply.feed(event.text)
+            return
+        assert isinstance(event, Done)
+        stats = replace(event.stats, n_prompt_cached=seat.cached, prompt_s=seat.prompt_s)
+        outcome = seat.reply.finish(replace(event, stats=stats))
+        self._release(seat)
+        self._succeeded(seat.job, outcome)
+
+    def _release(self, seat: _Seat) -> None:
+        """The seat's slot and drafter are free again (a cancelled job is owed no answer)."""
+        self.crowd.cancel(seat.job)
+        with self._cv:
+            self._seats.pop(seat.job, None)
+            self.metrics.running.set(len(self._seats))
+            self._recent_s.append((time.perf_counter() - seat.t0) / self.n_slots)
+            if seat.job.cancelled and not seat.job.finished:
+                seat.job.finished = True  # its client is gone: nothing to tell
+        if seat.lent is not None:
+            self._lent.discard(seat.lent)
+        else:
+            seat.drafter.close()
+
+    def _fail_all(self, e: Exception) -> None:
+        self.log(f"a shared pass failed: {error_text(e)}; its {len(self._seats)} requests end")
+        for seat in list(self._seats.values()):
+            self._release(seat)
+            if not seat.job.finished:
+                self._failed(seat.job, e)
+        self.crowd = CrowdDecoder(self.slots, costs=self.crowd.costs)
+
+
+def _prior_costs(pipeline: Pipeline) -> CostModel:
+    """The target's measured costs, if an earlier run kept them (T(n) of the whole batch, refined each pass)."""
+    try:
+        return pipeline.cost_store.load() or CostModel()
+    except (OSError, ValueError):
+        return CostModel()
+

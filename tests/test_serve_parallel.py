@@ -1,0 +1,197 @@
+"""`localspec serve --parallel N`: a real server process on SmolLM2-135M decoding several requests together
+(server/crowd_scheduler.py). Greedy answers decoded together equal each answered alone (near-ties aside), the
+last of four clients hears its first token before the first client is done (the streams interleave), a client
+that goes away frees its slot, the queue bound still answers 503, /metrics shows batches of several sequences,
+and targets that cannot decode together are refused with the reason."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("openai")
+pytest.importorskip("prometheus_client")
+
+from serve_process import ServeProcess, httpx
+from test_serve import metrics
+
+PROMPTS = [
+    "One, two, three, four, five, six,",  # first: it runs to the token limit, so the others arrive while it decodes
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
+    "The capital of France is",
+    "The quick brown fox jumps over the lazy dog. The quick brown fox",
+]
+N_TOKENS = 64
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_path: Path) -> Iterator[ServeProcess]:
+    s = ServeProcess("--target", str(smollm2_path), "--draft-method", "ngram", "-k", "3", "--n-ctx", "512",
+                     "--parallel", "4", "--max-queue", "0", "--model-name", "smol")  # fmt: skip
+    yield s
+    s.close()
+
+
+def _complete(s: ServeProcess, prompt: str, **kw: Any) -> str:
+    body = {"prompt": prompt, "max_tokens": N_TOKENS, "temperature": 0, **kw}
+    r = httpx.post(f"{s.url}/v1/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return str(r.json()["choices"][0]["text"])
+
+
+def _stream(s: ServeProcess, prompt: str, times: dict[str, float], t0: float) -> str:
+    """A streamed completion; `times` gets when its first text and its end arrived (seconds after t0)."""
+    body = {"prompt": prompt, "max_tokens": N_TOKENS, "temperature": 0, "stream": True}
+    parts = []
+    with httpx.stream("POST", f"{s.url}/v1/completions", json=body, timeout=120) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            text = json.loads(line[6:])["choices"][0]["text"]
+            if text and "first" not in times:
+                times["first"] = time.perf_counter() - t0
+            parts.append(text)
+    times["end"] = time.perf_counter() - t0
+    return "".join(parts)
+
+
+def _alone_prefix(smollm2_path: Path, prompt: str) -> tuple[str, str]:
+    """(the greedy answer decoded alone in this process, its text before its first near-tie)."""
+    from localspec.backends import llama_cpp as lb
+    from localspec.decoding.drafters import NgramDrafter
+    from localspec.decoding.engine import Done, GenerationConfig, generate
+    from localspec.sampling import SamplingParams
+
+    t = lb.load(str(smollm2_path), n_ctx=512, threads=1)
+    try:
+        tokens = t.tokenize(prompt, add_special=True, parse_special=False)
+        cfg = GenerationConfig(max_tokens=N_TOKENS, num_draft=0, sampling=SamplingParams(temperature=0.0))
+        done = list(generate(t, NgramDrafter(), tokens, cfg))[-1]
+        assert isinstance(done, Done)
+        cut = min([tie.position for tie in done.stats.near_ties] or [len(done.tokens)])
+        d = t.detokenizer()
+        return done.text, d.add(list(done.tokens[:cut])) + d.flush()
+    finally:
+        t.close()
+
+
+def test_four_clients_together_get_each_ones_greedy_text_and_interleave(server: ServeProcess, smollm2_path: Path) -> None:
+    alone = [_complete(server, p) for p in PROMPTS]
+    t0 = time.perf_counter()
+    times: list[dict[str, float]] = [{} for _ in PROMPTS]
+    texts: dict[int, str] = {}
+    errors: list[BaseException] = []
+
+    def ask(i: int) -> None:
+        try:
+            time.sleep(0.03 * i)  # in order: the fourth arrives while the first decodes
+            texts[i] = _stream(server, PROMPTS[i], times[i], t0)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(PROMPTS))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(180)
+    assert not errors, errors
+    assert times[3]["first"] < times[0]["end"], times  # the fourth client did not wait for the first to finish
+    for i, prompt in enumerate(PROMPTS):
+        if texts[i] != alone[i]:  # batched arithmetic may flip a near-tie: equal up to the first one
+            _, before_tie = _alone_prefix(smollm2_path, prompt)
+            assert texts[i].startswith(before_tie) and alone[i].startswith(before_tie), (i, texts[i], alone[i])
+    m = metrics(server)
+    assert m["localspec:batch_sequences_per_pass_count"] > m["localspec:batch_sequences_per_pass_bucket{le=1.0}"]
+    assert m["localspec:batch_tokens_total"] >= m["localspec:batch_sequences_per_pass_count"]
+
+
+def _wait_running(s: ServeProcess, n: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while metrics(s)["localspec:num_requests_running"] != n:
+        assert time.monotonic() < deadline, metrics(s)
+        time.sleep(0.05)
+
+
+def test_a_full_crowd_answers_503_and_a_client_that_leaves_frees_its_slot(server: ServeProcess) -> None:
+    body = {"max_tokens": 400, "temperature": 0.8, "seed": 3, "stream": True}
+    with contextlib.ExitStack() as stack:
+        streams, readers = [], []  # a line iterator dropped unread closes its connection: keep them
+        for i in range(4):
+            r = stack.enter_context(httpx.stream("POST", f"{server.url}/v1/completions", timeout=120,
+                                                 json={**body, "prompt": "Count: 1 2 3"}))  # fmt: skip
+            lines = r.iter_lines()
+            assert any('"text"' in next(lines) for _ in range(6))  # it runs
+            streams.append(r)
+            readers.append(lines)
+        _wait_running(server, 4)
+        busy = httpx.post(f"{server.url}/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+        assert busy.status_code == 503 and busy.json()["error"]["code"] == "queue_full"
+        streams[0].close()  # the first client goes away: its slot is free within a round
+        _wait_running(server, 3)
+        t0 = time.perf_counter()
+        ok = httpx.post(f"{server.url}/v1/completions", json={"prompt": "Hello", "max_tokens": 4, "temperature": 0},
+                        timeout=60)  # fmt: skip
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] >= 1
+        assert time.perf_counter() - t0 < 30
+    deadline = time.monotonic() + 30
+    while metrics(server)["localspec:num_requests_running"] != 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def test_a_conversations_next_turn_reuses_its_slots_cache(server: ServeProcess) -> None:
+    first = "Tell me about the moon and its phases in detail, please. The moon"
+    answer = _complete(server, first, max_tokens=8)
+    r = httpx.post(f"{server.url}/v1/completions", timeout=60,
+                   json={"prompt": first + answer + " And the sun?", "max_tokens": 4, "temperature": 0})  # fmt: skip
+    t = r.json()["timings"]
+    assert t["cache_n"] >= 10  # the first turn's prompt came from its slot's cache
+
+
+def _refusal(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "localspec.cli", "serve", *argv, "--port", "0"],
+                          capture_output=True, text=True, check=False, timeout=120)  # fmt: skip
+
+
+def test_parallel_on_mlx_is_refused_with_the_reason(smollm2_path: Path) -> None:
+    r = _refusal("--target", str(smollm2_path), "--backend", "mlx", "--parallel", "2")
+    assert r.returncode != 0 and "--parallel 1" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_parallel_on_a_hybrid_target_is_refused_with_the_reason(hybrid_ggufs) -> None:  # type: ignore[no-untyped-def]
+    r = _refusal("--target", str(hybrid_ggufs["lfm2"][0]), "--draft-method", "none", "--n-ctx", "256", "--parallel", "2")
+    assert r.returncode != 0 and "recurrent" in r.stderr and "--parallel 1" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_a_prompt_longer_than_a_slot_is_a_400_and_the_server_serves_on(server: ServeProcess) -> None:
+    r = httpx.post(f"{server.url}/v1/completions", json={"prompt": "word " * 700, "max_tokens": 2}, timeout=60)
+    assert r.status_code == 400, r.text
+    assert _complete(server, PROMPTS[0], max_tokens=3)
+
+
+def test_a_draft_model_serves_one_sequence_at_a_time_and_the_others_look_up(smollm2_path: Path) -> None:
+    s = ServeProcess("--target", str(smollm2_path), "--draft", str(smollm2_path), "--draft-method", "model",
+                     "-k", "3", "--n-ctx", "512", "--parallel", "2")  # fmt: skip
+    try:
+        body = {"prompt": "Count: 1 2 3", "max_tokens": 300, "temperature": 0.7, "seed": 1, "stream": True}
+        with httpx.stream("POST", f"{s.url}/v1/completions", json=body, timeout=120) as r:
+            lines = r.iter_lines()
+            assert any('"text"' in next(lines) for _ in range(6))  # the first holds the draft model
+            second = httpx.post(f"{s.url}/v1/completions", timeout=60,
+                                json={"prompt": PROMPTS[1], "max_tokens": 8, "temperature": 0})  # fmt: skip
+            assert second.status_code == 200 and second.json()["timings"]["draft_method"] == "ngram"
+            finals = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+        assert finals[-1]["timings"]["draft_method"] == "model"
+    finally:
+        s.close()
