@@ -221,15 +221,13 @@ def _request(client: Any, model: str, messages: list[dict[str, Any]], max_tokens
 
 
 class LlamaServer:
-    """llama.cpp's llama-server on a free port (OpenAI routes, tools through --jinja), ready once /health answers."""
+    """llama.cpp's llama-server with `argv` on a free port, ready once /health answers (also parallel_serve.py's)."""
 
-    def __init__(self, binary: str, target: str, threads: int, n_ctx: int, spec: list[str]) -> None:
+    def __init__(self, binary: str, argv: list[str]) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._log = tempfile.NamedTemporaryFile("w+", prefix="llama-server-", suffix=".log", delete=False)
-        argv = [binary, "-m", target, "--port", str(self.port), "-t", str(threads), "-tb", str(threads),
-                "-c", str(n_ctx), "--jinja", "-np", "1", *spec]  # fmt: skip
-        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen([binary, *argv, "--port", str(self.port)], stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -271,7 +269,9 @@ def peers(args: argparse.Namespace) -> list[Peer]:
     if args.llama_server:
         spec = {"llama plain": [], "llama ngram-mod": ["--spec-type", "ngram-mod", "--spec-draft-n-max", "16"]}
         for label, flags in spec.items():
-            out.append(Peer(label, lambda f=flags: LlamaServer(args.llama_server, args.target, args.threads, args.n_ctx, f)))
+            argv = ["-m", args.target, "-t", str(args.threads), "-tb", str(args.threads), "-c", str(args.n_ctx),
+                    "--jinja", "-np", "1", *flags]  # fmt: skip (OpenAI routes, tools through --jinja)
+            out.append(Peer(label, lambda a=argv: LlamaServer(args.llama_server, a)))
     return out
 
 

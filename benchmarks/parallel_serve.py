@@ -22,9 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -32,7 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from serve_process import ServeProcess, free_port, httpx  # noqa: E402
+from agent_session import LlamaServer  # noqa: E402  (beside this file)
+from serve_process import ServeProcess, httpx  # noqa: E402
 
 PLAIN = (
     "Write a Python function that checks whether a number is prime.",
@@ -114,34 +113,6 @@ def crowd(url: str, prompts: tuple[str, ...], max_tokens: int) -> list[ClientRes
         th.join()
     assert all(r is not None for r in out), "a client failed"
     return [r for r in out if r is not None]
-
-
-class LlamaServer:
-    """llama.cpp's llama-server on a free port, ready once /health answers."""
-
-    def __init__(self, binary: str, argv: list[str]) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._log = tempfile.NamedTemporaryFile("w+", prefix="llama-server-", suffix=".log", delete=False)
-        self.proc = subprocess.Popen([binary, *argv, "--port", str(self.port)], stdout=self._log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited:\n{Path(self._log.name).read_text()}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        self.close()
-        raise RuntimeError("llama-server did not answer within 300 s")
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(30)
-        self._log.close()
 
 
 def measure_t(target: str, threads: int, sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)) -> dict[int, float]:
