@@ -35,7 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from serve_process import ServeProcess, free_port, httpx  # noqa: E402
+from serve_process import ServeProcess, free_port  # noqa: E402
 
 PROJECT: dict[str, str] = {
     "README.md": "# stockroom\n\nTracks what is on the shelves. `python -m pytest tests` runs the tests.\n",
@@ -220,37 +220,18 @@ def _request(client: Any, model: str, messages: list[dict[str, Any]], max_tokens
     return resp.choices[0].message
 
 
-class LlamaServer:
+class LlamaServer(ServeProcess):
     """llama.cpp's llama-server with `argv` on a free port, ready once /health answers (also parallel_serve.py's)."""
+
+    name = "llama-server"
 
     def __init__(self, binary: str, argv: list[str]) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.api_key = None
         self._log = tempfile.NamedTemporaryFile("w+", prefix="llama-server-", suffix=".log", delete=False)
         self.proc = subprocess.Popen([binary, *argv, "--port", str(self.port)], stdout=self._log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited with {self.proc.returncode}:\n{Path(self._log.name).read_text()}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        self.close()
-        raise RuntimeError("llama-server did not answer within 300 s")
-
-    def client(self, **kw: Any) -> Any:
-        import openai
-
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="none", max_retries=0, **kw)
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(30)
-        self._log.close()
+        self._wait_ready(300)
 
 
 @dataclass(frozen=True)

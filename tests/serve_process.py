@@ -25,6 +25,8 @@ def free_port() -> int:
 class ServeProcess:
     """`python -m localspec.cli serve ARGS --port P`, its stderr in a file; ready once /health answers."""
 
+    name = "localspec serve"  # in its errors (benchmarks/agent_session.py's LlamaServer starts llama-server)
+
     def __init__(self, *args: str, api_key: str | None = None, ready_timeout: float = 300.0) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -41,7 +43,7 @@ class ServeProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"localspec serve exited with {self.proc.returncode}:\n{self.log()}")
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log()}")
             try:
                 if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
                     return
@@ -49,7 +51,7 @@ class ServeProcess:
                 pass
             time.sleep(0.2)
         self.close()
-        raise RuntimeError(f"localspec serve did not answer within {timeout} s:\n{self.log()}")
+        raise RuntimeError(f"{self.name} did not answer within {timeout} s:\n{self.log()}")
 
     def client(self, **kw):  # type: ignore[no-untyped-def]
         import openai
