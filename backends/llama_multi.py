@@ -4,7 +4,8 @@
 with `n_seq_max` = slots and a unified KV cache, so the slots share the cells and each holds up to
 `n_ctx_slot` positions. Each slot is a Backend of its own (`LlamaSlot`: its tokens, forward and rollback
 on its sequence id, `llama_memory_seq_rm` per slot), and `forward_many` puts several slots' tokens in one
-`llama_decode`, returning each part's logits rows. Recurrent and hybrid targets are refused: their per-slot
+`llama_decode`, returning each part's logits rows. `share` gives one slot another's cached prefix without
+reading it (the cells are tagged with both sequence ids). Recurrent and hybrid targets are refused: their per-slot
 state snapshots are not built here (serve runs them with --parallel 1).
 """
 
@@ -165,6 +166,17 @@ class LlamaSlots:
             start += c
         return out
 
+    def share(self, src: int, dst: int, n: int) -> None:
+        """Slot `dst` holds the first `n` cached tokens of slot `src` without reading them: in the unified cache
+        their cells are tagged with `dst`'s sequence id as well (no copy). What `dst` held before is dropped.
+        A common prefix (a system prompt, an agent's tool list) is read once for every slot."""
+        source = self.slots[src].cached_tokens
+        if not 0 < n <= len(source) or src == dst:
+            raise ValueError(f"cannot share {n} tokens of slot {src} (holding {len(source)}) with slot {dst}")
+        self.remove(dst, 0)
+        llama_cpp.llama_memory_seq_cp(self._memory, src, dst, 0, n)
+        self.slots[dst].replaced(source[:n])
+
     def remove(self, slot: int, n_keep: int) -> None:
         if not llama_cpp.llama_memory_seq_rm(self._memory, slot, n_keep, -1):
             raise UnsupportedModelError(f"llama.cpp could not cut slot {slot} back to {n_keep} tokens", "use --parallel 1")
@@ -227,6 +239,10 @@ class LlamaSlot(CachedModel):
 
     def appended(self, tokens: Sequence[int]) -> None:
         self._tokens.extend(int(t) for t in tokens)
+
+    def replaced(self, tokens: Sequence[int]) -> None:
+        """The slot's cells now hold `tokens` (LlamaSlots.share)."""
+        self._tokens = [int(t) for t in tokens]
 
     def _route(self, n_keep: int) -> RollbackRoute:
         return rollback_route(len(self._tokens), n_keep, recurrent=False)

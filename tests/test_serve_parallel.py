@@ -1,7 +1,7 @@
 """`localspec serve --parallel N`: a real server process on SmolLM2-135M decoding several requests together
-(server/crowd_scheduler.py). Greedy answers decoded together equal each answered alone (near-ties aside), the
-last of four clients hears its first token before the first client is done (the streams interleave), a client
-that goes away frees its slot, the queue bound still answers 503, /metrics shows batches of several sequences,
+(server/crowd_scheduler.py). Greedy answers decoded together equal each answered alone (near-ties aside), a
+prompt shares the prefix another slot holds, the last of four clients hears its first token before the first
+client is done (the streams interleave), a client that goes away frees its slot, the queue bound still answers 503, /metrics shows batches of several sequences,
 and targets that cannot decode together are refused with the reason."""
 
 from __future__ import annotations
@@ -156,6 +156,22 @@ def test_a_conversations_next_turn_reuses_its_slots_cache(server: ServeProcess) 
                    json={"prompt": first + answer + " And the sun?", "max_tokens": 4, "temperature": 0})  # fmt: skip
     t = r.json()["timings"]
     assert t["cache_n"] >= 10  # the first turn's prompt came from its slot's cache
+
+
+def test_a_prefix_another_slot_holds_is_shared_not_read_again(server: ServeProcess) -> None:
+    """Two agents with one system prompt: the second request, arriving while the first decodes, takes the
+    shared prefix from the first's busy slot (LlamaSlots.share) and reads only its own end."""
+    system = "You are a careful assistant. Answer in full sentences and check each step twice. " * 3
+    body = {"max_tokens": 200, "temperature": 0.8, "seed": 5, "stream": True, "prompt": system + "Tell a story:"}
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=120) as first:
+        lines = first.iter_lines()
+        assert any('"text"' in next(lines) for _ in range(6))  # the first decodes in its slot
+        r = httpx.post(f"{server.url}/v1/completions", timeout=60,
+                       json={"prompt": system + "Name a colour:", "max_tokens": 4, "temperature": 0})  # fmt: skip
+        assert r.status_code == 200, r.text
+        t, usage = r.json()["timings"], r.json()["usage"]
+        assert t["cache_n"] >= 40 and t["prompt_n"] <= usage["prompt_tokens"] - 40
+        first.close()
 
 
 def _refusal(*argv: str) -> subprocess.CompletedProcess[str]:

@@ -10,7 +10,10 @@ ends before the next pass and its slot is free.
 
 Slots and prefix reuse: a slot keeps its last conversation's tokens after the request ends. A new request takes
 the free slot whose cached tokens share the longest prefix with its prompt (a conversation's next turn finds
-its own slot while nobody else took it) and reads only the rest of its prompt.
+its own slot while nobody else took it). When another slot, busy or free, holds a longer prefix of the prompt
+(the same system prompt and tools, a sibling agent's conversation), that prefix is shared into the new slot
+(the unified KV cache's cells tagged with both sequence ids, nothing copied or read). Either way the request
+reads only the rest of its prompt.
 
 Drafters: lookup drafters (none, ngram, suffix) keep only their sequence's text, so every sequence gets its
 own. A drafter that holds a model's cache (model, auto with a draft model, heads) serves one sequence at a
@@ -126,9 +129,7 @@ class CrowdScheduler(Scheduler):
             raise ContextOverflowError(f"the prompt is {len(prompt):,} tokens but a slot's context holds {n_ctx:,}",
                                        "raise --n-ctx (memory permitting) or shorten the prompt")  # fmt: skip
         slot = self._best_slot(prompt)
-        backend = self.slots.slots[slot]
-        keep = common_prefix(backend.cached_tokens, prompt, limit=len(prompt) - 1)
-        backend.rollback(keep)
+        keep = self._reuse(slot, prompt)
         drafter, lent = self._seat_drafter(job.request.method)
         return _Seat(job, slot, prompt, keep, keep, Reply(job, self.cancel), drafter, lent, time.perf_counter())
 
@@ -138,6 +139,20 @@ class CrowdScheduler(Scheduler):
         free = [i for i in range(self.n_slots) if i not in taken]
         cached = {i: self.slots.slots[i].cached_tokens for i in free}
         return max(free, key=lambda i: (common_prefix(cached[i], prompt, limit=len(prompt)), -len(cached[i])))
+
+    def _reuse(self, slot: int, prompt: list[int]) -> int:
+        """Keep the longest cached prefix of the prompt in `slot`: its own, or a longer one another slot (busy or
+        not) holds, shared into it (LlamaSlots.share). How many prompt tokens it then holds."""
+        limit = len(prompt) - 1  # the last prompt token is read for its logits
+        own = common_prefix(self.slots.slots[slot].cached_tokens, prompt, limit=limit)
+        held = {i: s.cached_tokens for i, s in enumerate(self.slots.slots) if i != slot}
+        others = {i: common_prefix(tokens, prompt, limit=limit) for i, tokens in held.items()}
+        donor = max(others, key=lambda i: others[i], default=None)
+        if donor is not None and others[donor] > own:
+            self.slots.share(donor, slot, others[donor])
+            return others[donor]
+        self.slots.slots[slot].rollback(own)
+        return own
 
     def _seat_drafter(self, method: str) -> tuple[Drafter, str | None]:
         if method in PER_SEQUENCE:
