@@ -178,12 +178,15 @@ class Pipeline:
     def cost_store(self) -> CostStore:
         return cost_store(self.options, self.target)
 
-    def new_drafter(self, method: str) -> Drafter:
-        """A fresh drafter of `method` over the loaded models (bench runs each method this way)."""
-        auto_head = self.options.auto_head if method == "auto" and not self.draft_note else None
+    def new_drafter(self, method: str, *, lookup_only: bool = False) -> Drafter:
+        """A fresh drafter of `method` over the loaded models (bench runs each method this way).
+        `lookup_only`: auto without the draft model or head (serve --parallel's sequences while another holds it)."""
+        models = not lookup_only
+        auto_head = self.options.auto_head if method == "auto" and not self.draft_note and models else None
         head = self.options.draft if registry.family(method).is_head or auto_head else None
         draft = self.draft_slot.get() if method == "model" and self.draft_slot.available else self.draft
-        lazy = self.draft_slot.get if self.draft_slot.available and not self.draft_note else None
+        draft = draft if models else None
+        lazy = self.draft_slot.get if self.draft_slot.available and not self.draft_note and models else None
         return make_drafter(
             method, self.target, draft, clock=self.clock, store=self.cost_store, head=head,
             n_gpu_layers=self.options.n_gpu_layers, load_draft=lazy, draft_name=_model_name(self.options.draft),

@@ -196,8 +196,11 @@ def test_a_prompt_longer_than_a_slot_is_a_400_and_the_server_serves_on(server: S
     assert _complete(server, PROMPTS[0], max_tokens=3)
 
 
-def test_a_draft_model_serves_one_sequence_at_a_time_and_the_others_look_up(smollm2_path: Path) -> None:
-    s = ServeProcess("--target", str(smollm2_path), "--draft", str(smollm2_path), "--draft-method", "model",
+@pytest.mark.parametrize("method", ["model", "auto"])
+def test_a_draft_model_serves_one_sequence_at_a_time_and_the_others_look_up(smollm2_path: Path, method: str) -> None:
+    """The first request holds the drafter with the model; the second, meanwhile, looks up: n-gram lookup for
+    `model`, auto without its model for `auto` (it still picks lookups or nothing by their measured worth)."""
+    s = ServeProcess("--target", str(smollm2_path), "--draft", str(smollm2_path), "--draft-method", method,
                      "-k", "3", "--n-ctx", "512", "--parallel", "2")  # fmt: skip
     try:
         body = {"prompt": "Count: 1 2 3", "max_tokens": 300, "temperature": 0.7, "seed": 1, "stream": True}
@@ -206,8 +209,11 @@ def test_a_draft_model_serves_one_sequence_at_a_time_and_the_others_look_up(smol
             assert any('"text"' in next(lines) for _ in range(6))  # the first holds the draft model
             second = httpx.post(f"{s.url}/v1/completions", timeout=60,
                                 json={"prompt": PROMPTS[1], "max_tokens": 8, "temperature": 0})  # fmt: skip
-            assert second.status_code == 200 and second.json()["timings"]["draft_method"] == "ngram"
+            assert second.status_code == 200, second.text
+            timings = second.json()["timings"]
+            assert timings["draft_method"] == ("ngram" if method == "model" else "auto")
+            assert "model" not in timings["draft_sources"]
             finals = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
-        assert finals[-1]["timings"]["draft_method"] == "model"
+        assert finals[-1]["timings"]["draft_method"] == method
     finally:
         s.close()

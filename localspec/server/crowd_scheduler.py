@@ -18,7 +18,8 @@ reads only the rest of its prompt.
 Drafters: lookup drafters (none, ngram, suffix) keep only their sequence's text, so every sequence gets its
 own. A drafter that holds a model's cache (model, auto with a draft model, heads) serves one sequence at a
 time: the first request that asks for it gets it, and requests that ask for it while it is taken draft by
-n-gram lookup instead (their stats say `ngram`). One draft-model context per slot would need the draft's
+lookup instead (auto without its model for `auto`, which keeps choosing lookups or none by their measured
+worth; n-gram lookup for the others: their stats say `ngram`). One draft-model context per slot would need the draft's
 cache rollback per sequence as well; on a CPU the crowd policy rarely buys model drafts for a full batch.
 
 Requests waiting for a slot are the queue: its bound and the 503 are as in scheduler.py.
@@ -157,8 +158,9 @@ class CrowdScheduler(Scheduler):
     def _seat_drafter(self, method: str) -> tuple[Drafter, str | None]:
         if method in PER_SEQUENCE:
             return self.pipeline.new_drafter(method), None
-        if method in self._lent:
-            return self.pipeline.new_drafter(BUSY_FALLBACK), None
+        if method in self._lent:  # auto adapts its lookups alone; anything else looks up n-grams
+            busy = self.pipeline.new_drafter("auto", lookup_only=True) if method == "auto" else None
+            return busy or self.pipeline.new_drafter(BUSY_FALLBACK), None
         drafter = self._drafter(method)
         self._lent.add(method)
         return drafter, method
