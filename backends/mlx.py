@@ -296,6 +296,9 @@ class MLXBackend(CachedModel):
         self._special_ids = frozenset(int(i) for i, t in tokenizer._tokenizer.added_tokens_decoder.items() if t.special)
         self._vocab: VocabInfo | None = None
         self._token_table: TokenTable | None = None
+        self._tap: Any = None  # mlx_capture.LayerTap while a head reads the target's hidden states
+        self._features: Any = None  # mlx_capture.FeatureStore: the tapped rows of every cached position
+        self._capture_users = 0
         device = "Metal" if mx.metal.is_available() else "CPU (mlx)"
         if note:
             device += f"; {note}"
@@ -414,10 +417,13 @@ class MLXBackend(CachedModel):
             if not all_logits:
                 out = out[:, -1:, :]
             out = out[0].astype(mx.float32)  # [n, V]
-            mx.eval(out)
+            rows = self._tap.take() if self._tap is not None else None
+            mx.eval(out) if rows is None else mx.eval(out, rows)
         except Exception as e:
             self._resync()
             raise GenerationError(f"MLX forward pass failed: {type(e).__name__}: {e}", "see the message above") from e
+        if rows is not None:
+            self._features.add(len(self._tokens), rows)
         self._tokens.extend(int(t) for t in tokens)
         self._n_forward += 1
         if self._n_forward % 256 == 0:  # as mlx-lm's generate does: return freed buffers now and then
@@ -427,9 +433,7 @@ class MLXBackend(CachedModel):
     def _resync(self) -> None:
         """After a failed pass, cut every layer's cache back to the tokens we know it holds."""
         if self._recurrent:  # a recurrent state may be half-updated: start over (the next sync refills it)
-            self.cache = make_cache(self.model, self.config)
-            self._tokens.clear()
-            self._ckpt = None
+            self._reset()
             return
         n = len(self._tokens)
         for c in self.cache:
@@ -437,8 +441,17 @@ class MLXBackend(CachedModel):
             if extra > 0:
                 c.trim(extra)
         if any(getattr(c, "offset", n) != n for c in self.cache):  # could not repair: start afresh
-            self.cache = make_cache(self.model, self.config)
-            self._tokens.clear()
+            self._reset()
+        elif self._features is not None:
+            self._features.trim(n)
+
+    def _reset(self) -> None:
+        """An empty cache (and no features)."""
+        self.cache = make_cache(self.model, self.config)
+        self._tokens.clear()
+        self._ckpt = None
+        if self._features is not None:
+            self._features.clear()
 
     def _route(self, n_keep: int) -> RollbackRoute:
         ckpt = self._ckpt[0] if self._ckpt is not None else None
@@ -462,6 +475,8 @@ class MLXBackend(CachedModel):
             self._restore(n_keep)
             return
         n_drop = len(self._tokens) - n_keep
+        if self._features is not None:
+            self._features.trim(n_keep)
         trimmed = trim_prompt_cache(self.cache, n_drop)
         if trimmed != n_drop:
             self._resync()
@@ -475,11 +490,11 @@ class MLXBackend(CachedModel):
         """Back to the checkpoint (or empty, for n_keep = 0): trim the attention caches to it, put the
         recurrent states back, then feed the kept tokens after it again."""
         if n_keep == 0 or self._ckpt is None:
-            self.cache = make_cache(self.model, self.config)
-            self._tokens.clear()
-            self._ckpt = None
+            self._reset()
             return
         pos, saved = self._ckpt
+        if self._features is not None:
+            self._features.trim(pos)
         states = iter(saved)
         for c in _leaves(self.cache):
             if _is_recurrent(c):
@@ -491,7 +506,60 @@ class MLXBackend(CachedModel):
         for start in range(0, len(replay), self.CHUNK):
             self.forward_device(replay[start : start + self.CHUNK], all_logits=False)
 
+    # -- hidden states for a head drafter (backends/mlx_capture.py) -------------------------------------
+
+    def capture_layers(self, layers: Sequence[int]) -> None:
+        """From the next forward on, keep the inputs of `layers` (id n_layers: the last layer's output) for every
+        cached position (features()), until each caller has called release_capture(). What was cached before
+        has no features, so the cache starts empty. ValueError for a layer the model does not have."""
+        from localspec.backends.mlx_capture import FeatureStore, LayerTap
+
+        if self._tap is None or self._tap.ids != tuple(layers):
+            if self._tap is not None:
+                self._tap.close()
+            self._tap = None
+            self._tap = LayerTap(self.model, layers)
+            self._features = FeatureStore()
+            self._reset()
+        self._capture_users += 1
+
+    def release_capture(self) -> None:
+        """A caller of capture_layers no longer needs the features; the last one puts the layers back."""
+        self._capture_users = max(0, self._capture_users - 1)
+        if self._capture_users == 0 and self._tap is not None:
+            self._tap.close()
+            self._tap, self._features = None, None
+
+    def features(self, start: int, stop: int) -> Any:
+        """[stop - start, len(layers) * E] (an mx.array in the model's dtype): the captured layer inputs at cached
+        positions start..stop-1, the layers side by side in the order given to capture_layers."""
+        if self._features is None or stop > len(self._tokens):
+            raise ValueError(f"no features for positions {start}..{stop} ({len(self._tokens)} cached)")
+        return self._features.get(start, stop)
+
+    @property
+    def hidden_size(self) -> int | None:
+        """The width of the residual stream (config.json's hidden_size, or its text_config's)."""
+        size = self.config.get("hidden_size") or (self.config.get("text_config") or {}).get("hidden_size")
+        return int(size) if size else None
+
+    @property
+    def embed_tokens(self) -> Any:
+        """The model's token embedding module (a head embeds its tokens with it)."""
+        inner = getattr(self.model, "language_model", self.model)
+        return inner.model.embed_tokens
+
+    @property
+    def lm_head(self) -> Any:
+        """The model's output projection: a callable [.., E] -> [.., V] (tied models: the embedding as linear)."""
+        inner = getattr(self.model, "language_model", self.model)
+        head = getattr(inner, "lm_head", None)
+        return head if head is not None else inner.model.embed_tokens.as_linear
+
     def close(self) -> None:
+        if self._tap is not None:
+            self._tap.close()
+            self._tap, self._features = None, None
         self.cache = []
         self._tokens = []
         self.model = None

@@ -62,7 +62,9 @@ class DrafterFamily:
     sidecar_prefix: str = ""  # how llama.cpp's -hf names this family's head file next to a model
     # A head file whose architecture several families share: whether it is this family's (e.g. a Markov head).
     claims: Callable[[str], bool] | None = None
-    require: Callable[[], None] | None = None  # BackendUnavailableError where this build cannot run it
+    require: Callable[[str], None] | None = None  # (backend) BackendUnavailableError where this build cannot run it
+    # A head given as a Hugging Face directory (MLX): whether its config.json is this family's.
+    claims_config: Callable[[Mapping[str, object]], bool] | None = None
     check: Callable[[CheckContext], None] | None = None  # raises LocalspecError when it cannot run on these files
     target_load: Mapping[str, object] = field(default_factory=dict)  # extra load() options for the target
     default_k: int | None = None  # draft length when none is given (None: the fixed methods' default)

@@ -11,7 +11,7 @@ DFLASH, DSPARK = "dflash", "dspark"
 ARCHITECTURE = DFLASH
 
 
-def _require(name: str) -> None:
+def _require(name: str, backend: str) -> None:
     from localspec.backends import llama_ext
 
     llama_ext.require_family(name)
@@ -54,7 +54,7 @@ def _family(name: str, summary: str, claims: bool) -> DrafterFamily:
         head_architectures=(ARCHITECTURE,),
         sidecar_prefix=f"{name}-",
         claims=(lambda path: _is_dspark(path) == claims),
-        require=lambda: _require(name),
+        require=lambda backend: _require(name, backend),
         check=lambda ctx: _check(name, ctx),
         auto_drives=True,
     )

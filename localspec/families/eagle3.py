@@ -1,32 +1,54 @@
-"""EAGLE-3: a one-layer head, given with --draft, that reads three of the target's layers (llama.cpp)."""
+"""EAGLE-3: a one-layer head, given with --draft, that reads three of the target's layers: a GGUF head on
+llama.cpp, the head's Hugging Face directory (original or "speculators" layout) on MLX."""
 
 from __future__ import annotations
 
-from localspec.backends.registry import LLAMA
+from collections.abc import Mapping
+
+from localspec.backends.registry import LLAMA, MLX
 from localspec.decoding.drafters import Drafter
 from localspec.families.base import BuildContext, CheckContext, DrafterFamily
 
 NAME = "eagle3"
 
 
-def _require() -> None:
-    from localspec.backends import llama_ext
+def _require(backend: str) -> None:
+    if backend == LLAMA.name:
+        from localspec.backends import llama_ext
 
-    llama_ext.require_family(NAME)
+        llama_ext.require_family(NAME)
 
 
 def _check(ctx: CheckContext) -> None:
+    assert ctx.draft is not None  # the registry checks a head_file family was given one
+    if ctx.backend == MLX.name:
+        from localspec.backends.mlx_eagle3 import check_head as check_mlx_head
+
+        check_mlx_head(ctx.draft, None, None)  # the target's sizes are checked again when it is loaded
+        return
     from localspec.backends.llama_eagle3 import check_head
 
-    assert ctx.draft is not None  # the registry checks a head_file family was given one
     check_head(ctx.draft, ctx.target)
 
 
+def _claims_config(config: Mapping[str, object]) -> bool:
+    from localspec.backends.mlx_eagle3 import is_eagle3_config
+
+    return is_eagle3_config(config)
+
+
 def _build(ctx: BuildContext) -> Drafter:
+    assert ctx.head is not None  # the registry checked a head was given
+    if ctx.backend == MLX.name:
+        from localspec.backends.mlx import MLXBackend
+        from localspec.backends.mlx_eagle3 import Eagle3Drafter as MLXEagle3Drafter
+
+        assert isinstance(ctx.target, MLXBackend)
+        return MLXEagle3Drafter(ctx.target, ctx.head)
     from localspec.backends.llama_cpp import LlamaCppBackend
     from localspec.backends.llama_eagle3 import Eagle3Drafter
 
-    assert isinstance(ctx.target, LlamaCppBackend) and ctx.head is not None  # the registry checked both
+    assert isinstance(ctx.target, LlamaCppBackend)  # the registry checked the backend
     return Eagle3Drafter(ctx.target, ctx.head, n_gpu_layers=ctx.n_gpu_layers)
 
 
@@ -35,10 +57,11 @@ EAGLE3 = DrafterFamily(
     summary="an EAGLE-3 head given with --draft",
     build=_build,
     needs="head_file",
-    backends=(LLAMA.name,),
+    backends=(LLAMA.name, MLX.name),
     head_architectures=(NAME,),
     sidecar_prefix=f"{NAME}-",
     require=_require,
     check=_check,
+    claims_config=_claims_config,
     auto_drives=True,
 )

@@ -9,7 +9,7 @@ from localspec.families.base import BuildContext, CheckContext, DrafterFamily
 NAME = "mtp"
 
 
-def _require() -> None:
+def _require(backend: str) -> None:
     from localspec.backends import llama_ext
 
     llama_ext.require_family(NAME)

@@ -85,6 +85,8 @@ def head_for_draft(draft: str | Path | None, target: str | Path | None = None) -
     its architecture (where several families share one, the one that claims the file); or, when --draft
     is the target file itself, a family whose layers the target carries (MTP). None: a draft model, a
     directory, or a file that cannot be read (its loader will say why)."""
+    if draft and Path(draft).expanduser().is_dir():
+        return _by_config(Path(draft).expanduser())
     if not draft or not str(draft).lower().endswith(".gguf"):
         return None
     heads = head_families()
@@ -108,6 +110,19 @@ def _by_architecture(path: str, heads: tuple[DrafterFamily, ...]) -> str | None:
     if len(matching) > 1:
         return next((f.name for f in matching if f.claims is None or f.claims(path)), matching[0].name)
     return matching[0].name if matching else None
+
+
+def _by_config(directory: Path) -> str | None:
+    """The head family whose config.json this directory holds (None: a model directory, or unreadable)."""
+    import json
+
+    try:
+        config = json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    return next((f.name for f in head_families() if f.claims_config and f.claims_config(config)), None)
 
 
 def _same_file(a: str | Path, b: str | Path) -> bool:
@@ -147,8 +162,9 @@ def check_family(name: str, *, target: str, draft: str | None, backend: str, mod
         module.check_path(path)
     if fam.check is not None:
         fam.check(CheckContext(target=target, draft=draft, backend=backend, module=module))
-    if fam.needs == "head_file" and draft:
-        # The head's logits are over its own tokenizer's ids (the target's, when converted with it).
+    if fam.needs == "head_file" and draft and not Path(draft).expanduser().is_dir():
+        # The head's logits are over its own tokenizer's ids (the target's, when converted with it). A head
+        # directory has no tokenizer: its family's check compares its vocabulary size with the target's.
         check_compatible(module.peek_vocab(target), module.peek_vocab(draft), target_name=target, draft_name=draft)
 
 
@@ -162,7 +178,7 @@ def _check_runnable(fam: DrafterFamily, backend: str) -> None:
             f"use --backend {specs[0].name} with a {specs[0].model_format}, or another method",
         )
     if fam.require is not None:
-        fam.require()  # the reason, where this build cannot run the family
+        fam.require(backend)  # the reason, where this build cannot run the family
 
 
 def fit(name: str, target: str, draft: str | None, backend: str) -> str:

@@ -70,6 +70,8 @@ class CrowdScheduler(Scheduler):
     ) -> None:  # fmt: skip
         self.slots = slots
         self.n_slots = len(slots.slots)
+        if pipeline.draft_slot.available and not pipeline.draft_note:
+            pipeline.draft_slot.get()  # now, not inside a pass that every running sequence would wait for
         self.crowd = CrowdDecoder(slots, costs=_prior_costs(pipeline))
         self._seats: dict[Job, _Seat] = {}
         self._lent: set[str] = set()

@@ -1,0 +1,135 @@
+"""Tiny random head drafters in their published Hugging Face layouts, for the MLX head tests.
+
+`write_eagle3` writes an EAGLE-3 head for a tiny mlx-lm target (tests/mlx_tiny.py): the original layout
+(`midlayer.*`, a flat llama config with `draft_vocab_size`) or the "speculators" one (`layers.0.*`, the
+llama config under `transformer_layer_config`, `eagle_aux_hidden_state_layer_ids`). `from_gguf_eagle3`
+turns a tiny EAGLE-3 GGUF (tests/gguf_factory.py) into the same layout, so both backends draft with the
+same weights.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ORIGINAL, SPECULATORS = "original", "speculators"
+
+
+def _llama_config(hidden: int, heads: int, kv_heads: int, ff: int, vocab: int, eps: float, theta: float) -> dict[str, Any]:
+    return {
+        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": hidden,
+        "num_hidden_layers": 1, "intermediate_size": ff, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+        "rms_norm_eps": eps, "rope_theta": theta, "vocab_size": vocab, "max_position_embeddings": 4096,
+    }  # fmt: skip
+
+
+def eagle3_tensors(rng: np.random.Generator, *, hidden: int, target_hidden: int, heads: int, kv_heads: int, ff: int,
+                   n_out: int, scale: float = 8.0) -> dict[str, np.ndarray]:  # fmt: skip
+    """Random weights by the head module's own names (no layer prefix)."""
+
+    def w(*shape: int, s: float = 1.0) -> np.ndarray:
+        return (rng.standard_normal(shape) * s / np.sqrt(shape[-1])).astype(np.float32)
+
+    head_dim = hidden // heads
+
+    def norm() -> np.ndarray:
+        return (1.0 + 0.1 * rng.standard_normal(hidden)).astype(np.float32)
+
+    return {
+        "fc.weight": w(hidden, 3 * target_hidden),
+        "self_attn.q_proj.weight": w(heads * head_dim, 2 * hidden),
+        "self_attn.k_proj.weight": w(kv_heads * head_dim, 2 * hidden),
+        "self_attn.v_proj.weight": w(kv_heads * head_dim, 2 * hidden),
+        "self_attn.o_proj.weight": w(hidden, heads * head_dim),
+        "mlp.gate_proj.weight": w(ff, hidden),
+        "mlp.up_proj.weight": w(ff, hidden),
+        "mlp.down_proj.weight": w(hidden, ff),
+        "input_layernorm.weight": norm(),
+        "hidden_norm.weight": norm(),
+        "post_attention_layernorm.weight": norm(),
+        "norm.weight": norm(),
+        "lm_head.weight": w(n_out, hidden, s=scale),  # peaked draft distributions
+    }
+
+
+_LAYER_PARTS = ("self_attn.", "mlp.", "input_layernorm.", "hidden_norm.", "post_attention_layernorm.")
+
+
+def save_eagle3(out: Path, tensors: dict[str, np.ndarray], config: dict[str, Any], *, layout: str,
+                layer_ids: tuple[int, ...], d2t: np.ndarray | None = None, norm_before_residual: bool = False) -> Path:  # fmt: skip
+    """Write the head directory in `layout` (ORIGINAL or SPECULATORS). `d2t`: absolute target ids per draft
+    id, written as the published offsets."""
+    import mlx.core as mx
+
+    prefix = "midlayer." if layout == ORIGINAL else "layers.0."
+    named = {(prefix + k if k.startswith(_LAYER_PARTS) else k): mx.array(v) for k, v in tensors.items()}
+    n_out = tensors["lm_head.weight"].shape[0]
+    if d2t is not None:
+        named["d2t"] = mx.array((np.asarray(d2t) - np.arange(len(d2t))).astype(np.int64))
+    if layout == ORIGINAL:
+        cfg = {**config, "draft_vocab_size": n_out, "eagle_aux_hidden_state_layer_ids": list(layer_ids),
+               "target_hidden_size": tensors["fc.weight"].shape[1] // 3, "norm_before_residual": norm_before_residual}  # fmt: skip
+    else:
+        cfg = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
+               "transformer_layer_config": config, "draft_vocab_size": n_out,
+               "eagle_aux_hidden_state_layer_ids": list(layer_ids), "norm_before_residual": norm_before_residual,
+               "target_hidden_size": tensors["fc.weight"].shape[1] // 3}  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(out / "model.safetensors"), named)
+    (out / "config.json").write_text(json.dumps(cfg, indent=1))
+    return out
+
+
+def write_eagle3(out: Path, target_config: dict[str, Any], *, seed: int, layer_ids: tuple[int, ...],
+                 layout: str = ORIGINAL, draft_vocab: int | None = None, heads: int = 4, kv_heads: int = 2,
+                 ff: int = 128, norm_before_residual: bool = False) -> Path:  # fmt: skip
+    """A random EAGLE-3 head for a tiny target (its hidden size and vocabulary); `draft_vocab`: a reduced
+    head vocabulary of that many random target ids (d2t)."""
+    rng = np.random.default_rng(seed)
+    hidden, vocab = int(target_config["hidden_size"]), int(target_config["vocab_size"])
+    d2t = np.sort(rng.choice(vocab, size=draft_vocab, replace=False)) if draft_vocab else None
+    tensors = eagle3_tensors(rng, hidden=hidden, target_hidden=hidden, heads=heads, kv_heads=kv_heads, ff=ff,
+                             n_out=draft_vocab or vocab)  # fmt: skip
+    config = _llama_config(hidden, heads, kv_heads, ff, vocab, 1e-6, 10000.0)
+    return save_eagle3(out, tensors, config, layout=layout, layer_ids=layer_ids, d2t=d2t,
+                       norm_before_residual=norm_before_residual)  # fmt: skip
+
+
+def _unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """llama.cpp's converter permutes q/k rows for its interleaved RoPE; Hugging Face weights rotate halves."""
+    return w.reshape(n_heads, w.shape[0] // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def from_gguf_eagle3(gguf_path: Path, out: Path, *, layout: str = ORIGINAL) -> Path:
+    """The same head as a Hugging Face directory (the GGUF's tensors renamed, q/k un-permuted)."""
+    import gguf
+
+    r = gguf.GGUFReader(str(gguf_path))
+    meta = {f.name: f for f in r.fields.values()}
+
+    def value(key: str) -> Any:
+        f = meta[key]
+        return f.parts[f.data[0]].tolist()[0] if len(f.data) == 1 else [f.parts[i].tolist()[0] for i in f.data]
+
+    t = {x.name: np.array(x.data) for x in r.tensors}
+    hidden, heads, kv_heads = value("eagle3.embedding_length"), value("eagle3.attention.head_count"), value("eagle3.attention.head_count_kv")
+    names = {
+        "fc.weight": "fc.weight", "output_norm.weight": "norm.weight", "output.weight": "lm_head.weight",
+        "blk.0.attn_norm.weight": "input_layernorm.weight", "blk.0.attn_norm_2.weight": "hidden_norm.weight",
+        "blk.0.attn_q.weight": "self_attn.q_proj.weight", "blk.0.attn_k.weight": "self_attn.k_proj.weight",
+        "blk.0.attn_v.weight": "self_attn.v_proj.weight", "blk.0.attn_output.weight": "self_attn.o_proj.weight",
+        "blk.0.ffn_norm.weight": "post_attention_layernorm.weight", "blk.0.ffn_gate.weight": "mlp.gate_proj.weight",
+        "blk.0.ffn_up.weight": "mlp.up_proj.weight", "blk.0.ffn_down.weight": "mlp.down_proj.weight",
+    }  # fmt: skip
+    tensors = {hf: t[g].astype(np.float32) for g, hf in names.items()}
+    tensors["self_attn.q_proj.weight"] = _unpermute(tensors["self_attn.q_proj.weight"], heads)
+    tensors["self_attn.k_proj.weight"] = _unpermute(tensors["self_attn.k_proj.weight"], kv_heads)
+    vocab = len(value("tokenizer.ggml.tokens")) if "tokenizer.ggml.tokens" in meta else int(value("eagle3.vocab_size"))
+    config = _llama_config(hidden, heads, kv_heads, value("eagle3.feed_forward_length"), vocab,
+                           value("eagle3.attention.layer_norm_rms_epsilon"), value("eagle3.rope.freq_base"))  # fmt: skip
+    layer_ids = tuple(int(i) for i in value("eagle3.target_layers"))
+    d2t = t["d2t"].astype(np.int64) if "d2t" in t else None
+    return save_eagle3(out, tensors, config, layout=layout, layer_ids=layer_ids, d2t=d2t)
