@@ -1,5 +1,6 @@
-"""What the drafters that run a head beside an MLX target share (EAGLE-3 today): the target's hidden-state
-capture, the head's KV cache kept in line with the committed context, and the token-by-token draft loop.
+"""What the drafters that run a head beside an MLX target share (EAGLE-3, DFlash/DSpark): the target's
+hidden-state capture, the head's KV cache kept in line with the committed context, and the token-by-token
+draft loop (a block drafter replaces `propose`).
 
 The bookkeeping is llama_head.py's, on MLX arrays: the head's cache holds one *pair* per position, built from
 the context's tokens and what the target computed for them (EAGLE-3: token P+1 with the fc projection of the
@@ -9,8 +10,8 @@ batch, whose last row gives the first draft token's logits and the head's state.
 back in with the head's own state, one position further. `_written` is the context the pairs were built from.
 
 A family says what differs: `LOOKAHEAD` (pair P needs context[0..P + LOOKAHEAD] unchanged), `_n_pairs`,
-and `_run(context, start, stop)` / `_step(token, state, position)`, which return (logits [V] of the last row,
-the head's state).
+`_cut(n)`, `_run(context, start, stop)` (writes pairs) and, drafting token by token, `_step(token, state,
+position)`; both of those return (logits [V] of the last row, the head's state).
 """
 
 from __future__ import annotations
@@ -113,12 +114,13 @@ class MLXHeadDrafter(ABC):
         """Pairs this context can have now: those whose inputs the target holds."""
 
     @abstractmethod
-    def _run(self, context: Sequence[int], start: int, stop: int) -> tuple[np.ndarray, Any]:
-        """Write pairs start..stop-1 in one batch; (the last row's logits [V], the head's state there)."""
+    def _run(self, context: Sequence[int], start: int, stop: int) -> Any:
+        """Write pairs start..stop-1 in one batch; a step drafter returns (the last row's logits [V], the head's
+        state there)."""
 
-    @abstractmethod
     def _step(self, token: int, state: Any, position: int) -> tuple[np.ndarray, Any]:
         """Feed (a draft token, the head's own last state) at `position`; (logits [V], the new state)."""
+        raise NotImplementedError(f"{type(self).__name__} drafts a block, not token by token")
 
     @abstractmethod
     def _cut(self, n: int) -> None:
@@ -133,7 +135,7 @@ class MLXHeadDrafter(ABC):
     def _n_valid(self, context: Sequence[int]) -> int:
         return max(0, common_prefix(self._written, context, limit=len(context)) - self.LOOKAHEAD)
 
-    def _sync(self, context: Sequence[int], *, need_output: bool = False) -> tuple[np.ndarray, Any] | None:
+    def _sync(self, context: Sequence[int], *, need_output: bool = False) -> Any:
         """Cut the head's cache back to the pairs still true for `context` and write the missing ones; with
         `need_output`, the last pair is (re)written so that its outputs come back."""
         n_pairs = self._n_pairs(context)

@@ -133,3 +133,62 @@ def from_gguf_eagle3(gguf_path: Path, out: Path, *, layout: str = ORIGINAL) -> P
     layer_ids = tuple(int(i) for i in value("eagle3.target_layers"))
     d2t = t["d2t"].astype(np.int64) if "d2t" in t else None
     return save_eagle3(out, tensors, config, layout=layout, layer_ids=layer_ids, d2t=d2t)
+
+
+def _gguf(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """(metadata values, tensors) of a small GGUF."""
+    import gguf
+
+    r = gguf.GGUFReader(str(path))
+    meta: dict[str, Any] = {}
+    for f in r.fields.values():
+        if not f.data:
+            continue
+        vals = [f.parts[i].tolist() for i in f.data]
+        vals = [bytes(v).decode(errors="replace") if f.types and f.types[-1] == gguf.GGUFValueType.STRING else v[0] for v in vals]
+        meta[f.name] = vals[0] if len(vals) == 1 and not (f.types and f.types[0] == gguf.GGUFValueType.ARRAY) else vals
+    return meta, {x.name: np.array(x.data) for x in r.tensors}
+
+
+def from_gguf_dflash(gguf_path: Path, out: Path) -> Path:
+    """A tiny DFlash / DSpark GGUF (tests/gguf_factory.py) as the Hugging Face directory it converts from
+    (llama.cpp's converter in reverse: target layer ids minus one, d2t as offsets; NeoX RoPE, so q/k as they are)."""
+    import mlx.core as mx
+
+    meta, t = _gguf(gguf_path)
+    a = "dflash"
+    n_layer = int(meta[f"{a}.block_count"])
+    names = {"fc.weight": "fc.weight", "enc.output_norm.weight": "hidden_norm.weight", "output_norm.weight": "norm.weight",
+             "output.weight": "lm_head.weight", "markov_w1.weight": "markov_head.markov_w1.weight",
+             "markov_w2.weight": "markov_head.markov_w2.weight", "conf_proj.weight": "confidence_head.proj.weight",
+             "conf_proj.bias": "confidence_head.proj.bias"}  # fmt: skip
+    parts = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+             "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
+             "attn_k_norm": "self_attn.k_norm", "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj",
+             "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}  # fmt: skip
+    for i in range(n_layer):
+        names |= {f"blk.{i}.{g}.weight": f"layers.{i}.{h}.weight" for g, h in parts.items()}
+    weights = {hf: mx.array(t[g].astype(np.float32)) for g, hf in names.items() if g in t}
+    vocab = len(meta["tokenizer.ggml.tokens"])
+    dspark = "markov_w1.weight" in t
+    if "d2t" in t:
+        d2t = t["d2t"].astype(np.int64)
+        weights["d2t"] = mx.array(d2t - np.arange(len(d2t)))
+    heads = int(meta[f"{a}.attention.head_count"])
+    hidden = int(meta[f"{a}.embedding_length"])
+    config = {
+        "architectures": ["DSparkDraftModel" if dspark else "DFlashDraftModel"], "model_type": "qwen3",
+        "hidden_size": hidden, "num_hidden_layers": n_layer, "intermediate_size": int(meta[f"{a}.feed_forward_length"]),
+        "num_attention_heads": heads, "num_key_value_heads": int(meta[f"{a}.attention.head_count_kv"]),
+        "head_dim": int(meta.get(f"{a}.attention.key_length") or hidden // heads),
+        "rms_norm_eps": float(meta[f"{a}.attention.layer_norm_rms_epsilon"]), "rope_theta": float(meta[f"{a}.rope.freq_base"]),
+        "vocab_size": vocab, "draft_vocab_size": len(t["d2t"]) if "d2t" in t else vocab,
+        "dflash_config": {"block_size": int(meta[f"{a}.block_size"]), "mask_token_id": int(meta["tokenizer.ggml.mask_token_id"]),
+                          "target_layer_ids": [int(i) - 1 for i in meta[f"{a}.target_layers"]]},
+    }  # fmt: skip
+    if dspark:
+        config["sample_from_anchor"] = bool(meta.get(f"{a}.sample_from_anchor", True))
+    out.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(out / "model.safetensors"), weights)
+    (out / "config.json").write_text(json.dumps(config, indent=1))
+    return out

@@ -1,9 +1,12 @@
 """DFlash and DSpark: block drafters, given with --draft, that draft a whole block in one pass from the
-target's hidden states (llama.cpp). Both convert to one GGUF architecture; a DSpark file has a Markov head."""
+target's hidden states: a GGUF on llama.cpp (both convert to one architecture; a DSpark file has a Markov
+head), the drafter's Hugging Face directory (`dflash_config`) on MLX."""
 
 from __future__ import annotations
 
-from localspec.backends.registry import LLAMA
+from collections.abc import Mapping
+
+from localspec.backends.registry import LLAMA, MLX
 from localspec.decoding.drafters import Drafter
 from localspec.families.base import BuildContext, CheckContext, DrafterFamily
 
@@ -12,16 +15,28 @@ ARCHITECTURE = DFLASH
 
 
 def _require(name: str, backend: str) -> None:
-    from localspec.backends import llama_ext
+    if backend == LLAMA.name:
+        from localspec.backends import llama_ext
 
-    llama_ext.require_family(name)
+        llama_ext.require_family(name)
 
 
 def _check(name: str, ctx: CheckContext) -> None:
+    assert ctx.draft is not None  # the registry checks a head_file family was given one
+    if ctx.backend == MLX.name:
+        from localspec.backends.mlx_dflash import check_head as check_mlx_head
+
+        check_mlx_head(name, ctx.draft)  # the target's sizes are checked again when it is loaded
+        return
     from localspec.backends.llama_dflash import check_head
 
-    assert ctx.draft is not None  # the registry checks a head_file family was given one
     check_head(name, ctx.draft, ctx.target)
+
+
+def _claims_config(config: Mapping[str, object], dspark: bool) -> bool:
+    from localspec.backends.mlx_dflash import is_block_config, is_dspark_config
+
+    return is_block_config(config) and is_dspark_config(config) == dspark
 
 
 def _is_dspark(path: str) -> bool:
@@ -37,10 +52,17 @@ def _is_dspark(path: str) -> bool:
 
 
 def _build(name: str, ctx: BuildContext) -> Drafter:
+    assert ctx.head is not None  # the registry checked a head was given
+    if ctx.backend == MLX.name:
+        from localspec.backends.mlx import MLXBackend
+        from localspec.backends.mlx_dflash import BlockDrafter as MLXBlockDrafter
+
+        assert isinstance(ctx.target, MLXBackend)
+        return MLXBlockDrafter(ctx.target, ctx.head, method=name)
     from localspec.backends.llama_cpp import LlamaCppBackend
     from localspec.backends.llama_dflash import BlockDrafter
 
-    assert isinstance(ctx.target, LlamaCppBackend) and ctx.head is not None  # the registry checked both
+    assert isinstance(ctx.target, LlamaCppBackend)  # the registry checked the backend
     return BlockDrafter(ctx.target, ctx.head, method=name, n_gpu_layers=ctx.n_gpu_layers)
 
 
@@ -50,10 +72,11 @@ def _family(name: str, summary: str, claims: bool) -> DrafterFamily:
         summary=summary,
         build=lambda ctx: _build(name, ctx),
         needs="head_file",
-        backends=(LLAMA.name,),
+        backends=(LLAMA.name, MLX.name),
         head_architectures=(ARCHITECTURE,),
         sidecar_prefix=f"{name}-",
         claims=(lambda path: _is_dspark(path) == claims),
+        claims_config=(lambda config: _claims_config(config, claims)),
         require=lambda backend: _require(name, backend),
         check=lambda ctx: _check(name, ctx),
         auto_drives=True,

@@ -1,0 +1,337 @@
+"""DFlash and DSpark block drafting on MLX: one non-causal pass of a small Qwen3-style drafter, in its
+published Hugging Face layout (`dflash_config`: block_size, mask_token_id, target_layer_ids), drafts a block
+from an mlx-lm target's hidden states (captured by backends/mlx_capture.py).
+
+As llama.cpp's dflash graph (and z-lab's DFlash) computes it:
+- context: the target layers' outputs at each position P, side by side, become g = hidden_norm(fc(features));
+  every drafter layer keeps only K = k_norm(k_proj(g)) (roped at P) and V = v_proj(g): the drafter's cache
+  holds the context as the target saw it, positions 0..N-2 (LOOKAHEAD 0: the features at P read context[0..P]);
+- a draft embeds the block [last token, mask x n] with the target's embedding at positions N-1.., runs the
+  layers (input_layernorm, q/k norms, attention over the context and the whole block, MLP) and reads every
+  block position's logits through the final norm and the target's lm_head (a reduced vocabulary: its own
+  lm_head and d2t). The block's K/V leave the cache again.
+- DFlash drafts from positions 1..n. DSpark adds a Markov head: position i's logits get w2 . w1[previous
+  token] (the previous one the argmax of position i-1's biased logits, the anchor for the first), and reads
+  positions 0..n-1 when it samples from the anchor (else 1..n); its confidence head, sigmoid(proj . [hidden;
+  w1[previous]]), stops the draft below the caller's min_confidence, as llama.cpp's p_min.
+The block holds as many masks as the longest draft of the generation (prepare's max_k, clamped to the trained
+block size): block positions see each other, so its length changes its logits (llama.cpp sizes it alike).
+
+Layer ids: `target_layer_ids` name layer *outputs* (z-lab's convention); the capture reads layer inputs, so it
+reads ids + 1 (llama.cpp's converter writes them the same way). DFlash2 (conv/selector) is refused.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from localspec.backends.mlx import MLXBackend
+from localspec.backends.mlx_head import MLXHeadDrafter, read_head_dir
+from localspec.draft import EMPTY_DRAFT, Draft, sample_draft
+from localspec.errors import ModelFileError, UnsupportedModelError, UsageError
+from localspec.sampling import SamplingParams
+
+METHODS = ("dflash", "dspark")
+_LABEL = {"dflash": "DFlash", "dspark": "DSpark"}
+
+
+@dataclass(frozen=True)
+class BlockConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    vocab_size: int
+    draft_vocab_size: int
+    block_size: int
+    mask_token_id: int | None
+    target_layer_ids: tuple[int, ...]  # layer outputs (the capture reads ids + 1)
+    causal: bool
+    dspark: bool
+    sample_from_anchor: bool
+    dflash2: bool
+
+    @property
+    def method(self) -> str:
+        return "dspark" if self.dspark else "dflash"
+
+    @property
+    def reads_anchor(self) -> bool:
+        return self.dspark and self.sample_from_anchor
+
+    @property
+    def n_draft_max(self) -> int:
+        return self.block_size if self.reads_anchor else self.block_size - 1
+
+    def block_tokens(self, n_draft: int) -> int:
+        return n_draft if self.reads_anchor else n_draft + 1
+
+
+def is_block_config(raw: Mapping[str, Any]) -> bool:
+    archs = " ".join(raw.get("architectures") or []).lower()
+    return "dflash_config" in raw or "dflash" in archs or "dspark" in archs
+
+
+def is_dspark_config(raw: Mapping[str, Any]) -> bool:
+    archs = " ".join(raw.get("architectures") or []).lower()
+    return "dspark" in archs or "markov_rank" in raw or "markov_head_type" in raw
+
+
+def read_config(head_path: str | Path) -> BlockConfig:
+    p = Path(head_path).expanduser() / "config.json"
+    try:
+        raw = json.loads(p.read_text())
+    except (OSError, ValueError):
+        raise ModelFileError(f"{head_path}: no readable config.json", "pass the drafter's Hugging Face directory") from None
+    if not isinstance(raw, dict) or not is_block_config(raw):
+        raise ModelFileError(
+            f"{head_path} is not a DFlash or DSpark drafter (its config has no dflash_config)",
+            "--draft-method dflash/dspark needs such a drafter; for a small draft model use --draft-method model",
+        )
+    dc = raw.get("dflash_config") or {}
+    try:
+        heads = int(raw["num_attention_heads"])
+        hidden = int(raw["hidden_size"])
+        vocab = int(raw["vocab_size"])
+        return BlockConfig(
+            hidden_size=hidden, intermediate_size=int(raw["intermediate_size"]), num_layers=int(raw["num_hidden_layers"]),
+            num_attention_heads=heads, num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
+            head_dim=int(raw.get("head_dim") or hidden // heads), rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(raw.get("rope_theta", 10000.0)), vocab_size=vocab,
+            draft_vocab_size=int(raw.get("draft_vocab_size") or vocab),
+            block_size=int(dc.get("block_size") or raw.get("block_size") or 16),
+            mask_token_id=None if dc.get("mask_token_id") is None else int(dc["mask_token_id"]),
+            target_layer_ids=tuple(int(i) for i in dc.get("target_layer_ids") or raw.get("target_layer_ids") or ()),
+            causal=bool(raw.get("is_causal") or dc.get("causal") or False),
+            dspark=is_dspark_config(raw), sample_from_anchor=bool(raw.get("sample_from_anchor", True)),
+            dflash2="conv_kernel_size" in dc,
+        )  # fmt: skip
+    except (KeyError, TypeError, ValueError) as e:
+        raise ModelFileError(f"{head_path}: not a usable DFlash config ({e})", "download the drafter again") from None
+
+
+def check_head(method: str, head_path: str | Path, target_hidden: int | None = None, target_layers: int | None = None) -> BlockConfig:
+    """From config.json alone: a block drafter of this method, for a target of this width and depth."""
+    cfg = read_config(head_path)
+    name = Path(head_path).name
+    label = _LABEL[method]
+    if cfg.method != method:
+        has = "has a Markov head, so it is a DSpark" if cfg.dspark else "has no Markov head, so it is a DFlash"
+        raise UsageError(f"{name} {has} drafter", f"use --draft-method {cfg.method} with it")
+    if cfg.dflash2:
+        raise UnsupportedModelError(
+            f"{name} is a DFlash2 drafter (dynamic convolutions and a selector lattice), which localspec runs on "
+            "llama.cpp only", "convert it to GGUF and use --backend llama, or pick a DFlash drafter",
+        )  # fmt: skip
+    if cfg.mask_token_id is None:
+        raise ModelFileError(f"{name} names no mask token (dflash_config.mask_token_id), which a {label} block is made of",
+                             "download the drafter again")  # fmt: skip
+    if cfg.block_size < 2 or not cfg.target_layer_ids:
+        raise ModelFileError(f"{name} has no usable block_size / target_layer_ids", "the config may be damaged")
+    if target_hidden is not None and cfg.hidden_size != target_hidden:
+        raise UnsupportedModelError(
+            f"{name} was made for a target with hidden size {cfg.hidden_size}, but the target has {target_hidden}",
+            f"pick the {label} drafter trained for this target model",
+        )
+    if target_layers is not None and max(cfg.target_layer_ids) >= target_layers:
+        raise UnsupportedModelError(
+            f"{name} reads target layer {max(cfg.target_layer_ids)}, but the target has {target_layers} layers",
+            f"pick the {label} drafter trained for this target model",
+        )
+    return cfg
+
+
+def _build(cfg: BlockConfig, weights: Mapping[str, Any]) -> Any:
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx_lm.models import qwen3
+
+    args = qwen3.ModelArgs(
+        model_type="qwen3", hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
+        intermediate_size=cfg.intermediate_size, num_attention_heads=cfg.num_attention_heads,
+        rms_norm_eps=cfg.rms_norm_eps, vocab_size=cfg.vocab_size, num_key_value_heads=cfg.num_key_value_heads,
+        max_position_embeddings=1 << 20, rope_theta=cfg.rope_theta, head_dim=cfg.head_dim, tie_word_embeddings=False,
+    )  # fmt: skip
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(len(cfg.target_layer_ids) * cfg.hidden_size, cfg.hidden_size, bias=False)
+            self.hidden_norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+            self.layers = [qwen3.TransformerBlock(args) for _ in range(cfg.num_layers)]
+            self.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+            if "lm_head.weight" in weights:
+                self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
+            if cfg.dspark:
+                rank = weights["markov_head.markov_w1.weight"].shape[-1]
+                self.markov_head = _Markov(cfg.vocab_size, cfg.draft_vocab_size, rank, "confidence_head.proj.weight" in weights)
+
+        def write_context(self, features: Any, caches: list[Any]) -> None:
+            """K/V of each layer for context rows [n, F] (at the caches' offsets)."""
+            g = self.hidden_norm(self.fc(features))[None]  # [1, n, E]
+            n = g.shape[1]
+            for layer, cache in zip(self.layers, caches):
+                a = layer.self_attn
+                k = a.k_norm(a.k_proj(g).reshape(1, n, a.n_kv_heads, -1)).transpose(0, 2, 1, 3)
+                v = a.v_proj(g).reshape(1, n, a.n_kv_heads, -1).transpose(0, 2, 1, 3)
+                cache.update_and_fetch(a.rope(k, offset=cache.offset), v)
+
+        def block(self, embeds: Any, caches: list[Any]) -> Any:
+            """The final normed hidden rows [1, n, E] of the block (its K/V appended to the caches)."""
+            h = embeds
+            mask = "causal" if cfg.causal and h.shape[1] > 1 else None  # non-causal: every row sees the block
+            for layer, cache in zip(self.layers, caches):
+                h = h + layer.self_attn(layer.input_layernorm(h), mask, cache)
+                h = h + layer.mlp(layer.post_attention_layernorm(h))
+            return self.norm(h)
+
+    class _Markov(nn.Module):
+        def __init__(self, vocab: int, draft_vocab: int, rank: int, confidence: bool) -> None:
+            super().__init__()
+            self.markov_w1 = nn.Embedding(vocab, rank)
+            self.markov_w2 = nn.Linear(rank, draft_vocab, bias=False)
+            if confidence:
+                self.proj = nn.Linear(cfg.hidden_size + rank, 1, bias=True)
+
+    del mx
+    return Block()
+
+
+class BlockDrafter(MLXHeadDrafter):
+    """Drafts a block at a time with a DFlash or DSpark drafter on an MLX target (borrowed)."""
+
+    LOOKAHEAD = 0
+
+    def __init__(self, target: MLXBackend, head_path: str | Path, *, method: str = "dflash") -> None:
+        import mlx.core as mx
+        from mlx_lm.models.cache import KVCache
+
+        if method not in METHODS:
+            raise ValueError(f"not a block draft method: {method!r}")
+        n_layers = len(target.model.layers)
+        cfg = check_head(method, head_path, target.hidden_size, n_layers)
+        _, weights = read_head_dir(head_path, f"a {_LABEL[method]} drafter")
+        named = {k: v for k, v in weights.items() if k not in ("d2t", "t2d")}
+        named = {("markov_head.proj." + k.split("confidence_head.proj.", 1)[1] if k.startswith("confidence_head.proj.") else k): v
+                 for k, v in named.items()}  # fmt: skip
+        head = _build(cfg, weights)
+        try:
+            head.load_weights(list(named.items()), strict=True)
+        except ValueError as e:
+            raise ModelFileError(f"{head_path}: its weights do not fit a {_LABEL[method]} drafter: {e}",
+                                 "download the drafter again") from None  # fmt: skip
+        mx.eval(head.parameters())
+        self.method = method
+        self.cfg = cfg
+        self._head = head
+        self._dtype = head.fc.weight.dtype
+        self._caches = [KVCache() for _ in range(cfg.num_layers)]
+        self._n_draft = cfg.n_draft_max
+        d2t = weights.get("d2t")
+        self._d2t = None if d2t is None else np.arange(d2t.shape[0]) + np.asarray(d2t, dtype=np.int64)
+        self._n_vocab = target.n_vocab
+        super().__init__(target, f"{method}:{Path(head_path).name}", [i + 1 for i in cfg.target_layer_ids])
+
+    # -- Drafter protocol -------------------------------------------------------------------------
+
+    def prepare(self, context: Sequence[int], max_k: int) -> None:
+        self._n_draft = max(1, min(max_k, self.cfg.n_draft_max))
+        super().prepare(context, max_k)
+
+    def propose(
+        self, context: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator, *, min_confidence: float = 0.0
+    ) -> Draft:
+        pos = len(context) - 1  # the block's anchor (the last committed token) goes here
+        k = min(k, self._n_draft, self.target.n_ctx - len(context) + 1)
+        if k <= 0 or pos < 1 or self._n_pairs(context) < pos:
+            return EMPTY_DRAFT
+        self._sync(context)
+        logits, conf = self._block(context[-1])
+        first = 1 - int(self.cfg.reads_anchor)
+        rows = logits[first : first + k]
+        note = ""
+        if conf is not None and min_confidence > 0:
+            low = np.flatnonzero(conf[first : first + k] < min_confidence)
+            if len(low):
+                rows = rows[: low[0]]
+                note = f"draft stopped at position {low[0] + 1}: confidence head {conf[first + low[0]]:.2f} < {min_confidence:.2f}"
+            min_confidence = 0.0
+        if len(rows) == 0:
+            return Draft([], None, note, source=self.method)
+        at = iter(rows[1:])
+        tokens, q, stop = sample_draft(rows[0], lambda _t: next(at), len(rows), sampling, rng, min_confidence, self.target.eog_ids)
+        return Draft(tokens, q, note or stop, source=self.method)
+
+    # -- the drafter's cache ----------------------------------------------------------------------
+
+    def _n_pairs(self, context: Sequence[int]) -> int:
+        return max(0, min(len(context) - 1, self._held(context)))
+
+    def _run(self, context: Sequence[int], start: int, stop: int) -> None:
+        import mlx.core as mx
+
+        self._head.write_context(self.target.features(start, stop).astype(self._dtype), self._caches)
+        mx.eval([c.state for c in self._caches])
+
+    def _cut(self, n: int) -> None:
+        for c in self._caches:
+            if c.offset > n:
+                c.trim(c.offset - n)
+
+    def _block(self, anchor: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """Logits [rows, V] of the block [anchor, mask x n] (DSpark's Markov bias in), and DSpark's confidence
+        per row (None without a confidence head). The block's K/V leave the caches again."""
+        import mlx.core as mx
+
+        n_block = self.cfg.block_tokens(self._n_draft)
+        base = self._caches[0].offset
+        tokens = mx.array([anchor] + [self.cfg.mask_token_id] * (n_block - 1), dtype=mx.uint32)[None]
+        try:
+            hidden = self._head.block(self.target.embed_tokens(tokens).astype(self._dtype), self._caches)
+            head = getattr(self._head, "lm_head", None)
+            raw = (head(hidden) if head is not None else self.target.lm_head(hidden))[0].astype(mx.float32)
+            mx.eval(raw, hidden)
+        finally:
+            self._cut(base)
+        rows = np.asarray(raw)
+        if not self.cfg.dspark:
+            return np.stack([self._target_logits(r) for r in rows]), None
+        return self._markov(rows, np.asarray(hidden[0].astype(mx.float32)), anchor)
+
+    def _markov(self, rows: np.ndarray, hidden: np.ndarray, anchor: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """DSpark: each drafted row biased by w2 . w1[previous], the previous being the argmax of the row before."""
+        import mlx.core as mx
+
+        m = self._head.markov_head
+        w1 = np.asarray(m.markov_w1.weight.astype(mx.float32))
+        w2 = np.asarray(m.markov_w2.weight.astype(mx.float32))
+        proj = getattr(m, "proj", None)
+        out = np.stack([self._target_logits(r) for r in rows])
+        conf = np.zeros(len(rows), np.float32) if proj is not None else None
+        prev = anchor
+        for i in range(0 if self.cfg.sample_from_anchor else 1, len(rows)):
+            biased = self._target_logits(rows[i] + w2 @ w1[prev])
+            out[i] = biased
+            if conf is not None and proj is not None:
+                feat = np.concatenate([hidden[i], w1[prev]])
+                score = float(np.asarray(proj.weight.astype(mx.float32))[0] @ feat + float(np.asarray(proj.bias)[0]))
+                conf[i] = 1.0 / (1.0 + np.exp(-score))
+            prev = int(np.argmax(biased))
+        return out, conf
+
+    def _target_logits(self, row: np.ndarray) -> np.ndarray:
+        if self._d2t is None and len(row) == self._n_vocab:
+            return row
+        out = np.full(self._n_vocab, -np.inf, dtype=np.float32)
+        out[self._d2t if self._d2t is not None else np.arange(len(row))] = row
+        return out

@@ -1,0 +1,209 @@
+"""DFlash and DSpark on MLX (backends/mlx_dflash.py), on the llama.cpp golden cases' tiny random models
+converted to MLX (the target with localspec.convert_gguf, the drafters to their Hugging Face layout with
+tests/mlx_heads.py): every round's drafts equal llama.cpp's own; greedy speculative output equals plain greedy
+output; the exact rule's joint distribution matches the target's at temperature 1 through the real drafter
+(and fails for a misreported q); the drafter's cache comes back right after rejected rounds; refusals.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+pytest.importorskip("mlx.core")
+pytest.importorskip("mlx_lm")
+
+import mlx_heads  # noqa: E402
+from golden_cases import CASES, DFLASH_LAYERS, load_golden, write_case  # noqa: E402
+from head_chi import CHI_PROMPT, N_SAMPLES, TOP_K, WINDOW, K, draws, expected_joint, run  # noqa: E402
+from test_golden_drafters import _greedy_verdict  # noqa: E402
+from test_verify import joint_check  # noqa: E402
+
+from localspec.backends import mlx as mb  # noqa: E402
+from localspec.backends.base import sync_cache  # noqa: E402
+from localspec.backends.mlx_dflash import BlockDrafter  # noqa: E402
+from localspec.decoding.drafters import NoDrafter  # noqa: E402
+from localspec.errors import UnsupportedModelError, UsageError  # noqa: E402
+from localspec.sampling import SamplingParams  # noqa: E402
+
+GREEDY = SamplingParams(temperature=0.0)
+BLOCK_CASES = ("dflash", "dflash-near", "dspark", "dspark-bonus", "dspark-near")
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> dict[str, Path]:
+    """The golden cases' GGUFs (one target for all of them) and their MLX conversions."""
+    from localspec.convert_gguf import convert
+
+    root = tmp_path_factory.mktemp("mlx-dflash")
+    out: dict[str, Path] = {}
+    for name in BLOCK_CASES:
+        (root / name).mkdir()
+        files, _ = write_case(CASES[name], root / name, smollm2_path)
+        out[f"{name}.gguf"] = files["draft"]
+        out[name] = mlx_heads.from_gguf_dflash(files["draft"], root / name / "head-mlx")
+        out["target.gguf"] = files["target"]
+    out["target"] = convert(out["target.gguf"], root / "target-mlx", dtype="float32")
+    return out
+
+
+@pytest.fixture(scope="module")
+def target(converted: dict[str, Path]):  # type: ignore[no-untyped-def]
+    t = mb.load(str(converted["target"]), n_ctx=512)
+    yield t
+    t.close()
+
+
+@pytest.mark.parametrize("name", BLOCK_CASES)
+def test_drafts_per_round_equal_llama_cpps_on_the_converted_models(name: str, converted: dict[str, Path], smollm2_path: Path,
+                                                                   tmp_path: Path) -> None:  # fmt: skip
+    case = CASES[name]
+    golden = load_golden(case)
+    if golden is None:
+        pytest.skip(f"no {case.golden_path.name}")
+    _, hashes = write_case(case, tmp_path, smollm2_path)
+    assert hashes == golden["sha256"]  # the converted files are the golden's models
+    target = mb.load(str(converted["target"]), n_ctx=case.n_ctx)
+    drafter = BlockDrafter(target, converted[name], method=case.family)
+    try:
+        prompt = golden["prompt_tokens"]
+        target.forward(prompt[:-1], all_logits=False)
+        drafter.prepare(prompt, case.n_draft)
+        context = list(prompt)
+        ours: list[list[int]] = []
+        for r in golden["rounds"]:
+            assert len(context) - 1 == r["n_past"] and context[-1] == r["last"]
+            ours.append(drafter.propose(context, case.n_draft, GREEDY, np.random.default_rng(0)).tokens)
+            verified = r["draft"][: r["n_verified"]]
+            logits = target.forward([r["last"], *verified], all_logits=True)
+            assert _greedy_verdict(logits, verified) == (r["n_accepted"], r["next"])
+            target.rollback(r["n_past"] + 1 + r["n_accepted"])
+            context += [*verified[: r["n_accepted"]], r["next"]]
+    finally:
+        drafter.close()
+        target.close()
+    assert ours == [r["draft"] for r in golden["rounds"]]
+
+
+@pytest.mark.parametrize("name", ["dflash-near", "dspark-near", "dspark-bonus"])
+@pytest.mark.parametrize("k", [1, 4])
+def test_greedy_speculative_equals_plain_greedy(converted: dict[str, Path], target, name: str, k: int) -> None:  # type: ignore[no-untyped-def]
+    prompt = target.tokenize("Once upon a time, in a small village")
+    plain = run(target, NoDrafter(), prompt, max_tokens=24, num_draft=0, sampling=GREEDY)
+    drafter = BlockDrafter(target, converted[name], method=CASES[name].family)
+    try:
+        spec = run(target, drafter, prompt, max_tokens=24, num_draft=k, sampling=GREEDY)
+    finally:
+        drafter.close()
+    assert spec.tokens == plain.tokens
+    assert spec.stats.n_drafted > 0
+    if name.endswith("near") and k == 4:
+        assert 0 < spec.stats.n_accepted < spec.stats.n_drafted
+
+
+@pytest.fixture(scope="module")
+def chi(target, smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    from gguf_factory import write_tiny_dflash
+
+    sampling = SamplingParams(temperature=1.0, top_k=TOP_K)
+    prompt = target.tokenize(CHI_PROMPT)
+    expected = expected_joint(target, prompt, sampling)
+    ids = sorted({t for seq in expected for t in seq[:3]})
+    d = tmp_path_factory.mktemp("chi")
+    write_tiny_dflash(d / "dflash.gguf", smollm2_path, target_layers=DFLASH_LAYERS, d2t_ids=ids, seed=12)
+    write_tiny_dflash(d / "dspark.gguf", smollm2_path, target_layers=DFLASH_LAYERS, d2t_ids=ids, seed=15, dspark=True)
+    heads = {m: mlx_heads.from_gguf_dflash(d / f"{m}.gguf", d / m) for m in ("dflash", "dspark")}
+    return prompt, sampling, expected, heads
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["dflash", "dspark"])
+def test_exact_rule_matches_the_target_distribution_through_the_drafter(target, chi, method: str) -> None:  # type: ignore[no-untyped-def]
+    prompt, sampling, expected, heads = chi
+    assert len(expected) == TOP_K**WINDOW
+    drafter = BlockDrafter(target, heads[method], method=method)
+    try:
+        failure = joint_check(draws(target, drafter, prompt, sampling), expected, N_SAMPLES)
+        assert failure is None, failure
+        runs = [run(target, drafter, prompt, max_tokens=WINDOW, num_draft=K, sampling=SamplingParams(
+            temperature=1.0, top_k=TOP_K, seed=s)).stats for s in range(60)]  # fmt: skip
+        accepted, drafted = sum(s.n_accepted for s in runs), sum(s.n_drafted for s in runs)
+        assert 0 < accepted < drafted, (accepted, drafted)
+    finally:
+        drafter.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["dflash", "dspark"])
+def test_a_drafter_whose_q_is_misreported_fails_the_same_check(target, chi, method: str) -> None:  # type: ignore[no-untyped-def]
+    class Misreported(BlockDrafter):
+        def propose(self, context, k, sampling, rng, *, min_confidence=0.0):  # type: ignore[no-untyped-def]
+            d = super().propose(context, k, sampling, rng, min_confidence=min_confidence)
+            if d.q is None:
+                return d
+            flat = (d.q > 0).astype(np.float64)
+            return replace(d, q=flat / flat.sum(axis=1, keepdims=True))
+
+    prompt, sampling, expected, heads = chi
+    drafter = Misreported(target, heads[method], method=method)
+    try:
+        assert joint_check(draws(target, drafter, prompt, sampling), expected, N_SAMPLES) is not None
+    finally:
+        drafter.close()
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_after_rejected_rounds_the_next_proposal_equals_a_fresh_drafters(converted: dict[str, Path], target,
+                                                                         temperature: float) -> None:  # type: ignore[no-untyped-def]  # fmt: skip
+    prompt = target.tokenize("def fibonacci(n):")
+    sampling = SamplingParams(temperature=temperature, seed=7)
+    used = BlockDrafter(target, converted["dspark"], method="dspark")
+    fresh = BlockDrafter(target, converted["dspark"], method="dspark")
+    try:
+        done = run(target, used, prompt, max_tokens=30, num_draft=4, sampling=sampling)
+        assert done.stats.n_accepted < done.stats.n_drafted
+        context = [*prompt, *done.tokens]
+        sync_cache(target, context[:-1], logits=False)
+        fresh.prepare(context[:-1], 4)
+        a = used.propose(context, 4, sampling, np.random.default_rng(3))
+        b = fresh.propose(context, 4, sampling, np.random.default_rng(3))
+        assert a.tokens == b.tokens and len(a.tokens) == 4
+        if temperature > 0:
+            assert a.q is not None and b.q is not None
+            np.testing.assert_allclose(a.q, b.q, atol=1e-4)
+    finally:
+        used.close()
+        fresh.close()
+
+
+def test_the_wrong_method_and_dflash2_are_refused(converted: dict[str, Path], target, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(UsageError, match="use --draft-method dspark"):
+        BlockDrafter(target, converted["dspark"], method="dflash")
+    d2 = tmp_path / "dflash2"
+    d2.mkdir()
+    for f in ("config.json", "model.safetensors"):
+        (d2 / f).write_bytes((converted["dflash"] / f).read_bytes())
+    cfg = json.loads((d2 / "config.json").read_text())
+    cfg["dflash_config"] |= {"conv_kernel_size": 3, "conv_group_size": 16, "selector_rank": 8, "selector_top_k": 2}
+    (d2 / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UnsupportedModelError, match="DFlash2"):
+        BlockDrafter(target, d2, method="dflash")
+
+
+@pytest.mark.parametrize("method", ["dspark", "auto"])
+def test_run_reads_the_drafter_directory_and_auto_drives_it(converted: dict[str, Path], method: str) -> None:
+    argv = [sys.executable, "-m", "localspec.cli", "run", "--backend", "mlx", "--target", str(converted["target"]),
+            "--draft", str(converted["dspark-near"]), "--draft-method", method, "--max-tokens", "12",
+            "--temperature", "0", "--json", "Once upon a time"]  # fmt: skip
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr
+    stats = json.loads(out.stdout)["stats"]
+    assert stats["draft_method"] == method and "dspark:" in stats["draft"]
