@@ -14,6 +14,7 @@ say how to install them when they are missing.
 
 from __future__ import annotations
 
+import atexit
 import copy
 import json
 import sys
@@ -82,6 +83,25 @@ def peek_vocab(path: str) -> VocabInfo:
     return _vocab_info(_load_tokenizer(model_path))
 
 
+def release_thread() -> None:
+    """Destroy the MLX streams the calling thread made (mlx >= 0.32 asks each thread that used it to, the
+    main one included; else the process may abort at exit with "terminate called without an active
+    exception"). A later MLX call in the thread makes new ones."""
+    mx = sys.modules.get("mlx.core")
+    if mx is not None and hasattr(mx, "clear_streams"):
+        mx.clear_streams()
+
+
+_AT_EXIT: list[bool] = []
+
+
+def _release_at_exit() -> None:
+    """The main thread's streams, at interpreter exit (registered once)."""
+    if not _AT_EXIT:
+        atexit.register(release_thread)
+        _AT_EXIT.append(True)
+
+
 def check_path(path: str) -> None:
     """ModelFileError unless `path` can name an mlx-lm model: a model directory, or a Hub repo id."""
     p = Path(path).expanduser()
@@ -104,14 +124,17 @@ def load(
     n_gpu_layers: int = -1,
     cancel: threading.Event | None = None,
     max_draft: int = 0,
+    load_mtp: bool = False,
 ) -> MLXBackend:
     """Load a model for speculative decoding. `threads`, `n_gpu_layers` and `max_draft` do not apply to MLX
-    (a recurrent state is kept by reference, whatever the draft length).
+    (a recurrent state is kept by reference, whatever the draft length), nor `load_mtp` (the MTP drafter reads
+    the mtp.* weights from the checkpoint itself, backends/mlx_mtp.py).
     `cancel` is checked before the weights are materialized (the one long step)."""
     _require_mlx()
     import mlx.core as mx
     from mlx_lm.utils import load_model
 
+    _release_at_exit()
     model_path = resolve(path)
     try:
         # lazy: the weights are materialized at mx.eval below, after the cache check.
@@ -280,6 +303,7 @@ class MLXBackend(CachedModel):
         import mlx.core as mx
 
         self._mx = mx
+        self.model_path = model_path  # the model's directory (a head may read more of its checkpoint)
         self.model = model
         self.tokenizer = tokenizer  # mlx-lm TokenizerWrapper
         self.config = config
@@ -548,6 +572,11 @@ class MLXBackend(CachedModel):
         """The model's token embedding module (a head embeds its tokens with it)."""
         inner = getattr(self.model, "language_model", self.model)
         return inner.model.embed_tokens
+
+    @property
+    def text_model(self) -> Any:
+        """The language model inside (a vision-language wrapper's `language_model`, else the model)."""
+        return getattr(self.model, "language_model", self.model)
 
     @property
     def lm_head(self) -> Any:

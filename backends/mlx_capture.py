@@ -38,6 +38,12 @@ def _tapped(cls: type) -> type:
     return _CLASSES[cls]
 
 
+def original_class(layer: Any) -> type:
+    """A layer's own class, under a tap's subclass if it has one."""
+    cls = type(layer)
+    return cls.__bases__[0] if cls in _CLASSES.values() else cls
+
+
 class LayerTap:
     """Reads the inputs of `layer_ids` of `model` (an mlx-lm model) at every forward pass; `take()` gives the
     last pass's [n, len(ids) * E] rows, the layers side by side in the order given. `close()` puts the

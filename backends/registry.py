@@ -11,17 +11,22 @@ A descriptor names its module by import path: importing this table loads no back
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import platform
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, ParamSpec, TypeVar, cast
 
 from localspec.errors import BackendUnavailableError, UsageError
 
 if TYPE_CHECKING:
     from localspec.backends.base import BackendModule
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 AUTO = "auto"  # --backend auto: pick by the target's format and the machine
 
@@ -138,6 +143,30 @@ def resolve_backend(name: str, target: str | None = None) -> tuple[str, str]:
     others = [s.label for s in BACKENDS.values() if s.preferred_on_apple]
     why = f"{', '.join(others)} not installed" if apple else "not Apple silicon"
     return first.name, f"auto picked {first.label} ({why})"
+
+
+def release_thread() -> None:
+    """What the calling thread holds in the backends loaded so far is freed (a thread that ran a model calls
+    it before it ends: MLX's streams must be destroyed by the thread that made them, else the process may
+    abort at exit). Backends never imported are left alone."""
+    for spec in BACKENDS.values():
+        module = sys.modules.get(spec.module_path)
+        release = getattr(module, "release_thread", None)
+        if release is not None:
+            release()
+
+
+def releasing(fn: Callable[P, R]) -> Callable[P, R]:
+    """A thread's body that calls release_thread() when it returns or raises (engine and worker threads)."""
+
+    @functools.wraps(fn)
+    def body(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            release_thread()
+
+    return body
 
 
 def backend_label(name: str) -> str:

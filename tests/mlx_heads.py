@@ -192,3 +192,42 @@ def from_gguf_dflash(gguf_path: Path, out: Path) -> Path:
     mx.save_safetensors(str(out / "model.safetensors"), weights)
     (out / "config.json").write_text(json.dumps(config, indent=1))
     return out
+
+
+def add_mtp(model_dir: Path, *, seed: int, echo: bool = False) -> Path:
+    """Give a tiny Qwen3.5 model directory one MTP layer, as original checkpoints keep it: `mtp.*` tensors
+    (in their own file, which mlx-lm's loader drops) and `mtp_num_hidden_layers` in config.json. The layer is
+    the model's own full-attention decoder layer class with random weights; `echo`: a layer that passes the
+    hidden state through (zero attention and MLP outputs, fc reading the hidden half only), so its draft is
+    the target's own next-token distribution one position back and repeats get accepted."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import qwen3_5
+
+    config = json.loads((model_dir / "config.json").read_text())
+    args = qwen3_5.TextModelArgs.from_dict(config)
+    fa = args.full_attention_interval - 1
+    rng = np.random.default_rng(seed)
+    e = args.hidden_size
+    layer = qwen3_5.DecoderLayer(args, fa)
+    weights: dict[str, Any] = {}
+    for name, v in tree_flatten(layer.parameters()):
+        shape = tuple(v.shape)
+        if name.endswith("norm.weight"):
+            w = 1.0 + 0.1 * rng.standard_normal(shape)
+        elif len(shape) == 1:
+            w = 0.1 * rng.standard_normal(shape)
+        else:
+            w = rng.standard_normal(shape) / np.sqrt(shape[-1])
+        if echo and name.endswith(("o_proj.weight", "down_proj.weight")):
+            w = np.zeros(shape)
+        weights[f"mtp.layers.0.{name}"] = mx.array(w.astype(np.float32))
+    fc = rng.standard_normal((e, 2 * e)) / np.sqrt(2 * e)
+    if echo:
+        fc = np.concatenate([np.zeros((e, e)), np.eye(e)], axis=1)
+    weights["mtp.fc.weight"] = mx.array(fc.astype(np.float32))
+    for n in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        weights[f"mtp.{n}.weight"] = mx.array(np.ones(e, np.float32) if echo else (1.0 + 0.1 * rng.standard_normal(e)).astype(np.float32))
+    mx.save_safetensors(str(model_dir / "model-mtp.safetensors"), weights)
+    (model_dir / "config.json").write_text(json.dumps({**config, "mtp_num_hidden_layers": 1}, indent=1))
+    return model_dir

@@ -155,6 +155,10 @@ class _RunJob:
                 pipeline.close()
         except BaseException as e:  # re-raised on the main thread, where the CLI reports it
             self.error = e
+        finally:
+            from localspec.backends.registry import release_thread
+
+            release_thread()
 
     def _generate(self, pipeline: Any) -> None:
         from localspec.backends.base import ChatMessage

@@ -1,8 +1,11 @@
-"""MTP: the target's own multi-token-prediction layers draft ahead (a GGUF that keeps them; llama.cpp)."""
+"""MTP: the target's own multi-token-prediction layers draft ahead: a GGUF that keeps them (llama.cpp), or a
+Qwen3.5 / Qwen3-Next checkpoint directory that keeps its mtp.* weights (MLX)."""
 
 from __future__ import annotations
 
-from localspec.backends.registry import LLAMA
+from pathlib import Path
+
+from localspec.backends.registry import LLAMA, MLX
 from localspec.decoding.drafters import Drafter
 from localspec.families.base import BuildContext, CheckContext, DrafterFamily
 
@@ -10,15 +13,33 @@ NAME = "mtp"
 
 
 def _require(backend: str) -> None:
-    from localspec.backends import llama_ext
+    if backend == LLAMA.name:
+        from localspec.backends import llama_ext
 
-    llama_ext.require_family(NAME)
+        llama_ext.require_family(NAME)
 
 
 def _check(ctx: CheckContext) -> None:
+    if ctx.backend == MLX.name:
+        _check_mlx(ctx.target)
+        return
     from localspec.backends.llama_mtp import check_target
 
     check_target(ctx.target)
+
+
+def _check_mlx(target: str) -> None:
+    import json
+
+    from localspec.backends.mlx_mtp import check_target as check_mlx_target
+    from localspec.errors import ModelFileError
+
+    directory = Path(target).expanduser()
+    try:
+        config = json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError):
+        raise ModelFileError(f"{target}: no readable config.json", "pass a model directory") from None
+    check_mlx_target(directory, config)
 
 
 def _claims_target(target: str) -> bool:
@@ -27,6 +48,12 @@ def _claims_target(target: str) -> bool:
     from localspec.errors import LocalspecError
     from localspec.gguf_meta import read_gguf_header
 
+    if Path(target).expanduser().is_dir():
+        try:
+            _check_mlx(target)
+        except LocalspecError:
+            return False
+        return True
     try:
         header = read_gguf_header(target, check_size=False)
     except LocalspecError:
@@ -35,6 +62,12 @@ def _claims_target(target: str) -> bool:
 
 
 def _build(ctx: BuildContext) -> Drafter:
+    if ctx.backend == MLX.name:
+        from localspec.backends.mlx import MLXBackend
+        from localspec.backends.mlx_mtp import MtpDrafter as MLXMtpDrafter
+
+        assert isinstance(ctx.target, MLXBackend)
+        return MLXMtpDrafter(ctx.target)
     from localspec.backends.llama_cpp import LlamaCppBackend
     from localspec.backends.llama_mtp import MtpDrafter
 
@@ -47,11 +80,11 @@ MTP = DrafterFamily(
     summary="the target's own MTP layers, for GGUFs that keep them",
     build=_build,
     needs="own_head",
-    backends=(LLAMA.name,),
+    backends=(LLAMA.name, MLX.name),
     sidecar_prefix=f"{NAME}-",
     claims=_claims_target,
     require=_require,
     check=_check,
-    target_load={"load_mtp": True},  # llama.cpp skips those layers otherwise
+    target_load={"load_mtp": True},  # llama.cpp skips those layers otherwise (MLX reads them itself)
     auto_drives=True,
 )

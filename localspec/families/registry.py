@@ -86,7 +86,8 @@ def head_for_draft(draft: str | Path | None, target: str | Path | None = None) -
     is the target file itself, a family whose layers the target carries (MTP). None: a draft model, a
     directory, or a file that cannot be read (its loader will say why)."""
     if draft and Path(draft).expanduser().is_dir():
-        return _by_config(Path(draft).expanduser())
+        found = _by_config(Path(draft).expanduser())
+        return found if found is not None or target is None else _own_head(draft, target)
     if not draft or not str(draft).lower().endswith(".gguf"):
         return None
     heads = head_families()
@@ -97,9 +98,14 @@ def head_for_draft(draft: str | Path | None, target: str | Path | None = None) -
     by_arch = _by_architecture(str(draft), heads)
     if by_arch is not None:
         return by_arch
-    if target is not None and _same_file(draft, target):
-        return next((f.name for f in heads if f.needs == "own_head" and f.claims and f.claims(str(target))), None)
-    return None
+    return _own_head(draft, target) if target is not None else None
+
+
+def _own_head(draft: str | Path, target: str | Path) -> str | None:
+    """When --draft is the target itself: a family whose layers the target carries (MTP), else None."""
+    if not _same_file(draft, target):
+        return None
+    return next((f.name for f in head_families() if f.needs == "own_head" and f.claims and f.claims(str(target))), None)
 
 
 def _by_architecture(path: str, heads: tuple[DrafterFamily, ...]) -> str | None:

@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 
 from localspec.backends.base import common_prefix
 from localspec.backends.llama_multi import LlamaSlots
+from localspec.backends.registry import releasing
 from localspec.decoding.drafters import Drafter
 from localspec.decoding.engine import CrowdDecoder, Done, Event, Step
 from localspec.decoding.engine import Job as SequenceJob
@@ -93,6 +94,7 @@ class CrowdScheduler(Scheduler):
 
     # -- the engine thread --------------------------------------------------------------------------
 
+    @releasing
     def _loop(self) -> None:
         while True:
             with self._cv:

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from localspec.backends.registry import releasing
 from localspec.decoding.auto import idle_work
 from localspec.decoding.drafters import Drafter
 from localspec.decoding.engine import Done
@@ -167,6 +168,7 @@ class Scheduler:
 
     # -- the engine thread --------------------------------------------------------------------------
 
+    @releasing
     def _loop(self) -> None:
         while True:
             with self._cv:

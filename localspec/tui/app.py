@@ -16,6 +16,7 @@ from textual import work
 from textual.app import App
 from textual.binding import Binding
 
+from localspec.backends.registry import releasing
 from localspec.errors import error_text
 from localspec.options import GenerationSettings, ModelOptions
 from localspec.pipeline import Pipeline, load_pipeline
@@ -89,6 +90,7 @@ class ChatApp(App[None]):
         self._load(options)
 
     @work(thread=True, group="load", exit_on_error=False)
+    @releasing
     def _load(self, options: ModelOptions) -> None:
         try:
             pipeline = self.loader(options)

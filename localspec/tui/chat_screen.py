@@ -17,6 +17,7 @@ from textual.timer import Timer
 from textual.widgets import Footer, Header, Input, Static
 
 from localspec.backends.base import ChatMessage
+from localspec.backends.registry import releasing
 from localspec.decoding.auto import idle_work
 from localspec.decoding.engine import Done, GenerationConfig, Segment, Step
 from localspec.errors import LocalspecError, error_text
@@ -150,6 +151,7 @@ class ChatScreen(Screen[None]):
         self._generate(pipeline, messages, config, self.turns_sent)
 
     @work(thread=True, group="generate", exit_on_error=False)
+    @releasing
     def _generate(
         self, pipeline: Pipeline, messages: Sequence[ChatMessage], config: GenerationConfig, turn: int
     ) -> None:
