@@ -52,12 +52,20 @@ def test_builtin_catalog_parses_and_every_pair_names_both_roles() -> None:
             assert (bp.target == bp.draft) == (pair.method == "mtp"), pair.name
 
 
-def test_builtin_head_pairs_run_on_llama_cpp_with_their_method() -> None:
+def test_builtin_head_pairs_run_with_their_method_where_the_family_runs() -> None:
+    from localspec.families import registry
+
     heads = {p.name: p for p in load_catalog(include_user=False).pairs.values() if p.method != "model"}
     assert {p.method for p in heads.values()} >= {"mtp", "dflash"}
     for pair in heads.values():
-        assert set(pair.backends) == {"llama"} and pair.base is None  # vLLM's draft_model command would be wrong
+        assert "llama" in set(pair.backends) and pair.base is None  # vLLM's draft_model command would be wrong
+        assert all(registry.family(pair.method).runs_on(b) for b in pair.backends), pair.name
     assert any(p.backends["llama"].target.repo.endswith("-MTP-GGUF") for p in heads.values() if p.method == "mtp")
+    # MTP on MLX needs the original checkpoint: mlx-community's conversions drop the mtp.* weights.
+    for pair in heads.values():
+        if pair.method == "mtp" and "mlx" in pair.backends:
+            mlx = pair.backends["mlx"]
+            assert mlx.target.repo == mlx.draft.repo and not mlx.target.repo.startswith("mlx-community/")
 
 
 def test_every_builtin_pair_names_its_original_models_for_vllm() -> None:
@@ -144,7 +152,6 @@ def test_malformed_user_catalog_names_file_and_line(tmp_path: Path, monkeypatch:
         ('base = { target = "a/b" }\n[pair.mlx]\ntarget = "a/b"\ndraft = "a/c"\n', "draft must be a Hub repo id"),
         ('base = { target = "a/b", draft = "c", x = 1 }\n[pair.mlx]\ntarget = "a/b"\ndraft = "a/c"\n', "unknown key 'x'"),
         ('method = "medusa"\n[pair.llama]\ntarget = "a/b:t.gguf"\ndraft = "a/c:d.gguf"\n', "method must be one of"),
-        ('method = "eagle3"\n[pair.mlx]\ntarget = "a/b"\ndraft = "a/c"\n', "runs on llama.cpp only"),
     ],
 )
 def test_semantic_errors_name_file_and_pair_line(body: str, needle: str) -> None:
