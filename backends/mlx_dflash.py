@@ -18,7 +18,9 @@ The block holds as many masks as the longest draft of the generation (prepare's 
 block size): block positions see each other, so its length changes its logits (llama.cpp sizes it alike).
 
 Layer ids: `target_layer_ids` name layer *outputs* (z-lab's convention); the capture reads layer inputs, so it
-reads ids + 1 (llama.cpp's converter writes them the same way). DFlash2 (conv/selector) is refused.
+reads ids + 1 (llama.cpp's converter writes them the same way). Scalars as z-lab's drafter applies them:
+the target's embedding scale times input_embedding_scale, output_multiplier, final_logit_softcapping.
+DFlash2 (conv/selector) and sliding-window layers are refused with the reason.
 """
 
 from __future__ import annotations
@@ -60,6 +62,10 @@ class BlockConfig:
     dspark: bool
     sample_from_anchor: bool
     dflash2: bool
+    sliding: bool = False  # sliding-window layers (not built here: refused)
+    input_embedding_scale: float = 1.0
+    output_multiplier: float = 1.0
+    final_logit_softcapping: float | None = None
 
     @property
     def method(self) -> str:
@@ -115,6 +121,10 @@ def read_config(head_path: str | Path) -> BlockConfig:
             causal=bool(raw.get("is_causal") or dc.get("causal") or False),
             dspark=is_dspark_config(raw), sample_from_anchor=bool(raw.get("sample_from_anchor", True)),
             dflash2="conv_kernel_size" in dc,
+            sliding="sliding_attention" in (raw.get("layer_types") or []) or bool(dc.get("use_swa")),
+            input_embedding_scale=float(dc.get("input_embedding_scale") or raw.get("input_embedding_scale") or 1.0),
+            output_multiplier=float(dc.get("output_multiplier") or raw.get("output_multiplier") or 1.0),
+            final_logit_softcapping=dc.get("final_logit_softcapping") or raw.get("final_logit_softcapping"),
         )  # fmt: skip
     except (KeyError, TypeError, ValueError) as e:
         raise ModelFileError(f"{head_path}: not a usable DFlash config ({e})", "download the drafter again") from None
@@ -133,6 +143,11 @@ def check_head(method: str, head_path: str | Path, target_hidden: int | None = N
             f"{name} is a DFlash2 drafter (dynamic convolutions and a selector lattice), which localspec runs on "
             "llama.cpp only", "convert it to GGUF and use --backend llama, or pick a DFlash drafter",
         )  # fmt: skip
+    if cfg.sliding:
+        raise UnsupportedModelError(
+            f"{name} has sliding-window attention layers, which localspec's MLX {label} drafter does not build",
+            "convert it to GGUF and use --backend llama, or pick a drafter with full attention",
+        )
     if cfg.mask_token_id is None:
         raise ModelFileError(f"{name} names no mask token (dflash_config.mask_token_id), which a {label} block is made of",
                              "download the drafter again")  # fmt: skip
@@ -240,6 +255,9 @@ class BlockDrafter(MLXHeadDrafter):
         d2t = weights.get("d2t")
         self._d2t = None if d2t is None else np.arange(d2t.shape[0]) + np.asarray(d2t, dtype=np.int64)
         self._n_vocab = target.n_vocab
+        # A target that scales its embeddings (Gemma) scales the block's too, as z-lab's drafter reads it.
+        embed = target.embed_tokens
+        self._embed_scale = float(getattr(embed, "embed_scale", getattr(target.text_model.model, "embed_scale", 1.0)))
         super().__init__(target, f"{method}:{Path(head_path).name}", [i + 1 for i in cfg.target_layer_ids])
 
     # -- Drafter protocol -------------------------------------------------------------------------
@@ -297,9 +315,14 @@ class BlockDrafter(MLXHeadDrafter):
         base = self._caches[0].offset
         tokens = mx.array([anchor] + [self.cfg.mask_token_id] * (n_block - 1), dtype=mx.uint32)[None]
         try:
-            hidden = self._head.block(self.target.embed_tokens(tokens).astype(self._dtype), self._caches)
+            embeds = self.target.embed_tokens(tokens) * (self._embed_scale * self.cfg.input_embedding_scale)
+            hidden = self._head.block(embeds.astype(self._dtype), self._caches)
             head = getattr(self._head, "lm_head", None)
             raw = (head(hidden) if head is not None else self.target.lm_head(hidden))[0].astype(mx.float32)
+            raw = raw * self.cfg.output_multiplier
+            if self.cfg.final_logit_softcapping:
+                cap = float(self.cfg.final_logit_softcapping)
+                raw = mx.tanh(raw / cap) * cap
             mx.eval(raw, hidden)
         finally:
             self._cut(base)

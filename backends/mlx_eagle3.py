@@ -14,7 +14,8 @@ Pairs (mlx_head.py): pair P is (token P+1, g at P), so the head's cache holds po
 of N tokens and drafting goes on from position N-1 with the head's own state.
 
 Layouts: the original (`midlayer.*`, config `draft_vocab_size`) and the "speculators" one (`layers.0.*`,
-config `transformer_layer_config`, `eagle_aux_hidden_state_layer_ids`, `norm_before_residual`). `d2t` holds
+config `transformer_layer_config`, `eagle_aux_hidden_state_layer_ids`, `norm_before_residual`;
+`norm_before_fc`: an RMSNorm over the features before fc). Heads of more than one layer are refused. `d2t` holds
 offsets (target id = draft id + d2t[draft id]). A head without its own `embed_tokens` uses the target's.
 """
 
@@ -51,6 +52,8 @@ class Eagle3Config:
     layer_ids: tuple[int, ...] | None  # None: llama.cpp's and vLLM's default (2, n/2, n-3)
     norm_before_residual: bool
     max_position_embeddings: int
+    norm_before_fc: bool = False  # an RMSNorm over the concatenated features before fc (EAGLE-3.1 heads)
+    num_layers: int = 1
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> Eagle3Config:
@@ -76,6 +79,8 @@ class Eagle3Config:
                 layer_ids=tuple(int(i) for i in ids) if ids else None,
                 norm_before_residual=bool(raw.get("norm_before_residual", False)),
                 max_position_embeddings=int(layer.get("max_position_embeddings") or 4096),
+                norm_before_fc=bool(raw.get("norm_before_fc", False)),
+                num_layers=int(layer.get("num_hidden_layers") or 1),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ModelFileError(f"not an EAGLE-3 head config: {e}", "pass the head's Hugging Face directory") from None
@@ -106,6 +111,11 @@ def check_head(head_path: str | Path, target_hidden: int | None, target_vocab: i
         )
     cfg = Eagle3Config.from_dict(raw)
     name = Path(head_path).name
+    if cfg.num_layers != 1:
+        raise UnsupportedModelError(
+            f"{name} has {cfg.num_layers} decoder layers; localspec's MLX EAGLE-3 head builds the usual one",
+            "use a one-layer EAGLE-3 head, or convert it to GGUF for --backend llama",
+        )
     if target_hidden is not None and cfg.target_hidden_size != target_hidden:
         raise UnsupportedModelError(
             f"{name} was made for a target with hidden size {cfg.target_hidden_size}, but the target has {target_hidden}",
@@ -139,6 +149,8 @@ def _build_head(cfg: Eagle3Config, has_embed: bool) -> Any:
             super().__init__()
             e = cfg.hidden_size
             self.fc = nn.Linear(3 * cfg.target_hidden_size, e, bias=False)
+            if cfg.norm_before_fc:
+                self.input_norm = nn.RMSNorm(3 * cfg.target_hidden_size, eps=cfg.rms_norm_eps)
             attn = llama.Attention(args)
             head_dim = attn.head_dim
             attn.q_proj = nn.Linear(2 * e, cfg.num_attention_heads * head_dim, bias=False)
@@ -173,8 +185,8 @@ def _head_weights(weights: Mapping[str, Any]) -> tuple[dict[str, Any], Any]:
         if name == "d2t":
             d2t = w
             continue
-        if name == "t2d":
-            continue  # the target-to-draft mask: unused when drafting
+        if name == "t2d" or "rotary_emb.inv_freq" in name:
+            continue  # the target-to-draft mask and cached RoPE tables: unused here
         for prefix in _LAYER_PREFIXES:
             if name.startswith(prefix):
                 name = name[len(prefix) :]
@@ -218,7 +230,10 @@ class Eagle3Drafter(MLXHeadDrafter):
     def _run(self, context: Sequence[int], start: int, stop: int) -> tuple[np.ndarray, Any]:
         import mlx.core as mx
 
-        g = self._head.fc(self.target.features(start, stop).astype(self._dtype))[None]
+        features = self.target.features(start, stop).astype(self._dtype)
+        if self._cfg.norm_before_fc:
+            features = self._head.input_norm(features)
+        g = self._head.fc(features)[None]
         return self._forward(list(context[start + 1 : stop + 1]), g)
 
     def _step(self, token: int, state: Any, position: int) -> tuple[np.ndarray, Any]:
