@@ -90,7 +90,8 @@ def is_block_config(raw: Mapping[str, Any]) -> bool:
 
 def is_dspark_config(raw: Mapping[str, Any]) -> bool:
     archs = " ".join(raw.get("architectures") or []).lower()
-    return "dspark" in archs or "markov_rank" in raw or "markov_head_type" in raw
+    dc = raw.get("dflash_config") or {}
+    return "dspark" in archs or any(k in raw or k in dc for k in ("markov_rank", "markov_head_type"))
 
 
 def read_config(head_path: str | Path) -> BlockConfig:
@@ -119,7 +120,8 @@ def read_config(head_path: str | Path) -> BlockConfig:
             mask_token_id=None if dc.get("mask_token_id") is None else int(dc["mask_token_id"]),
             target_layer_ids=tuple(int(i) for i in dc.get("target_layer_ids") or raw.get("target_layer_ids") or ()),
             causal=bool(raw.get("is_causal") or dc.get("causal") or False),
-            dspark=is_dspark_config(raw), sample_from_anchor=bool(raw.get("sample_from_anchor", True)),
+            dspark=is_dspark_config(raw),
+            sample_from_anchor=bool(dc.get("sample_from_anchor", raw.get("sample_from_anchor", True))),
             dflash2="conv_kernel_size" in dc,
             sliding="sliding_attention" in (raw.get("layer_types") or []) or bool(dc.get("use_swa")),
             input_embedding_scale=float(dc.get("input_embedding_scale") or raw.get("input_embedding_scale") or 1.0),

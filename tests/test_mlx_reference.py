@@ -215,3 +215,144 @@ def test_eagle3_drafts_equal_mlx_vlms_reference(target_dir: Path, tmp_path: Path
         drafter.close()
         target.close()
     assert ours == theirs
+
+
+# -- Qwen3.5 MTP: mlx-vlm's Qwen3_5MTPDraftModel ---------------------------------------------------------
+
+
+def test_qwen35_mtp_drafts_equal_mlx_vlms_reference(tmp_path: Path) -> None:
+    pytest.importorskip("mlx_vlm.speculative.drafters.qwen3_5_mtp.qwen3_5_mtp")
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.models.cache import make_prompt_cache
+    from mlx_lm.utils import load_model, load_tokenizer
+    from mlx_vlm.speculative.drafters.qwen3_5_mtp.config import Qwen3_5MTPConfig
+    from mlx_vlm.speculative.drafters.qwen3_5_mtp.qwen3_5_mtp import Qwen3_5MTPDraftModel
+
+    from localspec.backends.base import sync_cache
+    from localspec.backends.mlx_mtp import MtpDrafter
+
+    k, n_rounds = 3, 8
+    config = {**mlx_tiny.QWEN35_CONFIG, "mtp_num_hidden_layers": 1}
+    target_dir = mlx_tiny.build(tmp_path / "qwen35", seed=2, config=mlx_tiny.QWEN35_CONFIG)
+    mx.random.seed(11)
+    ref = Qwen3_5MTPDraftModel(Qwen3_5MTPConfig.from_dict({"text_config": config}))
+    params = dict(tree_flatten(ref.parameters()))
+    # The checkpoint keeps them as an original one does (mtp.*); this one's other weights are converted
+    # already, so neither side shifts the norms, and both read the same numbers.
+    mx.save_safetensors(str(target_dir / "model-mtp.safetensors"), {f"mtp.{n}": v for n, v in params.items()})
+    (target_dir / "config.json").write_text(json.dumps(config))
+
+    model, _ = load_model(target_dir)
+    text = model.language_model
+    prompt = load_tokenizer(target_dir).encode(PROMPT)
+
+    def hidden_of(tokens: list[int]) -> Any:
+        return text.model(mx.array(tokens)[None], cache=make_prompt_cache(model))  # post-norm, from scratch
+
+    h = hidden_of(prompt)
+    committed = [int(mx.argmax(text.lm_head(h)[0, -1]).item())]
+    ref.reset(model)
+    ref.prefill_from_target_hidden(mx.array(prompt)[None], h, committed[0], None, greedy=True)
+    theirs: list[list[int]] = []
+    contexts: list[list[int]] = []
+    for _ in range(n_rounds):
+        contexts.append([*prompt, *committed])
+        drafts = ref.draft_block(committed[-1], None, None, k + 1, None, greedy=True)
+        d = drafts[0].tolist()
+        theirs.append(d)
+        full = hidden_of([*prompt, *committed, *d])
+        verify = full[:, len(prompt) + len(committed) - 1 :]
+        best = mx.argmax(text.lm_head(verify)[0], axis=-1).tolist()
+        accepted = next((i for i in range(k) if d[i] != best[i]), k)
+        new = [*d[:accepted], best[accepted]]
+        ref.accept_verified_tokens(verify, drafts, accepted, new, None, greedy=True)
+        committed += new
+
+    target = mb.load(str(target_dir), n_ctx=512)
+    drafter = MtpDrafter(target)
+    try:
+        ours = []
+        for context in contexts:
+            sync_cache(target, context[:-1], logits=False)
+            ours.append(drafter.propose(context, k, GREEDY, np.random.default_rng(0)).tokens)
+    finally:
+        drafter.close()
+        target.close()
+    assert ours == theirs
+
+
+# -- DSpark: mlx-vlm's DSparkDraftModel ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("from_anchor", [True, False])
+def test_dspark_drafts_equal_mlx_vlms_reference(target_dir: Path, tmp_path: Path, from_anchor: bool) -> None:
+    pytest.importorskip("mlx_vlm.speculative.drafters.dspark.dspark")
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.models.cache import make_prompt_cache
+    from mlx_lm.utils import load_model, load_tokenizer
+    from mlx_vlm.speculative.drafters.dspark.config import DSparkConfig
+    from mlx_vlm.speculative.drafters.dspark.dspark import DSparkDraftModel
+
+    from localspec.backends.base import sync_cache
+    from localspec.backends.mlx_dflash import BlockDrafter
+
+    k, n_rounds, layers = 4, 8, [0, 2, 3]
+    raw = {
+        "architectures": ["DSparkDraftModel"], "model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128,
+        "vocab_size": mlx_tiny.N_VOCAB, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "max_position_embeddings": 4096,
+        "tie_word_embeddings": True,
+        "dflash_config": {"block_size": 8, "mask_token_id": mlx_tiny.N_VOCAB - 1, "target_layer_ids": layers,
+                          "num_target_layers": 4, "markov_rank": 16, "sample_from_anchor": from_anchor,
+                          "block_size_policy": "fixed"},
+    }  # fmt: skip
+    mx.random.seed(13)
+    ref = DSparkDraftModel(DSparkConfig.from_dict(raw))
+    params = {n: v for n, v in tree_flatten(ref.parameters()) if isinstance(v, mx.array)}
+    params["markov_head.markov_w2.weight"] = params["markov_head.markov_w2.weight"] * 4.0  # a bias that matters
+    ref.load_weights(list(params.items()), strict=False)
+    out = tmp_path / "dspark"
+    out.mkdir()
+    mx.save_safetensors(str(out / "model.safetensors"), params)
+    (out / "config.json").write_text(json.dumps(raw))
+
+    model, _ = load_model(target_dir)
+    cache = make_prompt_cache(model)
+    capture = list(layers)  # DFlash ids name layer outputs
+    prompt = load_tokenizer(target_dir).encode(PROMPT)
+    logits, hidden = _layer_outputs(model, prompt, cache, capture)
+    committed = [int(mx.argmax(logits[-1]).item())]
+    # Its target check asks for mlx-vlm's own model classes (their cache rollback); the drafts do not use them.
+    ref.validate_target_compatibility = lambda target_model: None
+    draft_cache = ref.reset(model)
+    theirs: list[list[int]] = []
+    contexts: list[list[int]] = []
+    for _ in range(n_rounds):
+        contexts.append([*prompt, *committed])
+        drafts = ref.draft_block(committed[-1], hidden, draft_cache, k + 1, lambda x: mx.argmax(x, axis=-1))
+        d = drafts[0].tolist()
+        theirs.append(d)
+        n_past = len(prompt) + len(committed) - 1
+        logits, verify_hidden = _layer_outputs(model, [committed[-1], *d], cache, capture)
+        best = mx.argmax(logits, axis=-1).tolist()
+        accepted = next((i for i in range(k) if d[i] != best[i]), k)
+        for c in cache:
+            c.trim(c.offset - (n_past + 1 + accepted))
+        hidden = verify_hidden[:, : accepted + 1]
+        committed += [*d[:accepted], best[accepted]]
+
+    target = mb.load(str(target_dir), n_ctx=512)
+    drafter = BlockDrafter(target, out, method="dspark")
+    try:
+        sync_cache(target, contexts[0][:-1], logits=False)
+        drafter.prepare(contexts[0][:-1], k)
+        ours = []
+        for context in contexts:
+            sync_cache(target, context[:-1], logits=False)
+            ours.append(drafter.propose(context, k, GREEDY, np.random.default_rng(0)).tokens)
+    finally:
+        drafter.close()
+        target.close()
+    assert ours == theirs
