@@ -20,7 +20,10 @@ block size): block positions see each other, so its length changes its logits (l
 Layer ids: `target_layer_ids` name layer *outputs* (z-lab's convention); the capture reads layer inputs, so it
 reads ids + 1 (llama.cpp's converter writes them the same way). Scalars as z-lab's drafter applies them:
 the target's embedding scale times input_embedding_scale, output_multiplier, final_logit_softcapping.
-DFlash2 (conv/selector) and sliding-window layers are refused with the reason.
+DFlash2 (architectures DFlash2DraftModel: conv_kernel_size, conv_group_size, selector_rank, selector_top_k) adds
+a dynamic causal convolution around each layer's attention and MLP and walks a lattice of each position's top-k
+candidates with a selector, greedily: a deterministic draft (q one-hot), as localspec runs it on llama.cpp.
+Sliding-window layers are refused with the reason.
 """
 
 from __future__ import annotations
@@ -63,6 +66,10 @@ class BlockConfig:
     sample_from_anchor: bool
     dflash2: bool
     sliding: bool = False  # sliding-window layers (not built here: refused)
+    conv_kernel_size: int = 0  # DFlash2: dynamic causal convolutions around attention and MLP
+    conv_group_size: int = 0
+    selector_rank: int = 0  # DFlash2: the candidate selector's codebooks
+    selector_top_k: int = 0
     input_embedding_scale: float = 1.0
     output_multiplier: float = 1.0
     final_logit_softcapping: float | None = None
@@ -124,6 +131,8 @@ def read_config(head_path: str | Path) -> BlockConfig:
             sample_from_anchor=bool(dc.get("sample_from_anchor", raw.get("sample_from_anchor", True))),
             dflash2="conv_kernel_size" in dc,
             sliding="sliding_attention" in (raw.get("layer_types") or []) or bool(dc.get("use_swa")),
+            conv_kernel_size=int(dc.get("conv_kernel_size") or 0), conv_group_size=int(dc.get("conv_group_size") or 0),
+            selector_rank=int(dc.get("selector_rank") or 0), selector_top_k=int(dc.get("selector_top_k") or 0),
             input_embedding_scale=float(dc.get("input_embedding_scale") or raw.get("input_embedding_scale") or 1.0),
             output_multiplier=float(dc.get("output_multiplier") or raw.get("output_multiplier") or 1.0),
             final_logit_softcapping=dc.get("final_logit_softcapping") or raw.get("final_logit_softcapping"),
@@ -140,11 +149,8 @@ def check_head(method: str, head_path: str | Path, target_hidden: int | None = N
     if cfg.method != method:
         has = "has a Markov head, so it is a DSpark" if cfg.dspark else "has no Markov head, so it is a DFlash"
         raise UsageError(f"{name} {has} drafter", f"use --draft-method {cfg.method} with it")
-    if cfg.dflash2:
-        raise UnsupportedModelError(
-            f"{name} is a DFlash2 drafter (dynamic convolutions and a selector lattice), which localspec runs on "
-            "llama.cpp only", "convert it to GGUF and use --backend llama, or pick a DFlash drafter",
-        )  # fmt: skip
+    if cfg.dflash2 and (cfg.selector_top_k <= 0 or cfg.conv_group_size <= 0 or cfg.hidden_size % cfg.conv_group_size):
+        raise ModelFileError(f"{name} is a DFlash2 drafter with unusable conv/selector settings", "download it again")
     if cfg.sliding:
         raise UnsupportedModelError(
             f"{name} has sliding-window attention layers, which localspec's MLX {label} drafter does not build",
@@ -192,6 +198,11 @@ def _build(cfg: BlockConfig, weights: Mapping[str, Any]) -> Any:
             if cfg.dspark:
                 rank = weights["markov_head.markov_w1.weight"].shape[-1]
                 self.markov_head = _Markov(cfg.vocab_size, cfg.draft_vocab_size, rank, "confidence_head.proj.weight" in weights)
+            if cfg.dflash2:
+                for layer in self.layers:
+                    layer.attention_conv = _DynamicConv()
+                    layer.mlp_conv = _DynamicConv()
+                self.candidate_selector = _Selector()
 
         def write_context(self, features: Any, caches: list[Any]) -> None:
             """K/V of each layer for context rows [n, F] (at the caches' offsets)."""
@@ -208,9 +219,50 @@ def _build(cfg: BlockConfig, weights: Mapping[str, Any]) -> Any:
             h = embeds
             mask = "causal" if cfg.causal and h.shape[1] > 1 else None  # non-causal: every row sees the block
             for layer, cache in zip(self.layers, caches):
-                h = h + layer.self_attn(layer.input_layernorm(h), mask, cache)
-                h = h + layer.mlp(layer.post_attention_layernorm(h))
+                if not cfg.dflash2:
+                    h = h + layer.self_attn(layer.input_layernorm(h), mask, cache)
+                    h = h + layer.mlp(layer.post_attention_layernorm(h))
+                    continue
+                x, kernel = layer.attention_conv.prepare(layer.input_layernorm(h))
+                h = h + layer.attention_conv.finish(layer.self_attn(x, mask, cache), kernel)
+                x, kernel = layer.mlp_conv.prepare(layer.post_attention_layernorm(h))
+                h = h + layer.mlp_conv.finish(layer.mlp(x), kernel)
             return self.norm(h)
+
+    def convolve(hidden: Any, dynamic: Any, base: Any) -> Any:
+        """DFlash2's grouped causal convolution along the block: each position mixes the kernel's previous ones."""
+        batch, length, width = hidden.shape
+        groups = width // cfg.conv_group_size
+        blocks = hidden.reshape(batch, length, groups, cfg.conv_group_size)
+        dynamic = dynamic.reshape(batch, length, base.shape[0], groups, 1)
+        out = mx.zeros_like(blocks)
+        for offset in range(base.shape[0]):
+            values = blocks if offset == 0 else mx.concatenate((mx.zeros_like(blocks[:, :offset]), blocks[:, :-offset]), axis=1)
+            out = out + base[offset].reshape(1, 1, groups, cfg.conv_group_size).astype(hidden.dtype) * values
+            out = out + dynamic[:, :, offset] * values
+        return out.reshape(hidden.shape)
+
+    class _DynamicConv(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            groups = cfg.hidden_size // max(cfg.conv_group_size, 1)
+            self.base_kernel = mx.zeros((2, cfg.conv_kernel_size, cfg.hidden_size))
+            self.kernel_projection = nn.Linear(cfg.hidden_size, 2 * cfg.conv_kernel_size * groups, bias=False)
+
+        def prepare(self, hidden: Any) -> tuple[Any, Any]:
+            groups = hidden.shape[-1] // cfg.conv_group_size
+            dynamic = self.kernel_projection(hidden).reshape(*hidden.shape[:-1], 2, cfg.conv_kernel_size, groups)
+            return convolve(hidden, dynamic[..., 0, :, :], self.base_kernel[0]), dynamic[..., 1, :, :]
+
+        def finish(self, hidden: Any, dynamic: Any) -> Any:
+            return convolve(hidden, dynamic, self.base_kernel[1])
+
+    class _Selector(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.predecessor_codebook = nn.Embedding(cfg.vocab_size, cfg.selector_rank)
+            self.successor_codebook = nn.Embedding(cfg.vocab_size, cfg.selector_rank)
+            self.hidden_projection = nn.Linear(cfg.hidden_size, cfg.selector_rank, bias=False)
 
     class _Markov(nn.Module):
         def __init__(self, vocab: int, draft_vocab: int, rank: int, confidence: bool) -> None:
@@ -220,7 +272,6 @@ def _build(cfg: BlockConfig, weights: Mapping[str, Any]) -> Any:
             if confidence:
                 self.proj = nn.Linear(cfg.hidden_size + rank, 1, bias=True)
 
-    del mx
     return Block()
 
 
@@ -241,6 +292,7 @@ class BlockDrafter(MLXHeadDrafter):
         named = {k: v for k, v in weights.items() if k not in ("d2t", "t2d")}
         named = {("markov_head.proj." + k.split("confidence_head.proj.", 1)[1] if k.startswith("confidence_head.proj.") else k): v
                  for k, v in named.items()}  # fmt: skip
+        named = {(k + ".weight" if k.endswith("_codebook") else k): v for k, v in named.items()}  # DFlash2's published names
         head = _build(cfg, weights)
         try:
             head.load_weights(list(named.items()), strict=True)
@@ -276,6 +328,9 @@ class BlockDrafter(MLXHeadDrafter):
         if k <= 0 or pos < 1 or self._n_pairs(context) < pos:
             return EMPTY_DRAFT
         self._sync(context)
+        if self.cfg.dflash2:
+            tokens, note = self._lattice(context[-1], k, min_confidence)
+            return Draft(tokens, None, note, source=self.method)  # deterministic: its q is one-hot
         logits, conf = self._block(context[-1])
         first = 1 - int(self.cfg.reads_anchor)
         rows = logits[first : first + k]
@@ -308,9 +363,37 @@ class BlockDrafter(MLXHeadDrafter):
             if c.offset > n:
                 c.trim(c.offset - n)
 
-    def _block(self, anchor: int) -> tuple[np.ndarray, np.ndarray | None]:
-        """Logits [rows, V] of the block [anchor, mask x n] (DSpark's Markov bias in), and DSpark's confidence
-        per row (None without a confidence head). The block's K/V leave the caches again."""
+    def _lattice(self, anchor: int, k: int, min_confidence: float) -> tuple[list[int], str]:
+        """DFlash2: at each block position after the anchor, the best of the top-k candidates by their logit plus
+        the selector's edge from the token before (predecessor codebook . projected hidden . successor codebook)."""
+        import mlx.core as mx
+
+        raw, hidden = self._raw_block(anchor)
+        sel = self._head.candidate_selector
+        top = self.cfg.selector_top_k
+        projected = np.asarray(sel.hidden_projection(hidden[0]).astype(mx.float32))
+        pred_book = np.asarray(sel.predecessor_codebook.weight.astype(mx.float32))
+        succ_book = np.asarray(sel.successor_codebook.weight.astype(mx.float32))
+        logits = np.asarray(raw)
+        tokens: list[int] = []
+        previous = anchor
+        for i in range(1, min(k + 1, len(logits))):
+            candidates = np.argpartition(logits[i], -top)[-top:]
+            scores = logits[i][candidates] + (pred_book[previous] * projected[i] * succ_book[candidates]).sum(axis=-1)
+            best = int(np.argmax(scores))
+            if min_confidence > 0:
+                conf = float(1.0 / np.exp(scores - scores[best]).sum())
+                if conf < min_confidence:
+                    return tokens, f"draft stopped at position {i}: confidence {conf:.2f} < {min_confidence:.2f}"
+            previous = int(candidates[best])
+            tokens.append(previous)
+            if previous in self.target.eog_ids:
+                break
+        return tokens, ""
+
+    def _raw_block(self, anchor: int) -> tuple[Any, Any]:
+        """(The block's raw logits [rows, V or the draft vocabulary], its final hidden rows [1, rows, E]); the
+        block's K/V leave the caches again."""
         import mlx.core as mx
 
         n_block = self.cfg.block_tokens(self._n_draft)
@@ -328,6 +411,14 @@ class BlockDrafter(MLXHeadDrafter):
             mx.eval(raw, hidden)
         finally:
             self._cut(base)
+        return raw, hidden
+
+    def _block(self, anchor: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """Logits [rows, V] of the block [anchor, mask x n] (DSpark's Markov bias in), and DSpark's confidence
+        per row (None without a confidence head)."""
+        import mlx.core as mx
+
+        raw, hidden = self._raw_block(anchor)
         rows = np.asarray(raw)
         if not self.cfg.dspark:
             return np.stack([self._target_logits(r) for r in rows]), None

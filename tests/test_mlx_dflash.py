@@ -3,6 +3,7 @@ converted to MLX (the target with localspec.convert_gguf, the drafters to their 
 tests/mlx_heads.py): every round's drafts equal llama.cpp's own; greedy speculative output equals plain greedy
 output; the exact rule's joint distribution matches the target's at temperature 1 through the real drafter
 (and fails for a misreported q); the drafter's cache comes back right after rejected rounds; refusals.
+DFlash2's drafts are checked against z-lab's reference in tests/test_mlx_reference.py.
 """
 
 from __future__ import annotations
@@ -184,18 +185,27 @@ def test_after_rejected_rounds_the_next_proposal_equals_a_fresh_drafters(convert
         fresh.close()
 
 
-def test_the_wrong_method_and_dflash2_are_refused(converted: dict[str, Path], target, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_the_wrong_method_and_unbuildable_drafters_are_refused(converted: dict[str, Path], target, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from localspec.errors import ModelFileError
+
     with pytest.raises(UsageError, match="use --draft-method dspark"):
         BlockDrafter(target, converted["dspark"], method="dflash")
-    d2 = tmp_path / "dflash2"
-    d2.mkdir()
-    for f in ("config.json", "model.safetensors"):
-        (d2 / f).write_bytes((converted["dflash"] / f).read_bytes())
-    cfg = json.loads((d2 / "config.json").read_text())
-    cfg["dflash_config"] |= {"conv_kernel_size": 3, "conv_group_size": 16, "selector_rank": 8, "selector_top_k": 2}
-    (d2 / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(UnsupportedModelError, match="DFlash2"):
-        BlockDrafter(target, d2, method="dflash")
+
+    def variant(name: str, **changes: object) -> Path:
+        d = tmp_path / name
+        d.mkdir()
+        for f in ("config.json", "model.safetensors"):
+            (d / f).write_bytes((converted["dflash"] / f).read_bytes())
+        cfg = json.loads((d / "config.json").read_text())
+        (d / "config.json").write_text(json.dumps({**cfg, **changes}))
+        return d
+
+    dc = json.loads((converted["dflash"] / "config.json").read_text())["dflash_config"]
+    bad = {**dc, "conv_kernel_size": 3, "conv_group_size": 48, "selector_rank": 8, "selector_top_k": 2}  # 64 % 48
+    with pytest.raises(ModelFileError, match="DFlash2"):
+        BlockDrafter(target, variant("dflash2-bad", dflash_config=bad), method="dflash")
+    with pytest.raises(UnsupportedModelError, match="sliding-window"):
+        BlockDrafter(target, variant("swa", layer_types=["sliding_attention"], sliding_window=64), method="dflash")
 
 
 @pytest.mark.parametrize("method", ["dspark", "auto"])

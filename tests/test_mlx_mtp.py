@@ -5,8 +5,8 @@ through the layer (and fails for a misreported q); the layer's cache comes back 
 checkpoints without the weights, and other architectures, are refused with the reason; run finds the layer
 when --draft is the target itself.
 
-No reference implementation runs here (mlx-vlm's Qwen3.5 MTP drafter is not installed in CI), so there is no
-per-round golden for this family; DeepSeek/GLM nextn MTP runs on llama.cpp only."""
+Its drafts are checked round by round against mlx-vlm's Qwen3_5MTPDraftModel in tests/test_mlx_reference.py;
+DeepSeek/GLM nextn MTP runs on llama.cpp only."""
 
 from __future__ import annotations
 

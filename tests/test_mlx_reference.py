@@ -46,6 +46,13 @@ def _save(out: Path, module: Any, config: dict[str, Any]) -> Path:
     return out
 
 
+def _to_eog(draft: list[int], eog: frozenset[int]) -> list[int]:
+    """A reference draft up to its first end-of-generation token: localspec stops drafting there (drafts past
+    the end of the answer are wasted verify work), the references draft on."""
+    at = next((i for i, t in enumerate(draft) if t in eog), None)
+    return draft if at is None else draft[: at + 1]
+
+
 def _replay(target: Any, drafter: Any, prompt: list[int], first: int, rounds: list[tuple[int, list[int]]],
             final: list[int], k: int) -> list[tuple[list[int], list[int]]]:  # fmt: skip
     """Each reference round again with localspec's drafter: (theirs, ours) per round whose draft was k long.
@@ -60,7 +67,7 @@ def _replay(target: Any, drafter: Any, prompt: list[int], first: int, rounds: li
     for anchor, theirs in rounds:
         assert anchor == context[-1]
         if len(theirs) == k:
-            pairs.append((theirs, drafter.propose(context, k, GREEDY, np.random.default_rng(0)).tokens))
+            pairs.append((_to_eog(theirs, target.eog_ids), drafter.propose(context, k, GREEDY, np.random.default_rng(0)).tokens))
         accepted = 0
         while accepted < len(theirs) and done + accepted < len(final) and theirs[accepted] == final[done + accepted]:
             accepted += 1
@@ -211,10 +218,11 @@ def test_eagle3_drafts_equal_mlx_vlms_reference(target_dir: Path, tmp_path: Path
         for context in contexts:
             sync_cache(target, context[:-1], logits=False)
             ours.append(drafter.propose(context, k, GREEDY, np.random.default_rng(0)).tokens)
+        eog = target.eog_ids
     finally:
         drafter.close()
         target.close()
-    assert ours == theirs
+    assert ours == [_to_eog(t, eog) for t in theirs]
 
 
 # -- Qwen3.5 MTP: mlx-vlm's Qwen3_5MTPDraftModel ---------------------------------------------------------
@@ -276,10 +284,11 @@ def test_qwen35_mtp_drafts_equal_mlx_vlms_reference(tmp_path: Path) -> None:
         for context in contexts:
             sync_cache(target, context[:-1], logits=False)
             ours.append(drafter.propose(context, k, GREEDY, np.random.default_rng(0)).tokens)
+        eog = target.eog_ids
     finally:
         drafter.close()
         target.close()
-    assert ours == theirs
+    assert ours == [_to_eog(t, eog) for t in theirs]
 
 
 # -- DSpark: mlx-vlm's DSparkDraftModel ------------------------------------------------------------------
@@ -352,7 +361,69 @@ def test_dspark_drafts_equal_mlx_vlms_reference(target_dir: Path, tmp_path: Path
         for context in contexts:
             sync_cache(target, context[:-1], logits=False)
             ours.append(drafter.propose(context, k, GREEDY, np.random.default_rng(0)).tokens)
+        eog = target.eog_ids
     finally:
         drafter.close()
         target.close()
-    assert ours == theirs
+    assert ours == [_to_eog(t, eog) for t in theirs]
+
+
+def test_dflash2_drafts_equal_z_labs_reference(target_dir: Path, tmp_path: Path) -> None:
+    ref = pytest.importorskip("dflash.model_mlx")
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.utils import load_model, load_tokenizer
+
+    from localspec.backends.mlx_dflash import BlockDrafter
+
+    block = 6
+    conv = {"conv_kernel_size": 3, "conv_group_size": 16, "selector_rank": 8, "selector_top_k": 4}
+    config = ref.DFlashConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        intermediate_size=128, vocab_size=mlx_tiny.N_VOCAB, rms_norm_eps=1e-6, rope_theta=10000.0,
+        max_position_embeddings=4096, block_size=block, target_layer_ids=(0, 2, 3), num_target_layers=4,
+        mask_token_id=mlx_tiny.N_VOCAB - 1, **conv,
+    )  # fmt: skip
+    mx.random.seed(17)
+    rounds: list[tuple[int, list[int]]] = []
+
+    class Recorded(ref.DFlash2DraftModel):  # type: ignore[misc, name-defined]
+        def propose(self, inputs, target_hidden, cache, temperature, logits_start=0):  # type: ignore[no-untyped-def]
+            out = super().propose(inputs, target_hidden, cache, temperature, logits_start)
+            rounds.append((int(inputs[0, 0].item()), out[0][0].tolist()))
+            return out
+
+    draft = Recorded(config)
+    params = dict(tree_flatten(draft.parameters()))
+    for name in [n for n in params if n.endswith("base_kernel")]:  # zeros at init: make the convolution matter
+        params[name] = 0.5 * mx.random.normal(params[name].shape)
+    for name in [n for n in params if "codebook" in n]:
+        params[name] = 4.0 * mx.random.normal(params[name].shape)
+    draft.load_weights(list(params.items()))
+    published = {(n[: -len(".weight")] if n.endswith("_codebook.weight") else n): v for n, v in params.items()}
+    head = tmp_path / "dflash2"
+    head.mkdir()
+    mx.save_safetensors(str(head / "model.safetensors"), published)
+    (head / "config.json").write_text(json.dumps({
+        "architectures": ["DFlash2DraftModel"], "model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128,
+        "vocab_size": mlx_tiny.N_VOCAB, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "max_position_embeddings": 4096,
+        "dflash_config": {"block_size": block, "mask_token_id": mlx_tiny.N_VOCAB - 1, "target_layer_ids": [0, 2, 3], **conv},
+    }))  # fmt: skip
+    model, _ = load_model(target_dir)
+    tokenizer = load_tokenizer(target_dir)
+    prompt = tokenizer.encode(PROMPT)
+    final: list[int] = []
+    for response in ref.stream_generate(model, draft, tokenizer, prompt, block_size=block, max_tokens=50):
+        final += list(response.tokens)
+    assert len(rounds) > 3
+
+    target = mb.load(str(target_dir), n_ctx=512)
+    drafter = BlockDrafter(target, head, method="dflash")
+    try:
+        pairs = _replay(target, drafter, list(prompt), final[0], rounds, final, block - 1)
+    finally:
+        drafter.close()
+        target.close()
+    assert len(pairs) >= 3
+    assert [ours for _, ours in pairs] == [theirs for theirs, _ in pairs]
