@@ -102,6 +102,32 @@ class ModelInfo:
 
 
 @dataclass(frozen=True)
+class BlockLayout:
+    """How a DFlash-family block drafter lays out its block, on either backend: the anchor (the last committed
+    token) then masks; DSpark sampling from the anchor drafts from slot 0, the others from slot 1."""
+
+    block_size: int  # the trained block (anchor and masks)
+    dspark: bool  # a Markov head: a DSpark drafter
+    sample_from_anchor: bool  # DSpark: slot 0 predicts the first draft token (else it is a bonus anchor)
+
+    @property
+    def method(self) -> str:
+        return "dspark" if self.dspark else "dflash"
+
+    @property
+    def reads_anchor(self) -> bool:
+        """Whether the block's slot 0 (the last committed token) predicts the first draft token."""
+        return self.dspark and self.sample_from_anchor
+
+    @property
+    def n_draft_max(self) -> int:
+        return self.block_size if self.reads_anchor else self.block_size - 1
+
+    def block_tokens(self, n_draft: int) -> int:
+        return n_draft if self.reads_anchor else n_draft + 1
+
+
+@dataclass(frozen=True)
 class TokenTable:
     """A vocabulary as a grammar engine reads it (decoding/grammar.py), from a backend's optional
     `token_table()`: either each token's bytes with `tokenize`, or a Hugging Face tokenizers JSON."""

@@ -35,6 +35,7 @@ import llama_cpp
 import numpy as np
 
 from localspec.backends import llama_ext
+from localspec.backends.base import BlockLayout
 from localspec.backends.llama_cpp import LlamaCppBackend, read_header
 from localspec.backends.llama_head import HeadDrafter, PairAt
 from localspec.draft import EMPTY_DRAFT, Draft, sample_draft
@@ -47,33 +48,15 @@ _LABEL = {"dflash": "DFlash", "dspark": "DSpark"}
 
 
 @dataclass(frozen=True)
-class BlockHead:
-    """What a block drafter's header says (llama.cpp reads the same keys)."""
+class BlockHead(BlockLayout):
+    """What a block drafter's header says (llama.cpp reads the same keys): block_size from dflash.block_size,
+    dspark from a markov_w1 tensor, sample_from_anchor from dflash.sample_from_anchor."""
 
-    block_size: int  # dflash.block_size: the trained block (anchor and masks)
-    dspark: bool  # a Markov head (markov_w1): a DSpark drafter
-    sample_from_anchor: bool  # DSpark: slot 0 predicts the first draft token (else it is a bonus anchor)
     causal: bool  # dflash.attention.causal: attention inside the block (non-causal unless it says so)
     confidence: bool  # DSpark's confidence head (conf_proj)
     mask_token: int | None  # tokenizer.ggml.mask_token_id
     target_layers: tuple[int, ...]  # dflash.target_layers: the target layers whose inputs it reads
     n_embd: int
-
-    @property
-    def method(self) -> str:
-        return "dspark" if self.dspark else "dflash"
-
-    @property
-    def reads_anchor(self) -> bool:
-        """Whether the block's slot 0 (the last committed token) predicts the first draft token."""
-        return self.dspark and self.sample_from_anchor
-
-    @property
-    def n_draft_max(self) -> int:
-        return self.block_size if self.reads_anchor else self.block_size - 1
-
-    def block_tokens(self, n_draft: int) -> int:
-        return n_draft if self.reads_anchor else n_draft + 1
 
 
 def read_block_head(head_path: str | Path) -> BlockHead:

@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from localspec.backends.base import BlockLayout
 from localspec.backends.mlx import MLXBackend
 from localspec.backends.mlx_head import MLXHeadDrafter, read_head_dir
 from localspec.draft import EMPTY_DRAFT, Draft, sample_draft
@@ -47,7 +48,9 @@ _LABEL = {"dflash": "DFlash", "dspark": "DSpark"}
 
 
 @dataclass(frozen=True)
-class BlockConfig:
+class BlockConfig(BlockLayout):
+    """A DFlash-family drafter's config.json (block_size, dspark and sample_from_anchor in BlockLayout)."""
+
     hidden_size: int
     intermediate_size: int
     num_layers: int
@@ -58,12 +61,9 @@ class BlockConfig:
     rope_theta: float
     vocab_size: int
     draft_vocab_size: int
-    block_size: int
     mask_token_id: int | None
     target_layer_ids: tuple[int, ...]  # layer outputs (the capture reads ids + 1)
     causal: bool
-    dspark: bool
-    sample_from_anchor: bool
     dflash2: bool
     sliding: bool = False  # sliding-window layers (not built here: refused)
     conv_kernel_size: int = 0  # DFlash2: dynamic causal convolutions around attention and MLP
@@ -73,21 +73,6 @@ class BlockConfig:
     input_embedding_scale: float = 1.0
     output_multiplier: float = 1.0
     final_logit_softcapping: float | None = None
-
-    @property
-    def method(self) -> str:
-        return "dspark" if self.dspark else "dflash"
-
-    @property
-    def reads_anchor(self) -> bool:
-        return self.dspark and self.sample_from_anchor
-
-    @property
-    def n_draft_max(self) -> int:
-        return self.block_size if self.reads_anchor else self.block_size - 1
-
-    def block_tokens(self, n_draft: int) -> int:
-        return n_draft if self.reads_anchor else n_draft + 1
 
 
 def is_block_config(raw: Mapping[str, Any]) -> bool:

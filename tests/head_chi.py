@@ -61,3 +61,32 @@ def first_draft_q(target: Backend, drafter: Drafter, context: list[int]) -> np.n
     draft = drafter.propose(context, 1, SamplingParams(temperature=1.0), np.random.default_rng(0))
     assert draft.q is not None and len(draft.tokens) == 1
     return draft.q[0]
+
+
+def misreported(cls: type) -> type:
+    """A subclass of drafter class `cls` that drafts the same tokens but reports q as uniform over its
+    support: the chi-square check must fail through it (the test's own test)."""
+    from dataclasses import replace
+
+    class Misreported(cls):  # type: ignore[misc, valid-type]
+        def propose(self, context, k, sampling, rng, *, min_confidence=0.0):  # type: ignore[no-untyped-def]
+            d = super().propose(context, k, sampling, rng, min_confidence=min_confidence)
+            if d.q is None:
+                return d
+            flat = (d.q > 0).astype(np.float64)
+            return replace(d, q=flat / flat.sum(axis=1, keepdims=True))
+
+    return Misreported
+
+
+def check_exact_rule(target, drafter, prompt: list[int], sampling: SamplingParams, expected) -> None:  # type: ignore[no-untyped-def]
+    """The exact rule through `drafter` matches the target's joint distribution, and both of its branches ran
+    (drafts kept and drafts rejected) over 60 seeded runs."""
+    from test_verify import joint_check
+
+    failure = joint_check(draws(target, drafter, prompt, sampling), expected, N_SAMPLES)
+    assert failure is None, failure
+    runs = [run(target, drafter, prompt, max_tokens=WINDOW, num_draft=K, sampling=SamplingParams(
+        temperature=1.0, top_k=TOP_K, seed=s)).stats for s in range(60)]  # fmt: skip
+    accepted, drafted = sum(s.n_accepted for s in runs), sum(s.n_drafted for s in runs)
+    assert 0 < accepted < drafted, (accepted, drafted)

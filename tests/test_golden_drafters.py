@@ -45,6 +45,25 @@ def _greedy_verdict(logits: np.ndarray, draft: list[int]) -> tuple[int, int]:
     return len(draft), int(np.argmax(logits[len(draft)]))
 
 
+def replay_rounds(target, drafter, golden: dict, n_draft: int) -> list[list[int]]:  # type: ignore[no-untyped-def, type-arg]
+    """The golden's rounds as llama.cpp ran them, with `drafter` proposing in each (its drafts, per round)."""
+    prompt = golden["prompt_tokens"]
+    target.forward(prompt[:-1], all_logits=False)
+    drafter.prepare(prompt, n_draft)
+    context = list(prompt)
+    ours: list[list[int]] = []
+    for r in golden["rounds"]:
+        assert len(context) - 1 == r["n_past"] and context[-1] == r["last"]
+        ours.append(drafter.propose(context, n_draft, GREEDY, np.random.default_rng(0)).tokens)
+        verified = r["draft"][: r["n_verified"]]  # llama.cpp's draft: a mismatch here does not cascade
+        logits = target.forward([r["last"], *verified], all_logits=True)
+        assert _greedy_verdict(logits, verified) == (r["n_accepted"], r["next"])  # the target agrees too
+        target.rollback(r["n_past"] + 1 + r["n_accepted"])
+        context += [*verified[: r["n_accepted"]], r["next"]]
+    assert len(ours) == len(golden["rounds"]) and context[len(prompt) :] == golden["output"]
+    return ours
+
+
 @pytest.mark.parametrize("name", [*CASES, *PENDING])
 def test_drafts_per_round_equal_llama_cpp(name: str, smollm2_path: Path, tmp_path: Path) -> None:
     case, golden = _case_or_skip(name)
@@ -57,28 +76,14 @@ def test_drafts_per_round_equal_llama_cpp(name: str, smollm2_path: Path, tmp_pat
     head = str(files["draft"]) if "draft" in files else None
     drafter = make_drafter(case.family, target, None, head=head)
     try:
-        prompt = golden["prompt_tokens"]
-        assert target.tokenize(case.prompt, add_special=True, parse_special=True) == prompt
-        target.forward(prompt[:-1], all_logits=False)
-        drafter.prepare(prompt, case.n_draft)
-        context = list(prompt)
-        ours: list[list[int]] = []
-        for r in golden["rounds"]:
-            assert len(context) - 1 == r["n_past"] and context[-1] == r["last"]
-            draft = drafter.propose(context, case.n_draft, GREEDY, np.random.default_rng(0))
-            ours.append(draft.tokens)
-            verified = r["draft"][: r["n_verified"]]  # llama.cpp's draft: a mismatch here does not cascade
-            logits = target.forward([r["last"], *verified], all_logits=True)
-            assert _greedy_verdict(logits, verified) == (r["n_accepted"], r["next"])  # the target agrees too
-            target.rollback(r["n_past"] + 1 + r["n_accepted"])
-            context += [*verified[: r["n_accepted"]], r["next"]]
+        assert target.tokenize(case.prompt, add_special=True, parse_special=True) == golden["prompt_tokens"]
+        ours = replay_rounds(target, drafter, golden, case.n_draft)
     finally:
         drafter.close()
         target.close()
     theirs = [r["draft"] for r in golden["rounds"]]
     differ = [i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b]
     assert not differ, f"rounds {differ} differ; first: localspec {ours[differ[0]]}, llama.cpp {theirs[differ[0]]}"
-    assert len(ours) == len(theirs) and context[len(prompt) :] == golden["output"]
 
 
 def test_the_log_parser_reads_rounds_as_speculative_simple_writes_them() -> None:

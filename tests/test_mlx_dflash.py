@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -24,8 +23,8 @@ pytest.importorskip("mlx_lm")
 
 import mlx_heads  # noqa: E402
 from golden_cases import CASES, DFLASH_LAYERS, load_golden, write_case  # noqa: E402
-from head_chi import CHI_PROMPT, N_SAMPLES, TOP_K, WINDOW, K, draws, expected_joint, run  # noqa: E402
-from test_golden_drafters import _greedy_verdict  # noqa: E402
+from head_chi import CHI_PROMPT, N_SAMPLES, TOP_K, WINDOW, check_exact_rule, draws, expected_joint, misreported, run  # noqa: E402
+from test_golden_drafters import replay_rounds  # noqa: E402
 from test_verify import joint_check  # noqa: E402
 
 from localspec.backends import mlx as mb  # noqa: E402
@@ -75,19 +74,7 @@ def test_drafts_per_round_equal_llama_cpps_on_the_converted_models(name: str, co
     target = mb.load(str(converted["target"]), n_ctx=case.n_ctx)
     drafter = BlockDrafter(target, converted[name], method=case.family)
     try:
-        prompt = golden["prompt_tokens"]
-        target.forward(prompt[:-1], all_logits=False)
-        drafter.prepare(prompt, case.n_draft)
-        context = list(prompt)
-        ours: list[list[int]] = []
-        for r in golden["rounds"]:
-            assert len(context) - 1 == r["n_past"] and context[-1] == r["last"]
-            ours.append(drafter.propose(context, case.n_draft, GREEDY, np.random.default_rng(0)).tokens)
-            verified = r["draft"][: r["n_verified"]]
-            logits = target.forward([r["last"], *verified], all_logits=True)
-            assert _greedy_verdict(logits, verified) == (r["n_accepted"], r["next"])
-            target.rollback(r["n_past"] + 1 + r["n_accepted"])
-            context += [*verified[: r["n_accepted"]], r["next"]]
+        ours = replay_rounds(target, drafter, golden, case.n_draft)
     finally:
         drafter.close()
         target.close()
@@ -132,12 +119,7 @@ def test_exact_rule_matches_the_target_distribution_through_the_drafter(target, 
     assert len(expected) == TOP_K**WINDOW
     drafter = BlockDrafter(target, heads[method], method=method)
     try:
-        failure = joint_check(draws(target, drafter, prompt, sampling), expected, N_SAMPLES)
-        assert failure is None, failure
-        runs = [run(target, drafter, prompt, max_tokens=WINDOW, num_draft=K, sampling=SamplingParams(
-            temperature=1.0, top_k=TOP_K, seed=s)).stats for s in range(60)]  # fmt: skip
-        accepted, drafted = sum(s.n_accepted for s in runs), sum(s.n_drafted for s in runs)
-        assert 0 < accepted < drafted, (accepted, drafted)
+        check_exact_rule(target, drafter, prompt, sampling, expected)
     finally:
         drafter.close()
 
@@ -145,16 +127,8 @@ def test_exact_rule_matches_the_target_distribution_through_the_drafter(target, 
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["dflash", "dspark"])
 def test_a_drafter_whose_q_is_misreported_fails_the_same_check(target, chi, method: str) -> None:  # type: ignore[no-untyped-def]
-    class Misreported(BlockDrafter):
-        def propose(self, context, k, sampling, rng, *, min_confidence=0.0):  # type: ignore[no-untyped-def]
-            d = super().propose(context, k, sampling, rng, min_confidence=min_confidence)
-            if d.q is None:
-                return d
-            flat = (d.q > 0).astype(np.float64)
-            return replace(d, q=flat / flat.sum(axis=1, keepdims=True))
-
     prompt, sampling, expected, heads = chi
-    drafter = Misreported(target, heads[method], method=method)
+    drafter = misreported(BlockDrafter)(target, heads[method], method=method)
     try:
         assert joint_check(draws(target, drafter, prompt, sampling), expected, N_SAMPLES) is not None
     finally:

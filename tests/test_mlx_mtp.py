@@ -14,7 +14,6 @@ import json
 import shutil
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +26,7 @@ pytest.importorskip("mlx_lm")
 
 import mlx_heads  # noqa: E402
 import mlx_tiny  # noqa: E402
-from head_chi import CHI_PROMPT, N_SAMPLES, TOP_K, WINDOW, K, draws, expected_joint, run  # noqa: E402
+from head_chi import CHI_PROMPT, N_SAMPLES, TOP_K, check_exact_rule, draws, expected_joint, misreported, run  # noqa: E402
 from test_verify import joint_check  # noqa: E402
 
 from localspec.backends import mlx as mb  # noqa: E402
@@ -105,28 +104,15 @@ def test_exact_rule_matches_the_target_distribution_through_the_mtp_layer(target
     prompt, sampling, expected = chi
     drafter = MtpDrafter(target)
     try:
-        failure = joint_check(draws(target, drafter, prompt, sampling), expected, N_SAMPLES)
-        assert failure is None, failure
-        runs = [run(target, drafter, prompt, max_tokens=WINDOW, num_draft=K, sampling=SamplingParams(
-            temperature=1.0, top_k=TOP_K, seed=s)).stats for s in range(60)]  # fmt: skip
-        accepted, drafted = sum(s.n_accepted for s in runs), sum(s.n_drafted for s in runs)
-        assert 0 < accepted < drafted, (accepted, drafted)
+        check_exact_rule(target, drafter, prompt, sampling, expected)
     finally:
         drafter.close()
 
 
 @pytest.mark.slow
 def test_an_mtp_layer_whose_q_is_misreported_fails_the_same_check(target, chi) -> None:  # type: ignore[no-untyped-def]
-    class Misreported(MtpDrafter):
-        def propose(self, context, k, sampling, rng, *, min_confidence=0.0):  # type: ignore[no-untyped-def]
-            d = super().propose(context, k, sampling, rng, min_confidence=min_confidence)
-            if d.q is None:
-                return d
-            flat = (d.q > 0).astype(np.float64)
-            return replace(d, q=flat / flat.sum(axis=1, keepdims=True))
-
     prompt, sampling, expected = chi
-    drafter = Misreported(target)
+    drafter = misreported(MtpDrafter)(target)
     try:
         assert joint_check(draws(target, drafter, prompt, sampling), expected, N_SAMPLES) is not None
     finally:

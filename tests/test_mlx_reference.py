@@ -83,12 +83,35 @@ def _replay(target: Any, drafter: Any, prompt: list[int], first: int, rounds: li
 # -- DFlash: z-lab's dflash.model_mlx ------------------------------------------------------------------
 
 
-def test_dflash_drafts_equal_z_labs_reference(target_dir: Path, tmp_path: Path) -> None:
-    ref = pytest.importorskip("dflash.model_mlx")
-    import mlx.core as mx
+def _check_against_zlab(ref: Any, draft: Any, rounds: list[tuple[int, list[int]]], target_dir: Path, head: Path,
+                        block: int, max_tokens: int) -> None:  # fmt: skip
+    """z-lab's own greedy loop with `draft` (which records its rounds), then localspec's DFlash drafter on the
+    same committed contexts: the same drafts in every full-block round."""
     from mlx_lm.utils import load_model, load_tokenizer
 
     from localspec.backends.mlx_dflash import BlockDrafter
+
+    model, _ = load_model(target_dir)
+    tokenizer = load_tokenizer(target_dir)
+    prompt = tokenizer.encode(PROMPT)
+    final: list[int] = []
+    for response in ref.stream_generate(model, draft, tokenizer, prompt, block_size=block, max_tokens=max_tokens):
+        final += list(response.tokens)
+    assert len(rounds) > 3
+    target = mb.load(str(target_dir), n_ctx=512)
+    drafter = BlockDrafter(target, head, method="dflash")
+    try:
+        pairs = _replay(target, drafter, list(prompt), final[0], rounds, final, block - 1)
+    finally:
+        drafter.close()
+        target.close()
+    assert len(pairs) >= 3
+    assert [ours for _, ours in pairs] == [theirs for theirs, _ in pairs]
+
+
+def test_dflash_drafts_equal_z_labs_reference(target_dir: Path, tmp_path: Path) -> None:
+    ref = pytest.importorskip("dflash.model_mlx")
+    import mlx.core as mx
 
     block = 8
     config = ref.DFlashConfig(
@@ -114,23 +137,7 @@ def test_dflash_drafts_equal_z_labs_reference(target_dir: Path, tmp_path: Path) 
         "num_target_layers": 4,
         "dflash_config": {"block_size": block, "mask_token_id": mlx_tiny.N_VOCAB - 1, "target_layer_ids": [0, 2, 3]},
     })  # fmt: skip
-    model, _ = load_model(target_dir)
-    tokenizer = load_tokenizer(target_dir)
-    prompt = tokenizer.encode(PROMPT)
-    final: list[int] = []
-    for response in ref.stream_generate(model, draft, tokenizer, prompt, block_size=block, max_tokens=60):
-        final += list(response.tokens)
-    assert len(rounds) > 3
-
-    target = mb.load(str(target_dir), n_ctx=512)
-    drafter = BlockDrafter(target, head, method="dflash")
-    try:
-        pairs = _replay(target, drafter, list(prompt), final[0], rounds, final, block - 1)
-    finally:
-        drafter.close()
-        target.close()
-    assert len(pairs) >= 3
-    assert [ours for _, ours in pairs] == [theirs for theirs, _ in pairs]
+    _check_against_zlab(ref, draft, rounds, target_dir, head, block, max_tokens=60)
 
 
 # -- EAGLE-3: mlx-vlm's Eagle3DraftModel ------------------------------------------------------------------
@@ -372,9 +379,6 @@ def test_dflash2_drafts_equal_z_labs_reference(target_dir: Path, tmp_path: Path)
     ref = pytest.importorskip("dflash.model_mlx")
     import mlx.core as mx
     from mlx.utils import tree_flatten
-    from mlx_lm.utils import load_model, load_tokenizer
-
-    from localspec.backends.mlx_dflash import BlockDrafter
 
     block = 6
     conv = {"conv_kernel_size": 3, "conv_group_size": 16, "selector_rank": 8, "selector_top_k": 4}
@@ -410,20 +414,4 @@ def test_dflash2_drafts_equal_z_labs_reference(target_dir: Path, tmp_path: Path)
         "vocab_size": mlx_tiny.N_VOCAB, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "max_position_embeddings": 4096,
         "dflash_config": {"block_size": block, "mask_token_id": mlx_tiny.N_VOCAB - 1, "target_layer_ids": [0, 2, 3], **conv},
     }))  # fmt: skip
-    model, _ = load_model(target_dir)
-    tokenizer = load_tokenizer(target_dir)
-    prompt = tokenizer.encode(PROMPT)
-    final: list[int] = []
-    for response in ref.stream_generate(model, draft, tokenizer, prompt, block_size=block, max_tokens=50):
-        final += list(response.tokens)
-    assert len(rounds) > 3
-
-    target = mb.load(str(target_dir), n_ctx=512)
-    drafter = BlockDrafter(target, head, method="dflash")
-    try:
-        pairs = _replay(target, drafter, list(prompt), final[0], rounds, final, block - 1)
-    finally:
-        drafter.close()
-        target.close()
-    assert len(pairs) >= 3
-    assert [ours for _, ours in pairs] == [theirs for theirs, _ in pairs]
+    _check_against_zlab(ref, draft, rounds, target_dir, head, block, max_tokens=50)
