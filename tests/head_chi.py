@@ -90,3 +90,28 @@ def check_exact_rule(target, drafter, prompt: list[int], sampling: SamplingParam
         temperature=1.0, top_k=TOP_K, seed=s)).stats for s in range(60)]  # fmt: skip
     accepted, drafted = sum(s.n_accepted for s in runs), sum(s.n_drafted for s in runs)
     assert 0 < accepted < drafted, (accepted, drafted)
+
+
+def check_fresh_after_rejections(target, make, prompt: list[int], temperature: float, k: int, atol: float) -> None:  # type: ignore[no-untyped-def]
+    """A drafter that ran a generation with rejected rounds proposes, on its context, what a fresh drafter
+    prepared on that context proposes (its own cache came back right), and the same again when asked twice.
+    `make()` builds a drafter; `atol` bounds q's difference (batched vs single-row passes differ in the last bits;
+    a wrong state moves q by far more)."""
+    sampling = SamplingParams(temperature=temperature, seed=7)
+    used, fresh = make(), make()
+    try:
+        done = run(target, used, prompt, max_tokens=30, num_draft=k, sampling=sampling)
+        assert done.stats.n_accepted < done.stats.n_drafted  # some rounds were rejected
+        context = [*prompt, *done.tokens]
+        sync_cache(target, context[:-1], logits=False)
+        fresh.prepare(context[:-1], k)
+        a = used.propose(context, k, sampling, np.random.default_rng(3))
+        b = fresh.propose(context, k, sampling, np.random.default_rng(3))
+        assert a.tokens == b.tokens and len(a.tokens) == k
+        if temperature > 0:
+            assert a.q is not None and b.q is not None
+            np.testing.assert_allclose(a.q, b.q, atol=atol)
+        assert used.propose(context, k, sampling, np.random.default_rng(3)).tokens == a.tokens
+    finally:
+        used.close()
+        fresh.close()

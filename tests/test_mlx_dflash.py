@@ -23,12 +23,22 @@ pytest.importorskip("mlx_lm")
 
 import mlx_heads  # noqa: E402
 from golden_cases import CASES, DFLASH_LAYERS, load_golden, write_case  # noqa: E402
-from head_chi import CHI_PROMPT, N_SAMPLES, TOP_K, WINDOW, check_exact_rule, draws, expected_joint, misreported, run  # noqa: E402
+from head_chi import (  # noqa: E402
+    CHI_PROMPT,
+    N_SAMPLES,
+    TOP_K,
+    WINDOW,
+    check_exact_rule,
+    check_fresh_after_rejections,
+    draws,
+    expected_joint,
+    misreported,
+    run,
+)
 from test_golden_drafters import replay_rounds  # noqa: E402
 from test_verify import joint_check  # noqa: E402
 
 from localspec.backends import mlx as mb  # noqa: E402
-from localspec.backends.base import sync_cache  # noqa: E402
 from localspec.backends.mlx_dflash import BlockDrafter  # noqa: E402
 from localspec.decoding.drafters import NoDrafter  # noqa: E402
 from localspec.errors import UnsupportedModelError, UsageError  # noqa: E402
@@ -138,25 +148,8 @@ def test_a_drafter_whose_q_is_misreported_fails_the_same_check(target, chi, meth
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_after_rejected_rounds_the_next_proposal_equals_a_fresh_drafters(converted: dict[str, Path], target,
                                                                          temperature: float) -> None:  # type: ignore[no-untyped-def]  # fmt: skip
-    prompt = target.tokenize("def fibonacci(n):")
-    sampling = SamplingParams(temperature=temperature, seed=7)
-    used = BlockDrafter(target, converted["dspark"], method="dspark")
-    fresh = BlockDrafter(target, converted["dspark"], method="dspark")
-    try:
-        done = run(target, used, prompt, max_tokens=30, num_draft=4, sampling=sampling)
-        assert done.stats.n_accepted < done.stats.n_drafted
-        context = [*prompt, *done.tokens]
-        sync_cache(target, context[:-1], logits=False)
-        fresh.prepare(context[:-1], 4)
-        a = used.propose(context, 4, sampling, np.random.default_rng(3))
-        b = fresh.propose(context, 4, sampling, np.random.default_rng(3))
-        assert a.tokens == b.tokens and len(a.tokens) == 4
-        if temperature > 0:
-            assert a.q is not None and b.q is not None
-            np.testing.assert_allclose(a.q, b.q, atol=1e-4)
-    finally:
-        used.close()
-        fresh.close()
+    check_fresh_after_rejections(target, lambda: BlockDrafter(target, converted["dspark"], method="dspark"),
+                                 target.tokenize("def fibonacci(n):"), temperature, k=4, atol=1e-4)  # fmt: skip
 
 
 def test_the_wrong_method_and_unbuildable_drafters_are_refused(converted: dict[str, Path], target, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -23,7 +23,18 @@ pytest.importorskip("mlx_lm")
 
 import mlx_heads  # noqa: E402
 import mlx_tiny  # noqa: E402
-from head_chi import CHI_PROMPT, N_SAMPLES, TOP_K, WINDOW, check_exact_rule, draws, expected_joint, misreported, run  # noqa: E402
+from head_chi import (  # noqa: E402
+    CHI_PROMPT,
+    N_SAMPLES,
+    TOP_K,
+    WINDOW,
+    check_exact_rule,
+    check_fresh_after_rejections,
+    draws,
+    expected_joint,
+    misreported,
+    run,
+)
 from test_verify import joint_check  # noqa: E402
 
 from localspec.backends import mlx as mb  # noqa: E402
@@ -221,26 +232,8 @@ def test_a_head_whose_q_is_misreported_fails_the_same_check(target, chi) -> None
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_after_rejected_rounds_the_next_proposal_equals_a_fresh_drafters(files: dict[str, Path], target, temperature: float) -> None:  # type: ignore[no-untyped-def]
-    prompt = target.tokenize(PROMPT)
-    sampling = SamplingParams(temperature=temperature, seed=7)
-    used = Eagle3Drafter(target, files["head"])
-    fresh = Eagle3Drafter(target, files["head"])
-    try:
-        done = run(target, used, prompt, max_tokens=30, num_draft=4, sampling=sampling)
-        assert done.stats.n_accepted < done.stats.n_drafted
-        context = [*prompt, *done.tokens]
-        sync_cache(target, context[:-1], logits=False)
-        fresh.prepare(context[:-1], 4)
-        a = used.propose(context, 4, sampling, np.random.default_rng(3))
-        b = fresh.propose(context, 4, sampling, np.random.default_rng(3))
-        assert a.tokens == b.tokens and len(a.tokens) == 4
-        if temperature > 0:
-            assert a.q is not None and b.q is not None
-            np.testing.assert_allclose(a.q, b.q, atol=1e-4)
-        assert used.propose(context, 4, sampling, np.random.default_rng(3)).tokens == a.tokens
-    finally:
-        used.close()
-        fresh.close()
+    check_fresh_after_rejections(target, lambda: Eagle3Drafter(target, files["head"]), target.tokenize(PROMPT),
+                                 temperature, k=4, atol=1e-4)  # fmt: skip
 
 
 def test_each_pair_holds_the_next_token_so_the_first_draft_reads_the_last_one(files: dict[str, Path], target) -> None:  # type: ignore[no-untyped-def]

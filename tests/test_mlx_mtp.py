@@ -26,11 +26,20 @@ pytest.importorskip("mlx_lm")
 
 import mlx_heads  # noqa: E402
 import mlx_tiny  # noqa: E402
-from head_chi import CHI_PROMPT, N_SAMPLES, TOP_K, check_exact_rule, draws, expected_joint, misreported, run  # noqa: E402
+from head_chi import (  # noqa: E402
+    CHI_PROMPT,
+    N_SAMPLES,
+    TOP_K,
+    check_exact_rule,
+    check_fresh_after_rejections,
+    draws,
+    expected_joint,
+    misreported,
+    run,
+)
 from test_verify import joint_check  # noqa: E402
 
 from localspec.backends import mlx as mb  # noqa: E402
-from localspec.backends.base import sync_cache  # noqa: E402
 from localspec.backends.mlx_mtp import MtpDrafter, _headers, _unsanitized  # noqa: E402
 from localspec.decoding.drafters import NoDrafter  # noqa: E402
 from localspec.errors import ModelFileError, UnsupportedModelError  # noqa: E402
@@ -121,25 +130,7 @@ def test_an_mtp_layer_whose_q_is_misreported_fails_the_same_check(target, chi) -
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_after_rejected_rounds_the_next_proposal_equals_a_fresh_drafters(target, temperature: float) -> None:  # type: ignore[no-untyped-def]
-    prompt = target.tokenize(PROMPT)
-    sampling = SamplingParams(temperature=temperature, seed=7)
-    used = MtpDrafter(target)
-    fresh = MtpDrafter(target)
-    try:
-        done = run(target, used, prompt, max_tokens=30, num_draft=3, sampling=sampling)
-        assert done.stats.n_accepted < done.stats.n_drafted
-        context = [*prompt, *done.tokens]
-        sync_cache(target, context[:-1], logits=False)
-        fresh.prepare(context[:-1], 3)
-        a = used.propose(context, 3, sampling, np.random.default_rng(3))
-        b = fresh.propose(context, 3, sampling, np.random.default_rng(3))
-        assert a.tokens == b.tokens and len(a.tokens) == 3
-        if temperature > 0:
-            assert a.q is not None and b.q is not None
-            np.testing.assert_allclose(a.q, b.q, atol=1e-4)
-    finally:
-        used.close()
-        fresh.close()
+    check_fresh_after_rejections(target, lambda: MtpDrafter(target), target.tokenize(PROMPT), temperature, k=3, atol=1e-4)
 
 
 def test_checkpoints_without_the_layer_and_other_architectures_are_refused(dirs: dict[str, Path], tmp_path: Path) -> None:
