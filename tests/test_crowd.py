@@ -146,6 +146,27 @@ def test_one_sequence_drafts_long_eight_draft_nothing_on_the_measured_curve() ->
     assert crowd.last_pass is not None and crowd.last_pass.n_sequences >= 1
 
 
+def test_a_model_drafting_sequence_starts_from_the_draft_models_cost_not_free() -> None:
+    """A sequence whose drafter drafts with a model (serve --parallel lends it one) is planned from the draft
+    model's remembered cost per token, or a cautious prior, before its own are measured: its steps stall every
+    sequence of the pass. With a draft token as dear as a target pass, the first shared pass drafts nothing;
+    taken as free (a lookup's cost), it drafts."""
+    curve = {n: steep_after_8(n) for n in range(1, 33)}
+    drafted = {}
+    for model_drafts in (False, True):
+        clock = FakeClock()
+        slots = FakeSlots(TARGET, 4, clock)
+        crowd = CrowdDecoder(slots, clock=clock, costs=CostModel(dict(curve), draft_token=steep_after_8(1)))
+        cfg = GenerationConfig(sampling=GREEDY, max_tokens=20, num_draft=8)
+        for i in range(4):
+            crowd.add(i, Job(i, slots.slots[i], _self_drafter(), PROMPTS[i], cfg, model_drafts=model_drafts))
+        crowd.step()
+        drafted[model_drafts] = sum(slots.passes[-1]) - 4
+    assert drafted[False] > 0 and drafted[True] == 0
+    prior = CrowdDecoder(FakeSlots(TARGET, 1, FakeClock()), costs=CostModel(dict(curve)))._draft_prior()
+    assert prior == pytest.approx(0.25 * steep_after_8(1))  # nothing remembered: a quarter of T(1)
+
+
 def test_crowd_aware_beats_fixed_k_with_eight_sequences() -> None:
     """Aggregate tokens per (fake) second: the crowd-aware lengths vs every sequence drafting its full k."""
     rates = {}

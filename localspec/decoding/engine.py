@@ -415,6 +415,7 @@ class Job:
     prompt: Sequence[int]
     config: GenerationConfig
     stop: threading.Event | None = None
+    model_drafts: bool = False  # its drafter may draft with a model, whose steps every sequence of the pass waits for
 
 
 @dataclass(frozen=True)
@@ -468,7 +469,7 @@ class CrowdDecoder:
         if key in self.members:
             raise ValueError(f"sequence {key!r} is already decoding")
         run = _Run(job.target, job.drafter, job.prompt, job.config, job.stop, self.clock)
-        member = _Member(run, job.slot, Acceptance(MODEL_PRIOR))
+        member = _Member(run, job.slot, Acceptance(MODEL_PRIOR), self._draft_prior() if job.model_drafts else 0.0)
         events, reason = _collect(run.begin())
         if reason is not None:
             return events + list(run.finish(reason))
@@ -531,6 +532,15 @@ class CrowdDecoder:
         ]
         plan = plan_crowd(candidates, self.costs.target_s)
         return dict(zip(ready, plan.lengths))
+
+    def _draft_prior(self) -> float:
+        """Seconds per model draft token before a sequence's own are measured: the remembered cost, else a
+        quarter of T(1) (a cautious guess: free drafts would make the first passes stall the whole crowd)."""
+        known = self.costs.draft_s()
+        if known:
+            return known
+        t1 = self.costs.target_s(1)
+        return 0.25 * t1 if t1 == t1 and t1 > 0 else 0.0  # NaN: nothing measured yet
 
     def _learn(self, member: _Member, stats: RoundStats) -> None:
         if stats.n_drafted == 0:

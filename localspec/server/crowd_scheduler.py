@@ -201,7 +201,8 @@ class CrowdScheduler(Scheduler):
 
     def _start(self, seat: _Seat) -> None:
         req = seat.job.request
-        job = SequenceJob(seat.slot, self.slots.slots[seat.slot], seat.drafter, seat.prompt, req.config, seat.job.stop)
+        job = SequenceJob(seat.slot, self.slots.slots[seat.slot], seat.drafter, seat.prompt, req.config, seat.job.stop,
+                          model_drafts=seat.lent is not None)  # fmt: skip
         seat.started = True
         try:
             events = self.crowd.add(seat.job, job)
