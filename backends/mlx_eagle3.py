@@ -228,8 +228,6 @@ class Eagle3Drafter(MLXHeadDrafter):
         return max(0, min(len(context) - 1, self._held(context)))
 
     def _run(self, context: Sequence[int], start: int, stop: int) -> tuple[np.ndarray, Any]:
-        import mlx.core as mx
-
         features = self.target.features(start, stop).astype(self._dtype)
         if self._cfg.norm_before_fc:
             features = self._head.input_norm(features)
