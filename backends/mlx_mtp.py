@@ -11,7 +11,7 @@ attention, MLP or MoE and norms are mlx-lm's. Per position, as these checkpoints
     logits = the target's lm_head(out)
 
 h is the target's hidden state after its final norm (post-norm, unlike DeepSeek-V3 / GLM "nextn", which read
-it before: those, and MiMo's hidden-first order, are not built here). Pairs (mlx_head.py): pair P is (token
+it before: those are backends/mlx_nextn.py; MiMo's hidden-first order is not built here). Pairs (mlx_head.py): pair P is (token
 P+1, h at P), so the cache holds positions 0..N-2 of a context of N tokens; drafting goes on with the layer's
 own `out` in h's place. Norm shifts: an original checkpoint stores these norms as offsets from one (mlx-lm adds
 1.0 to the target's when it loads one, found by its unconverted conv1d weights); the MTP norms get the same.
@@ -33,10 +33,10 @@ from localspec.backends.mlx_head import MLXHeadDrafter
 from localspec.errors import ModelFileError, UnsupportedModelError
 
 ARCHITECTURES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
-_HINT = "use the original Hugging Face checkpoint (it keeps the mtp.* weights), or another --draft-method"
+MTP_HINT = "use the original Hugging Face checkpoint (it keeps the MTP weights), or another --draft-method"
 
 
-def _headers(model_dir: Path) -> dict[str, tuple[Path, list[int]]]:
+def safetensors_headers(model_dir: Path) -> dict[str, tuple[Path, list[int]]]:
     """Every tensor's (file, shape) from the safetensors headers alone."""
     out: dict[str, tuple[Path, list[int]]] = {}
     for f in sorted(model_dir.glob("*.safetensors")):
@@ -64,14 +64,14 @@ def check_target(model_dir: str | Path, config: dict[str, Any]) -> int:
     name = Path(model_dir).name
     if arch not in ARCHITECTURES:
         raise UnsupportedModelError(
-            f"{name} is a {arch!r} model: localspec runs MTP on MLX for {', '.join(ARCHITECTURES)} only",
-            "on llama.cpp, MTP also runs for GLM and DeepSeek nextn layers; or use another --draft-method",
+            f"{name} is a {arch!r} model: localspec runs MTP on MLX for {', '.join(ARCHITECTURES)} and the "
+            "DeepSeek-V3 / GLM-4.5 nextn layout only", "on llama.cpp, MTP runs for more families; or use another --draft-method",
         )
     declared = int(text.get("mtp_num_hidden_layers") or config.get("mtp_num_hidden_layers") or 0)
-    have = {n.split(".")[1] for k in _headers(Path(model_dir)) if (n := _mtp_name(k)) and n.startswith("layers.")}
+    have = {n.split(".")[1] for k in safetensors_headers(Path(model_dir)) if (n := _mtp_name(k)) and n.startswith("layers.")}
     if not declared or not have:
         what = "declares no MTP layers" if not declared else "declares MTP layers but its files hold no mtp.* weights"
-        raise ModelFileError(f"{name} {what} (mlx-lm's conversion drops them)", _HINT)
+        raise ModelFileError(f"{name} {what} (mlx-lm's conversion drops them)", MTP_HINT)
     return len(have)
 
 
@@ -84,7 +84,7 @@ def _read_mtp(model_dir: Path) -> tuple[dict[str, Any], bool]:
     """The MTP weights by their names inside the layer (fc.weight, layers.0.…), and whether norms need +1."""
     import mlx.core as mx
 
-    headers = _headers(model_dir)
+    headers = safetensors_headers(model_dir)
     files = sorted({f for k, (f, _) in headers.items() if _mtp_name(k)})
     weights: dict[str, Any] = {}
     for f in files:
@@ -132,7 +132,7 @@ def _build(target: MLXBackend, n_layers: int, weights: dict[str, Any], shift: bo
     try:
         head.load_weights(list(weights.items()), strict=True)
     except ValueError as e_:
-        raise ModelFileError(f"{target.info.name}: its mtp.* weights do not fit its MTP layer: {e_}", _HINT) from None
+        raise ModelFileError(f"{target.info.name}: its mtp.* weights do not fit its MTP layer: {e_}", MTP_HINT) from None
     mx.eval(head.parameters())
     return head
 
@@ -180,3 +180,7 @@ class MtpDrafter(MLXHeadDrafter):
             if c.offset > n:
                 c.trim(c.offset - n)
 
+
+def drafter(target: MLXBackend) -> MtpDrafter:
+    """The MTP drafter for this layout (localspec.families.mtp picks the module by architecture)."""
+    return MtpDrafter(target)

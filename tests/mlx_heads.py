@@ -231,3 +231,42 @@ def add_mtp(model_dir: Path, *, seed: int, echo: bool = False) -> Path:
     mx.save_safetensors(str(model_dir / "model-mtp.safetensors"), weights)
     (model_dir / "config.json").write_text(json.dumps({**config, "mtp_num_hidden_layers": 1}, indent=1))
     return model_dir
+
+
+def add_nextn(model_dir: Path, *, seed: int, echo: bool = False) -> Path:
+    """Give a tiny GLM-4.5-style model directory its nextn layer as DeepSeek-V3 / GLM checkpoints keep it:
+    `model.layers.{num_hidden_layers}.*` (eh_proj, enorm, hnorm, shared_head.norm and a decoder layer of the
+    model's own class), in a file of its own (mlx-lm's loader drops the layer). `echo`: the layer passes the
+    hidden state through (zero attention and MLP outputs, eh_proj reading the hidden half only)."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import glm4_moe
+
+    config = json.loads((model_dir / "config.json").read_text())
+    args = glm4_moe.ModelArgs.from_dict(config)
+    n = args.num_hidden_layers
+    rng = np.random.default_rng(seed)
+    e = args.hidden_size
+    prefix = f"model.layers.{n}."
+    weights: dict[str, Any] = {}
+    for name, v in tree_flatten(glm4_moe.DecoderLayer(args, n).parameters()):
+        shape = tuple(v.shape)
+        if name.endswith("norm.weight"):
+            w = 1.0 + 0.1 * rng.standard_normal(shape)
+        elif len(shape) == 1:
+            w = 0.1 * rng.standard_normal(shape)
+        else:
+            w = rng.standard_normal(shape) / np.sqrt(shape[-1])
+        if echo and name.endswith(("o_proj.weight", "down_proj.weight")):
+            w = np.zeros(shape)
+        weights[prefix + name] = mx.array(w.astype(np.float32))
+    eh = rng.standard_normal((e, 2 * e)) / np.sqrt(2 * e)
+    if echo:
+        eh = np.concatenate([np.zeros((e, e)), np.eye(e)], axis=1)
+    weights[prefix + "eh_proj.weight"] = mx.array(eh.astype(np.float32))
+    for part in ("enorm", "hnorm", "shared_head.norm"):
+        weights[f"{prefix}{part}.weight"] = mx.array(np.ones(e, np.float32) if echo else (1.0 + 0.1 * rng.standard_normal(e)).astype(np.float32))
+    if echo:  # the target's own final norm: the layer's logits are then the target's own, one position back
+        weights[prefix + "shared_head.norm.weight"] = mx.load(str(model_dir / "model.safetensors"))["model.norm.weight"]
+    mx.save_safetensors(str(model_dir / "model-nextn.safetensors"), weights)
+    return model_dir

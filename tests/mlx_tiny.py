@@ -104,3 +104,14 @@ def _init(name: str, shape: tuple[int, ...]):  # type: ignore[no-untyped-def]
     if len(shape) == 1:  # biases
         return 0.1 * mx.random.normal(shape)
     return mx.random.normal(shape) / shape[-1] ** 0.5
+
+# A DeepSeek-V3-style MoE model (GLM-4.5): routed and shared experts after a first dense layer; it declares
+# one nextn (MTP) layer, which tests/mlx_heads.add_nextn writes.
+GLM4_MOE_CONFIG = {
+    "model_type": "glm4_moe", "vocab_size": N_VOCAB, "hidden_size": 64, "intermediate_size": 128,
+    "max_position_embeddings": 4096, "moe_intermediate_size": 32, "norm_topk_prob": True, "num_attention_heads": 4,
+    "n_group": 1, "head_dim": 16, "topk_group": 1, "n_shared_experts": 1, "n_routed_experts": 4,
+    "routed_scaling_factor": 1.0, "num_experts_per_tok": 2, "first_k_dense_replace": 1, "num_hidden_layers": 2,
+    "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "rope_scaling": None, "use_qk_norm": True,
+    "tie_word_embeddings": False, "attention_bias": False, "partial_rotary_factor": 0.5, "num_nextn_predict_layers": 1,
+}  # fmt: skip

@@ -39,7 +39,7 @@ from head_chi import (  # noqa: E402
 from test_verify import joint_check  # noqa: E402
 
 from localspec.backends import mlx as mb  # noqa: E402
-from localspec.backends.mlx_mtp import MtpDrafter, _headers, _unsanitized  # noqa: E402
+from localspec.backends.mlx_mtp import MtpDrafter, _unsanitized, safetensors_headers  # noqa: E402
 from localspec.decoding.drafters import NoDrafter  # noqa: E402
 from localspec.errors import ModelFileError, UnsupportedModelError  # noqa: E402
 from localspec.sampling import SamplingParams  # noqa: E402
@@ -155,9 +155,9 @@ def test_an_original_checkpoint_is_told_by_its_unconverted_conv_weights(tmp_path
     import mlx.core as mx
 
     mx.save_safetensors(str(tmp_path / "a.safetensors"), {"model.layers.0.linear_attn.conv1d.weight": mx.zeros((8, 1, 4))})
-    assert _unsanitized(_headers(tmp_path))
+    assert _unsanitized(safetensors_headers(tmp_path))
     mx.save_safetensors(str(tmp_path / "a.safetensors"), {"model.layers.0.linear_attn.conv1d.weight": mx.zeros((8, 4, 1))})
-    assert not _unsanitized(_headers(tmp_path))
+    assert not _unsanitized(safetensors_headers(tmp_path))
 
 
 @pytest.mark.parametrize("method", ["mtp", "auto"])

@@ -1,5 +1,6 @@
 """MTP: the target's own multi-token-prediction layers draft ahead: a GGUF that keeps them (llama.cpp), or a
-Qwen3.5 / Qwen3-Next checkpoint directory that keeps its mtp.* weights (MLX)."""
+Qwen3.5 / Qwen3-Next checkpoint directory that keeps its mtp.* weights, or a DeepSeek-V3 / GLM-4.5 one that
+keeps its nextn layer (MLX)."""
 
 from __future__ import annotations
 
@@ -31,7 +32,6 @@ def _check(ctx: CheckContext) -> None:
 def _check_mlx(target: str) -> None:
     import json
 
-    from localspec.backends.mlx_mtp import check_target as check_mlx_target
     from localspec.errors import ModelFileError
 
     directory = Path(target).expanduser()
@@ -39,7 +39,15 @@ def _check_mlx(target: str) -> None:
         config = json.loads((directory / "config.json").read_text())
     except (OSError, ValueError):
         raise ModelFileError(f"{target}: no readable config.json", "pass a model directory") from None
-    check_mlx_target(directory, config)
+    _mlx_module(config).check_target(directory, config)
+
+
+def _mlx_module(config: dict):  # type: ignore[no-untyped-def, type-arg]
+    """The MLX module for this checkpoint's MTP layout: DeepSeek-V3 / GLM-4.5 nextn, else Qwen3.5's mtp.*."""
+    from localspec.backends import mlx_mtp, mlx_nextn
+
+    arch = (config.get("text_config") or config).get("model_type") or config.get("model_type")
+    return mlx_nextn if arch in mlx_nextn.ARCHITECTURES else mlx_mtp
 
 
 def _claims_target(target: str) -> bool:
@@ -64,10 +72,9 @@ def _claims_target(target: str) -> bool:
 def _build(ctx: BuildContext) -> Drafter:
     if ctx.backend == MLX.name:
         from localspec.backends.mlx import MLXBackend
-        from localspec.backends.mlx_mtp import MtpDrafter as MLXMtpDrafter
 
         assert isinstance(ctx.target, MLXBackend)
-        return MLXMtpDrafter(ctx.target)
+        return _mlx_module(ctx.target.config).drafter(ctx.target)
     from localspec.backends.llama_cpp import LlamaCppBackend
     from localspec.backends.llama_mtp import MtpDrafter
 

@@ -1,0 +1,126 @@
+"""MTP on MLX for the DeepSeek-V3 / GLM-4.5 "nextn" layout (backends/mlx_nextn.py): a tiny GLM-4.5-style MoE
+target whose checkpoint keeps its nextn layer as `model.layers.{num_hidden_layers}.*` (tests/mlx_heads.add_nextn).
+Greedy speculative output equals plain greedy output; the exact rule's joint distribution matches the target's
+at temperature 1 through the layer; the layer's cache comes back right after
+rejected rounds; a checkpoint without the layer is refused with the reason; run picks the layout by architecture.
+
+No reference runs here for this layout (mlx-vlm's GLM/DeepSeek MTP drafters need its own model classes), and
+localspec's GGUF converter does not read glm4moe, so llama.cpp's MTP golden has no MLX twin."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+pytest.importorskip("mlx.core")
+pytest.importorskip("mlx_lm")
+
+import mlx_heads  # noqa: E402
+import mlx_tiny  # noqa: E402
+from head_chi import (  # noqa: E402
+    CHI_PROMPT,
+    TOP_K,
+    check_exact_rule,
+    check_fresh_after_rejections,
+    expected_joint,
+    run,
+)
+
+from localspec.backends import mlx as mb  # noqa: E402
+from localspec.backends.mlx_nextn import NextnDrafter  # noqa: E402
+from localspec.decoding.drafters import NoDrafter  # noqa: E402
+from localspec.errors import ModelFileError  # noqa: E402
+from localspec.sampling import SamplingParams  # noqa: E402
+
+GREEDY = SamplingParams(temperature=0.0)
+PROMPT = "Once upon a time, there was a"
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("mlx-nextn")
+    plain = mlx_tiny.build(root / "plain", seed=2, config=mlx_tiny.GLM4_MOE_CONFIG)
+    out = {"plain": plain}
+    for name, echo in (("nextn", False), ("echo", True)):
+        shutil.copytree(plain, root / name)
+        out[name] = mlx_heads.add_nextn(root / name, seed=3, echo=echo)
+    return out
+
+
+@pytest.fixture(scope="module")
+def target(dirs: dict[str, Path]):  # type: ignore[no-untyped-def]
+    """The target whose nextn layer echoes its hidden state: its drafts overlap the target's enough for the
+    exact rule to keep some and reject others."""
+    t = mb.load(str(dirs["echo"]), n_ctx=512)
+    yield t
+    t.close()
+
+
+@pytest.mark.parametrize("which", ["nextn", "echo"])
+def test_greedy_speculative_equals_plain_greedy(dirs: dict[str, Path], which: str) -> None:
+    t = mb.load(str(dirs[which]), n_ctx=512)
+    try:
+        prompt = t.tokenize(PROMPT)
+        plain = run(t, NoDrafter(), prompt, max_tokens=30, num_draft=0, sampling=GREEDY)
+        drafter = NextnDrafter(t)
+        try:
+            spec = run(t, drafter, prompt, max_tokens=30, num_draft=3, sampling=GREEDY)
+        finally:
+            drafter.close()
+        assert spec.tokens == plain.tokens and spec.stats.n_drafted > 0
+    finally:
+        t.close()
+
+
+@pytest.fixture(scope="module")
+def chi(target):  # type: ignore[no-untyped-def]
+    sampling = SamplingParams(temperature=1.0, top_k=TOP_K)
+    for text in ("Hello, world", PROMPT, CHI_PROMPT):  # the first holds repeats the echoing layer drafts
+        prompt = target.tokenize(text)
+        expected = expected_joint(target, prompt, sampling)
+        if not any(set(seq) & target.eog_ids for seq in expected):
+            return prompt, sampling, expected
+    pytest.fail("every candidate prompt can end within the window")
+
+
+@pytest.mark.slow
+def test_exact_rule_matches_the_target_distribution_through_the_nextn_layer(target, chi) -> None:  # type: ignore[no-untyped-def]
+    """The check's power against a misreported q is shown through the other MLX heads (their drafts overlap the
+    target's more); this layer's drafts are kept about one time in five, too rarely for a misreport to show."""
+    prompt, sampling, expected = chi
+    drafter = NextnDrafter(target)
+    try:
+        check_exact_rule(target, drafter, prompt, sampling, expected)
+    finally:
+        drafter.close()
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_after_rejected_rounds_the_next_proposal_equals_a_fresh_drafters(target, temperature: float) -> None:  # type: ignore[no-untyped-def]
+    check_fresh_after_rejections(target, lambda: NextnDrafter(target), target.tokenize(PROMPT), temperature, k=3, atol=1e-4)
+
+
+def test_a_checkpoint_without_its_nextn_layer_is_refused(dirs: dict[str, Path]) -> None:
+    t = mb.load(str(dirs["plain"]), n_ctx=128)
+    try:
+        with pytest.raises(ModelFileError, match="holds no model.layers.2.eh_proj") as e:
+            NextnDrafter(t)
+        assert "original Hugging Face checkpoint" in e.value.hint
+    finally:
+        t.close()
+
+
+def test_run_picks_the_nextn_layout_by_architecture(dirs: dict[str, Path]) -> None:
+    argv = [sys.executable, "-m", "localspec.cli", "run", "--backend", "mlx", "--target", str(dirs["echo"]),
+            "--draft-method", "mtp", "--max-tokens", "12", "--temperature", "0", "--json", PROMPT]  # fmt: skip
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr
+    stats = json.loads(out.stdout)["stats"]
+    assert stats["draft_method"] == "mtp" and stats["n_drafted"] > 0
