@@ -233,23 +233,28 @@ def add_mtp(model_dir: Path, *, seed: int, echo: bool = False) -> Path:
     return model_dir
 
 
-def add_nextn(model_dir: Path, *, seed: int, echo: bool = False) -> Path:
-    """Give a tiny GLM-4.5-style model directory its nextn layer as DeepSeek-V3 / GLM checkpoints keep it:
-    `model.layers.{num_hidden_layers}.*` (eh_proj, enorm, hnorm, shared_head.norm and a decoder layer of the
-    model's own class), in a file of its own (mlx-lm's loader drops the layer). `echo`: the layer passes the
-    hidden state through (zero attention and MLP outputs, eh_proj reading the hidden half only)."""
+def add_nextn(model_dir: Path, *, seed: int, echo: bool = False, mimo: bool = False) -> Path:
+    """Give a tiny model directory its MTP layer as DeepSeek-V3 / GLM checkpoints keep it (GLM-4.5-style model):
+    `model.layers.{num_hidden_layers}.*` with eh_proj, enorm, hnorm, shared_head.norm; or, `mimo`, as MiMo keeps
+    it: `model.mtp_layers.0.*` with input_proj, token_layernorm, hidden_layernorm, final_layernorm. Beside them
+    a decoder layer of the model's own class; all in a file of its own (mlx-lm's loader drops the layer).
+    `echo`: the layer passes the hidden state through (zero attention and MLP outputs, the projection reading
+    the hidden half only)."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
-    from mlx_lm.models import glm4_moe
+    from mlx_lm.models import glm4_moe, mimo as mimo_model
 
     config = json.loads((model_dir / "config.json").read_text())
-    args = glm4_moe.ModelArgs.from_dict(config)
+    module = mimo_model if mimo else glm4_moe
+    args = module.ModelArgs.from_dict(config)
     n = args.num_hidden_layers
     rng = np.random.default_rng(seed)
     e = args.hidden_size
-    prefix = f"model.layers.{n}."
+    prefix = "model.mtp_layers.0." if mimo else f"model.layers.{n}."
+    names = ("token_layernorm", "hidden_layernorm", "input_proj", "final_layernorm") if mimo else ("enorm", "hnorm", "eh_proj", "shared_head.norm")
+    layer = mimo_model.TransformerBlock(args) if mimo else glm4_moe.DecoderLayer(args, n)
     weights: dict[str, Any] = {}
-    for name, v in tree_flatten(glm4_moe.DecoderLayer(args, n).parameters()):
+    for name, v in tree_flatten(layer.parameters()):
         shape = tuple(v.shape)
         if name.endswith("norm.weight"):
             w = 1.0 + 0.1 * rng.standard_normal(shape)
@@ -260,13 +265,18 @@ def add_nextn(model_dir: Path, *, seed: int, echo: bool = False) -> Path:
         if echo and name.endswith(("o_proj.weight", "down_proj.weight")):
             w = np.zeros(shape)
         weights[prefix + name] = mx.array(w.astype(np.float32))
+    embed_norm, hidden_norm, proj, out_norm = names
     eh = rng.standard_normal((e, 2 * e)) / np.sqrt(2 * e)
-    if echo:
-        eh = np.concatenate([np.zeros((e, e)), np.eye(e)], axis=1)
-    weights[prefix + "eh_proj.weight"] = mx.array(eh.astype(np.float32))
-    for part in ("enorm", "hnorm", "shared_head.norm"):
+    if echo:  # the hidden half: second for nextn ([embedding, hidden]), first for MiMo ([hidden, embedding])
+        halves = [np.eye(e), np.zeros((e, e))] if mimo else [np.zeros((e, e)), np.eye(e)]
+        eh = np.concatenate(halves, axis=1)
+    weights[f"{prefix}{proj}.weight"] = mx.array(eh.astype(np.float32))
+    for part in (embed_norm, hidden_norm, out_norm):
         weights[f"{prefix}{part}.weight"] = mx.array(np.ones(e, np.float32) if echo else (1.0 + 0.1 * rng.standard_normal(e)).astype(np.float32))
     if echo:  # the target's own final norm: the layer's logits are then the target's own, one position back
-        weights[prefix + "shared_head.norm.weight"] = mx.load(str(model_dir / "model.safetensors"))["model.norm.weight"]
+        weights[f"{prefix}{out_norm}.weight"] = mx.load(str(model_dir / "model.safetensors"))["model.norm.weight"]
+    if mimo:
+        config["num_nextn_predict_layers"] = 1
+        (model_dir / "config.json").write_text(json.dumps(config, indent=1))
     mx.save_safetensors(str(model_dir / "model-nextn.safetensors"), weights)
     return model_dir

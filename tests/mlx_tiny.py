@@ -115,3 +115,7 @@ GLM4_MOE_CONFIG = {
     "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "rope_scaling": None, "use_qk_norm": True,
     "tie_word_embeddings": False, "attention_bias": False, "partial_rotary_factor": 0.5, "num_nextn_predict_layers": 1,
 }  # fmt: skip
+
+# MiMo (Qwen2-like) declaring one MTP layer, kept as model.mtp_layers.0.* (tests/mlx_heads.add_mimo_mtp).
+MIMO_CONFIG = {**CONFIG, "model_type": "mimo", "architectures": ["MiMoForCausalLM"], "num_hidden_layers": 2,
+               "num_nextn_predict_layers": 1}  # fmt: skip

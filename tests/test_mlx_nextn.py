@@ -1,11 +1,12 @@
-"""MTP on MLX for the DeepSeek-V3 / GLM-4.5 "nextn" layout (backends/mlx_nextn.py): a tiny GLM-4.5-style MoE
-target whose checkpoint keeps its nextn layer as `model.layers.{num_hidden_layers}.*` (tests/mlx_heads.add_nextn).
+"""MTP on MLX for the DeepSeek-V3 / GLM-4.5 "nextn" layout and MiMo's (backends/mlx_nextn.py): a tiny
+GLM-4.5-style MoE target whose checkpoint keeps its nextn layer as `model.layers.{num_hidden_layers}.*`, and a
+tiny MiMo whose checkpoint keeps `model.mtp_layers.0.*` (tests/mlx_heads.add_nextn).
 Greedy speculative output equals plain greedy output; the exact rule's joint distribution matches the target's
 at temperature 1 through the layer; the layer's cache comes back right after
 rejected rounds; a checkpoint without the layer is refused with the reason; run picks the layout by architecture.
 
-No reference runs here for this layout (mlx-vlm's GLM/DeepSeek MTP drafters need its own model classes), and
-localspec's GGUF converter does not read glm4moe, so llama.cpp's MTP golden has no MLX twin."""
+No reference runs here for these layouts (mlx-vlm's GLM/DeepSeek MTP drafters need its own model classes; it
+has none for MiMo), and localspec's GGUF converter reads neither, so llama.cpp's MTP golden has no MLX twin."""
 
 from __future__ import annotations
 
@@ -47,10 +48,11 @@ PROMPT = "Once upon a time, there was a"
 def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("mlx-nextn")
     plain = mlx_tiny.build(root / "plain", seed=2, config=mlx_tiny.GLM4_MOE_CONFIG)
-    out = {"plain": plain}
-    for name, echo in (("nextn", False), ("echo", True)):
-        shutil.copytree(plain, root / name)
-        out[name] = mlx_heads.add_nextn(root / name, seed=3, echo=echo)
+    mimo = mlx_tiny.build(root / "mimo-plain", seed=4, config=mlx_tiny.MIMO_CONFIG)
+    out = {"plain": plain, "mimo-plain": mimo}
+    for name, base, echo in (("nextn", plain, False), ("echo", plain, True), ("mimo", mimo, False), ("mimo-echo", mimo, True)):
+        shutil.copytree(base, root / name)
+        out[name] = mlx_heads.add_nextn(root / name, seed=3, echo=echo, mimo=name.startswith("mimo"))
     return out
 
 
@@ -63,7 +65,7 @@ def target(dirs: dict[str, Path]):  # type: ignore[no-untyped-def]
     t.close()
 
 
-@pytest.mark.parametrize("which", ["nextn", "echo"])
+@pytest.mark.parametrize("which", ["nextn", "echo", "mimo", "mimo-echo"])
 def test_greedy_speculative_equals_plain_greedy(dirs: dict[str, Path], which: str) -> None:
     t = mb.load(str(dirs[which]), n_ctx=512)
     try:
@@ -103,18 +105,34 @@ def test_exact_rule_matches_the_target_distribution_through_the_nextn_layer(targ
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_after_rejected_rounds_the_next_proposal_equals_a_fresh_drafters(target, temperature: float) -> None:  # type: ignore[no-untyped-def]
-    check_fresh_after_rejections(target, lambda: NextnDrafter(target), target.tokenize(PROMPT), temperature, k=3, atol=1e-4)
-
-
-def test_a_checkpoint_without_its_nextn_layer_is_refused(dirs: dict[str, Path]) -> None:
-    t = mb.load(str(dirs["plain"]), n_ctx=128)
+@pytest.mark.parametrize("which", ["echo", "mimo"])
+def test_after_rejected_rounds_the_next_proposal_equals_a_fresh_drafters(dirs: dict[str, Path], which: str,
+                                                                         temperature: float) -> None:  # fmt: skip
+    t = mb.load(str(dirs[which]), n_ctx=512)
     try:
-        with pytest.raises(ModelFileError, match="holds no model.layers.2.eh_proj") as e:
+        check_fresh_after_rejections(t, lambda: NextnDrafter(t), t.tokenize(PROMPT), temperature, k=3, atol=1e-4)
+    finally:
+        t.close()
+
+
+@pytest.mark.parametrize(("which", "says"), [("plain", "holds no model.layers.2.eh_proj"),
+                                             ("mimo-plain", "holds no model.mtp_layers.0.input_proj")])  # fmt: skip
+def test_a_checkpoint_without_its_mtp_layer_is_refused(dirs: dict[str, Path], which: str, says: str) -> None:
+    t = mb.load(str(dirs[which]), n_ctx=128)
+    try:
+        with pytest.raises(ModelFileError, match=says) as e:
             NextnDrafter(t)
         assert "original Hugging Face checkpoint" in e.value.hint
     finally:
         t.close()
+
+
+def test_mimo_reads_the_hidden_state_first() -> None:
+    """The one difference between the layouts' projections, as each checkpoint's modeling code has it."""
+    from localspec.backends.mlx_nextn import LAYOUTS
+
+    assert LAYOUTS["mimo"].hidden_first and not LAYOUTS["glm4_moe"].hidden_first
+    assert LAYOUTS["mimo"].post_norm and not LAYOUTS["deepseek_v3"].post_norm
 
 
 def test_run_picks_the_nextn_layout_by_architecture(dirs: dict[str, Path]) -> None:

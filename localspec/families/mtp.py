@@ -1,6 +1,6 @@
 """MTP: the target's own multi-token-prediction layers draft ahead: a GGUF that keeps them (llama.cpp), or a
-Qwen3.5 / Qwen3-Next checkpoint directory that keeps its mtp.* weights, or a DeepSeek-V3 / GLM-4.5 one that
-keeps its nextn layer (MLX)."""
+Qwen3.5 / Qwen3-Next checkpoint directory that keeps its mtp.* weights, or a DeepSeek-V3 / GLM-4.5 / MiMo one
+that keeps its MTP layer (MLX)."""
 
 from __future__ import annotations
 
@@ -43,7 +43,8 @@ def _check_mlx(target: str) -> None:
 
 
 def _mlx_module(config: dict):  # type: ignore[no-untyped-def, type-arg]
-    """The MLX module for this checkpoint's MTP layout: DeepSeek-V3 / GLM-4.5 nextn, else Qwen3.5's mtp.*."""
+    """The MLX module for this checkpoint's MTP layout: a decoder layer beside two norms and a projection
+    (DeepSeek-V3 / GLM-4.5 nextn, MiMo), else Qwen3.5's mtp.*."""
     from localspec.backends import mlx_mtp, mlx_nextn
 
     arch = (config.get("text_config") or config).get("model_type") or config.get("model_type")
