@@ -560,6 +560,8 @@ def test_doctor_command_json(tiny_ggufs) -> None:  # type: ignore[no-untyped-def
     data = json.loads(r.stdout)
     assert data["facts"]["threads"] == 1 and len(data["facts"]["models"]) == 2
     assert all(f["severity"] in ("fix", "warn", "info") for f in data["findings"])
+    if data["facts"]["mlx_version"]:  # the head families that run on MLX, from the registry
+        assert set(data["facts"]["mlx_heads"]) == {"eagle3", "mtp", "dflash", "dspark"}
 
 
 def test_interrupted_bench_reports_what_finished() -> None:

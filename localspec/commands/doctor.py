@@ -54,6 +54,7 @@ class Facts:
     llama_error: str | None = None
     llama_drafters: dict[str, str] = field(default_factory=dict)  # hidden-state family -> "available" or why not
     mlx_version: str | None = None
+    mlx_heads: list[str] = field(default_factory=list)  # hidden-state families that run on MLX (head directories)
     mlx_device: str | None = None
     threads: int | None = None  # what localspec will use (explicit --threads, else its default)
     threads_explicit: bool = False
@@ -231,6 +232,7 @@ def _llama_facts(f: Facts) -> None:
 
 def _mlx_facts(f: Facts) -> None:
     from localspec.backends.registry import MLX
+    from localspec.families import registry
 
     if not MLX.installed():
         return
@@ -240,6 +242,7 @@ def _mlx_facts(f: Facts) -> None:
 
         f.mlx_version = version("mlx")
         f.mlx_device = str(mx.default_device())
+        f.mlx_heads = [fam.name for fam in registry.head_families() if fam.runs_on(MLX.name)]
     except Exception as e:
         f.mlx_device = f"unavailable ({type(e).__name__}: {e})"
 
@@ -455,6 +458,8 @@ def report_lines(f: Facts, found: list[Finding]) -> list[str]:
     for family, reason in f.llama_drafters.items():
         lines.append(f"           --draft-method {family}: {reason}")
     lines.append(f"mlx        {('mlx ' + f.mlx_version + ', device ' + str(f.mlx_device)) if f.mlx_version else 'not installed'}")
+    if f.mlx_heads:
+        lines.append(f"           head drafters: {', '.join(f.mlx_heads)} (their Hugging Face directories as --draft)")
     lines.append(
         f"settings   backend {f.backend}, threads {f.threads}{' (default)' if not f.threads_explicit else ''}, "
         f"n_ctx {f.n_ctx}, n_batch {f.n_batch}, n_gpu_layers {f.n_gpu_layers}"
