@@ -303,3 +303,12 @@ def test_drafts_per_round_equal_llama_cpps_on_the_converted_models(name: str, sm
         target.close()
     theirs = [r["draft"] for r in golden["rounds"]]
     assert ours == theirs
+
+
+def test_the_chat_apps_picker_offers_eagle3_for_a_head_directory_only(files: dict[str, Path]) -> None:
+    from localspec.tui.models import method_choices
+
+    offered, note = method_choices("mlx", str(files["target"]), str(files["head"]))
+    assert "eagle3" in offered and note == ""
+    offered, _ = method_choices("mlx", str(files["target"]), str(files["target"]))  # a model, not a head
+    assert not {"eagle3", "dflash", "dspark", "mtp"} & set(offered)
