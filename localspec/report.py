@@ -25,7 +25,7 @@ def advice(stats: SpecStats) -> str | None:
             "was measured not to pay. `localspec bench` shows why; `localspec doctor` checks the setup."
         )
     if stats.mean_accepted_length < POOR_MATCH_LENGTH:
-        if stats.draft_method == "model":
+        if stats.draft_method not in ("ngram", "suffix"):  # a draft model or a head
             return (
                 f"the draft is a poor match for this target: {stats.mean_accepted_length:.2f} tokens per round "
                 f"(below {POOR_MATCH_LENGTH:.0f}). A better-matched draft helps; a larger k does not. "

@@ -609,6 +609,10 @@ def test_run_summary_tells_when_auto_found_speculation_does_not_pay() -> None:
                        accepted_by_position=())
     tip = advice(quiet)
     assert tip is not None and "no suffix draft" in tip and "n-gram" not in tip
+    # A head that rarely matches is a poor match, not a lookup (whatever the family).
+    head = dc_replace(base, draft="eagle3:h", draft_method="eagle3", n_accepted=0, accepted_by_position=(0, 0, 0))
+    tip = advice(head)
+    assert tip is not None and "poor match" in tip and "n-gram" not in tip
 
 
 def test_bench_honours_the_chat_template(tiny_ggufs, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
