@@ -38,7 +38,7 @@ import numpy as np
 
 from localspec.backends.base import BlockLayout
 from localspec.backends.mlx import MLXBackend
-from localspec.backends.mlx_head import MLXHeadDrafter, read_head_dir
+from localspec.backends.mlx_head import MLXHeadDrafter, load_head_weights, read_head_dir
 from localspec.draft import EMPTY_DRAFT, Draft, sample_draft
 from localspec.errors import ModelFileError, UnsupportedModelError, UsageError
 from localspec.sampling import SamplingParams
@@ -266,7 +266,6 @@ class BlockDrafter(MLXHeadDrafter):
     LOOKAHEAD = 0
 
     def __init__(self, target: MLXBackend, head_path: str | Path, *, method: str = "dflash") -> None:
-        import mlx.core as mx
         from mlx_lm.models.cache import KVCache
 
         if method not in METHODS:
@@ -279,12 +278,7 @@ class BlockDrafter(MLXHeadDrafter):
                  for k, v in named.items()}  # fmt: skip
         named = {(k + ".weight" if k.endswith("_codebook") else k): v for k, v in named.items()}  # DFlash2's published names
         head = _build(cfg, weights)
-        try:
-            head.load_weights(list(named.items()), strict=True)
-        except ValueError as e:
-            raise ModelFileError(f"{head_path}: its weights do not fit a {_LABEL[method]} drafter: {e}",
-                                 "download the drafter again") from None  # fmt: skip
-        mx.eval(head.parameters())
+        load_head_weights(head, named, f"{head_path}: its weights (as a {_LABEL[method]} drafter's)", "download the drafter again")
         self.method = method
         self.cfg = cfg
         self._head = head

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from localspec.backends.mlx import MLXBackend
-from localspec.backends.mlx_head import MLXHeadDrafter, read_head_dir
+from localspec.backends.mlx_head import MLXHeadDrafter, load_head_weights, read_head_dir
 from localspec.errors import ModelFileError, UnsupportedModelError
 
 WHAT = "an EAGLE-3 head"
@@ -202,18 +202,13 @@ class Eagle3Drafter(MLXHeadDrafter):
     LOOKAHEAD = 1  # pair P is (ctx[P+1], g[P]): the cache holds positions 0..len-2
 
     def __init__(self, target: MLXBackend, head_path: str | Path) -> None:
-        import mlx.core as mx
         from mlx_lm.models.cache import KVCache
 
         cfg = check_head(head_path, target.hidden_size, target.n_vocab)
         config, weights = read_head_dir(head_path, WHAT)
         named, d2t = _head_weights(weights)
         head = _build_head(cfg, has_embed="embed_tokens.weight" in named)
-        try:
-            head.load_weights(list(named.items()), strict=True)
-        except ValueError as e:
-            raise ModelFileError(f"{head_path}: its weights do not fit an EAGLE-3 head: {e}", "download the head again") from None
-        mx.eval(head.parameters())
+        load_head_weights(head, named, f"{head_path}: its weights (as an EAGLE-3 head's)", "download the head again")
         self._dtype = head.fc.weight.dtype  # the head computes in its own weights' dtype
         self._cfg = cfg
         self._head = head

@@ -53,6 +53,18 @@ def read_head_dir(path: str | Path, what: str) -> tuple[dict[str, Any], dict[str
     return config, weights
 
 
+def load_head_weights(head: Any, weights: dict[str, Any], what: str, hint: str) -> None:
+    """Load a head module's weights (every parameter, nothing left over) and materialize them; ModelFileError
+    naming `what` when they do not fit its shapes or names."""
+    import mlx.core as mx
+
+    try:
+        head.load_weights(list(weights.items()), strict=True)
+    except ValueError as e:
+        raise ModelFileError(f"{what} do not fit: {e}", hint) from None
+    mx.eval(head.parameters())
+
+
 class MLXHeadDrafter(ABC):
     """A drafter with a head beside an MLX `target` (borrowed), whose hidden states it reads."""
 

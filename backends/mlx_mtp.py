@@ -29,7 +29,7 @@ import numpy as np
 
 from localspec.backends.mlx import MLXBackend
 from localspec.backends.mlx_capture import original_class
-from localspec.backends.mlx_head import MLXHeadDrafter
+from localspec.backends.mlx_head import MLXHeadDrafter, load_head_weights
 from localspec.errors import ModelFileError, UnsupportedModelError
 
 ARCHITECTURES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
@@ -129,11 +129,7 @@ def _build(target: MLXBackend, n_layers: int, weights: dict[str, Any], shift: bo
         prefixed = inner.sanitize({f"model.{k}": v for k, v in weights.items() if k.startswith("layers.")})
         weights = {**{k: v for k, v in weights.items() if not k.startswith("layers.")},
                    **{k[len("model."):]: v for k, v in prefixed.items() if k.startswith("model.layers.")}}  # fmt: skip
-    try:
-        head.load_weights(list(weights.items()), strict=True)
-    except ValueError as e_:
-        raise ModelFileError(f"{target.info.name}: its mtp.* weights do not fit its MTP layer: {e_}", MTP_HINT) from None
-    mx.eval(head.parameters())
+    load_head_weights(head, weights, f"{target.info.name}: its mtp.* weights", MTP_HINT)
     return head
 
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from localspec.backends.mlx import MLXBackend
 from localspec.backends.mlx_capture import original_class
-from localspec.backends.mlx_head import MLXHeadDrafter
+from localspec.backends.mlx_head import MLXHeadDrafter, load_head_weights
 from localspec.backends.mlx_mtp import MTP_HINT, safetensors_headers
 from localspec.errors import ModelFileError
 
@@ -125,11 +125,7 @@ def _build(target: MLXBackend, layout: Layout, weights: dict[str, Any]) -> Any:
     named |= {own[k.rsplit(".", 1)[0]] + "." + k.rsplit(".", 1)[1]: v for k, v in weights.items()
               if k.rsplit(".", 1)[0] in own}  # fmt: skip
     head = NextnHead()
-    try:
-        head.load_weights(list(named.items()), strict=True)
-    except ValueError as err:
-        raise ModelFileError(f"{target.info.name}: its nextn layer's weights do not fit: {err}", MTP_HINT) from None
-    mx.eval(head.parameters())
+    load_head_weights(head, named, f"{target.info.name}: its MTP layer's weights", MTP_HINT)
     return head
 
 

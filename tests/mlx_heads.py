@@ -194,23 +194,13 @@ def from_gguf_dflash(gguf_path: Path, out: Path) -> Path:
     return out
 
 
-def add_mtp(model_dir: Path, *, seed: int, echo: bool = False) -> Path:
-    """Give a tiny Qwen3.5 model directory one MTP layer, as original checkpoints keep it: `mtp.*` tensors
-    (in their own file, which mlx-lm's loader drops) and `mtp_num_hidden_layers` in config.json. The layer is
-    the model's own full-attention decoder layer class with random weights; `echo`: a layer that passes the
-    hidden state through (zero attention and MLP outputs, fc reading the hidden half only), so its draft is
-    the target's own next-token distribution one position back and repeats get accepted."""
+def _random_layer(layer: Any, rng: np.random.Generator, echo: bool, prefix: str) -> dict[str, Any]:
+    """A decoder layer's parameters, random (norms near one), by `prefix` + name; `echo`: its attention and MLP
+    outputs zero, so the layer passes its input through."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
-    from mlx_lm.models import qwen3_5
 
-    config = json.loads((model_dir / "config.json").read_text())
-    args = qwen3_5.TextModelArgs.from_dict(config)
-    fa = args.full_attention_interval - 1
-    rng = np.random.default_rng(seed)
-    e = args.hidden_size
-    layer = qwen3_5.DecoderLayer(args, fa)
-    weights: dict[str, Any] = {}
+    out: dict[str, Any] = {}
     for name, v in tree_flatten(layer.parameters()):
         shape = tuple(v.shape)
         if name.endswith("norm.weight"):
@@ -221,7 +211,25 @@ def add_mtp(model_dir: Path, *, seed: int, echo: bool = False) -> Path:
             w = rng.standard_normal(shape) / np.sqrt(shape[-1])
         if echo and name.endswith(("o_proj.weight", "down_proj.weight")):
             w = np.zeros(shape)
-        weights[f"mtp.layers.0.{name}"] = mx.array(w.astype(np.float32))
+        out[prefix + name] = mx.array(w.astype(np.float32))
+    return out
+
+
+def add_mtp(model_dir: Path, *, seed: int, echo: bool = False) -> Path:
+    """Give a tiny Qwen3.5 model directory one MTP layer, as original checkpoints keep it: `mtp.*` tensors
+    (in their own file, which mlx-lm's loader drops) and `mtp_num_hidden_layers` in config.json. The layer is
+    the model's own full-attention decoder layer class with random weights; `echo`: a layer that passes the
+    hidden state through (zero attention and MLP outputs, fc reading the hidden half only), so its draft is
+    the target's own next-token distribution one position back and repeats get accepted."""
+    import mlx.core as mx
+    from mlx_lm.models import qwen3_5
+
+    config = json.loads((model_dir / "config.json").read_text())
+    args = qwen3_5.TextModelArgs.from_dict(config)
+    fa = args.full_attention_interval - 1
+    rng = np.random.default_rng(seed)
+    e = args.hidden_size
+    weights = _random_layer(qwen3_5.DecoderLayer(args, fa), rng, echo, "mtp.layers.0.")
     fc = rng.standard_normal((e, 2 * e)) / np.sqrt(2 * e)
     if echo:
         fc = np.concatenate([np.zeros((e, e)), np.eye(e)], axis=1)
@@ -241,7 +249,6 @@ def add_nextn(model_dir: Path, *, seed: int, echo: bool = False, mimo: bool = Fa
     `echo`: the layer passes the hidden state through (zero attention and MLP outputs, the projection reading
     the hidden half only)."""
     import mlx.core as mx
-    from mlx.utils import tree_flatten
     from mlx_lm.models import glm4_moe, mimo as mimo_model
 
     config = json.loads((model_dir / "config.json").read_text())
@@ -253,18 +260,7 @@ def add_nextn(model_dir: Path, *, seed: int, echo: bool = False, mimo: bool = Fa
     prefix = "model.mtp_layers.0." if mimo else f"model.layers.{n}."
     names = ("token_layernorm", "hidden_layernorm", "input_proj", "final_layernorm") if mimo else ("enorm", "hnorm", "eh_proj", "shared_head.norm")
     layer = mimo_model.TransformerBlock(args) if mimo else glm4_moe.DecoderLayer(args, n)
-    weights: dict[str, Any] = {}
-    for name, v in tree_flatten(layer.parameters()):
-        shape = tuple(v.shape)
-        if name.endswith("norm.weight"):
-            w = 1.0 + 0.1 * rng.standard_normal(shape)
-        elif len(shape) == 1:
-            w = 0.1 * rng.standard_normal(shape)
-        else:
-            w = rng.standard_normal(shape) / np.sqrt(shape[-1])
-        if echo and name.endswith(("o_proj.weight", "down_proj.weight")):
-            w = np.zeros(shape)
-        weights[prefix + name] = mx.array(w.astype(np.float32))
+    weights = _random_layer(layer, rng, echo, prefix)
     embed_norm, hidden_norm, proj, out_norm = names
     eh = rng.standard_normal((e, 2 * e)) / np.sqrt(2 * e)
     if echo:  # the hidden half: second for nextn ([embedding, hidden]), first for MiMo ([hidden, embedding])
