@@ -25,7 +25,7 @@ from localspec.sampling import SamplingParams
 from localspec.errors import Interrupted, ModelFileError, UnsupportedModelError, UsageError
 from localspec.options import ModelOptions
 from localspec.pipeline import load_pipeline
-from head_chi import CHI_PROMPT, K, N_SAMPLES, TOP_K, WINDOW, draws, expected_joint, run
+from head_chi import CHI_PROMPT, K, N_SAMPLES, TOP_K, WINDOW, draws, expected_joint, misreported, run
 from test_verify import joint_check
 
 LAYERS = (1, 2, 3)
@@ -163,18 +163,8 @@ def test_exact_rule_matches_the_target_distribution_through_the_drafter(target, 
 @pytest.mark.parametrize("method", ["dflash", "dspark"])
 def test_a_drafter_whose_q_is_misreported_fails_the_same_check(target, chi, method: str) -> None:  # type: ignore[no-untyped-def]
     """The test's own test: the same drafts, but q reported as uniform over its support, must fail."""
-    from dataclasses import replace
-
-    class Misreported(BlockDrafter):
-        def propose(self, context, k, sampling, rng, *, min_confidence=0.0):  # type: ignore[no-untyped-def]
-            d = super().propose(context, k, sampling, rng, min_confidence=min_confidence)
-            if d.q is None:
-                return d
-            flat = (d.q > 0).astype(np.float64)
-            return replace(d, q=flat / flat.sum(axis=1, keepdims=True))
-
     prompt, sampling, expected, heads = chi
-    drafter = Misreported(target, heads[method], method=method)
+    drafter = misreported(BlockDrafter)(target, heads[method], method=method)
     try:
         assert joint_check(draws(target, drafter, prompt, sampling), expected, N_SAMPLES) is not None
     finally:

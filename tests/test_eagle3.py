@@ -19,13 +19,14 @@ import numpy as np
 import pytest
 from head_chi import (
     CHI_PROMPT,
+    K,
     N_SAMPLES,
     TOP_K,
     WINDOW,
-    K,
     draws,
     expected_joint,
     first_draft_q,
+    misreported,
     run,
 )
 from localspec.backends import llama_cpp as lb
@@ -177,18 +178,8 @@ def test_exact_rule_matches_the_target_distribution_through_the_head(target, chi
 @pytest.mark.slow
 def test_a_head_whose_q_is_misreported_fails_the_same_check(target, chi) -> None:  # type: ignore[no-untyped-def]
     """The test's own test: the same drafts, but q reported as uniform over its support, must fail."""
-    from dataclasses import replace
-
-    class Misreported(Eagle3Drafter):
-        def propose(self, context, k, sampling, rng, *, min_confidence=0.0):  # type: ignore[no-untyped-def]
-            d = super().propose(context, k, sampling, rng, min_confidence=min_confidence)
-            if d.q is None:
-                return d
-            flat = (d.q > 0).astype(np.float64)
-            return replace(d, q=flat / flat.sum(axis=1, keepdims=True))
-
     prompt, sampling, expected, head = chi
-    drafter = Misreported(target, head)
+    drafter = misreported(Eagle3Drafter)(target, head)
     try:
         assert joint_check(draws(target, drafter, prompt, sampling), expected, N_SAMPLES) is not None
     finally:

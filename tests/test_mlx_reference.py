@@ -53,6 +53,27 @@ def _to_eog(draft: list[int], eog: frozenset[int]) -> list[int]:
     return draft if at is None else draft[: at + 1]
 
 
+def _assert_same_drafts(target_dir: Path, make: Any, contexts: list[list[int]], theirs: list[list[int]], k: int) -> None:
+    """localspec's drafter (`make(target)`) on each reference round's committed context, the target holding all
+    of it but the last token: the reference's drafts, up to their first end-of-generation token."""
+    from localspec.backends.base import sync_cache
+
+    target = mb.load(str(target_dir), n_ctx=512)
+    drafter = make(target)
+    try:
+        sync_cache(target, contexts[0][:-1], logits=False)
+        drafter.prepare(contexts[0][:-1], k)
+        ours = []
+        for context in contexts:
+            sync_cache(target, context[:-1], logits=False)
+            ours.append(drafter.propose(context, k, GREEDY, np.random.default_rng(0)).tokens)
+        eog = target.eog_ids
+    finally:
+        drafter.close()
+        target.close()
+    assert ours == [_to_eog(t, eog) for t in theirs]
+
+
 def _replay(target: Any, drafter: Any, prompt: list[int], first: int, rounds: list[tuple[int, list[int]]],
             final: list[int], k: int) -> list[tuple[list[int], list[int]]]:  # fmt: skip
     """Each reference round again with localspec's drafter: (theirs, ours) per round whose draft was k long.
@@ -216,20 +237,7 @@ def test_eagle3_drafts_equal_mlx_vlms_reference(target_dir: Path, tmp_path: Path
         ref.accept_verified_tokens(verify_hidden, drafts, accepted, new, None, greedy=True)
         committed += new
 
-    from localspec.backends.base import sync_cache
-
-    target = mb.load(str(target_dir), n_ctx=512)
-    drafter = Eagle3Drafter(target, out)
-    try:
-        ours = []
-        for context in contexts:
-            sync_cache(target, context[:-1], logits=False)
-            ours.append(drafter.propose(context, k, GREEDY, np.random.default_rng(0)).tokens)
-        eog = target.eog_ids
-    finally:
-        drafter.close()
-        target.close()
-    assert ours == [_to_eog(t, eog) for t in theirs]
+    _assert_same_drafts(target_dir, lambda t: Eagle3Drafter(t, out), contexts, theirs, k)
 
 
 # -- Qwen3.5 MTP: mlx-vlm's Qwen3_5MTPDraftModel ---------------------------------------------------------
@@ -244,7 +252,6 @@ def test_qwen35_mtp_drafts_equal_mlx_vlms_reference(tmp_path: Path) -> None:
     from mlx_vlm.speculative.drafters.qwen3_5_mtp.config import Qwen3_5MTPConfig
     from mlx_vlm.speculative.drafters.qwen3_5_mtp.qwen3_5_mtp import Qwen3_5MTPDraftModel
 
-    from localspec.backends.base import sync_cache
     from localspec.backends.mlx_mtp import MtpDrafter
 
     k, n_rounds = 3, 8
@@ -284,18 +291,7 @@ def test_qwen35_mtp_drafts_equal_mlx_vlms_reference(tmp_path: Path) -> None:
         ref.accept_verified_tokens(verify, drafts, accepted, new, None, greedy=True)
         committed += new
 
-    target = mb.load(str(target_dir), n_ctx=512)
-    drafter = MtpDrafter(target)
-    try:
-        ours = []
-        for context in contexts:
-            sync_cache(target, context[:-1], logits=False)
-            ours.append(drafter.propose(context, k, GREEDY, np.random.default_rng(0)).tokens)
-        eog = target.eog_ids
-    finally:
-        drafter.close()
-        target.close()
-    assert ours == [_to_eog(t, eog) for t in theirs]
+    _assert_same_drafts(target_dir, MtpDrafter, contexts, theirs, k)
 
 
 # -- DSpark: mlx-vlm's DSparkDraftModel ------------------------------------------------------------------
@@ -311,7 +307,6 @@ def test_dspark_drafts_equal_mlx_vlms_reference(target_dir: Path, tmp_path: Path
     from mlx_vlm.speculative.drafters.dspark.config import DSparkConfig
     from mlx_vlm.speculative.drafters.dspark.dspark import DSparkDraftModel
 
-    from localspec.backends.base import sync_cache
     from localspec.backends.mlx_dflash import BlockDrafter
 
     k, n_rounds, layers = 4, 8, [0, 2, 3]
@@ -359,20 +354,7 @@ def test_dspark_drafts_equal_mlx_vlms_reference(target_dir: Path, tmp_path: Path
         hidden = verify_hidden[:, : accepted + 1]
         committed += [*d[:accepted], best[accepted]]
 
-    target = mb.load(str(target_dir), n_ctx=512)
-    drafter = BlockDrafter(target, out, method="dspark")
-    try:
-        sync_cache(target, contexts[0][:-1], logits=False)
-        drafter.prepare(contexts[0][:-1], k)
-        ours = []
-        for context in contexts:
-            sync_cache(target, context[:-1], logits=False)
-            ours.append(drafter.propose(context, k, GREEDY, np.random.default_rng(0)).tokens)
-        eog = target.eog_ids
-    finally:
-        drafter.close()
-        target.close()
-    assert ours == [_to_eog(t, eog) for t in theirs]
+    _assert_same_drafts(target_dir, lambda t: BlockDrafter(t, out, method="dspark"), contexts, theirs, k)
 
 
 def test_dflash2_drafts_equal_z_labs_reference(target_dir: Path, tmp_path: Path) -> None:
