@@ -351,20 +351,26 @@ class BlockDrafter(MLXHeadDrafter):
         sel = self._head.candidate_selector
         top = self.cfg.selector_top_k
         projected = np.asarray(sel.hidden_projection(hidden[0]).astype(mx.float32))
-        pred_book = np.asarray(sel.predecessor_codebook.weight.astype(mx.float32))
-        succ_book = np.asarray(sel.successor_codebook.weight.astype(mx.float32))
         logits = np.asarray(raw)
+        n = min(k + 1, len(logits))
+        candidates = np.argpartition(logits[1:n], -top, axis=-1)[:, -top:]  # [positions, top]
+        # Only the codebook rows a walk can touch: the anchor's and the candidates' (not the vocabulary's).
+        ids = np.unique(np.concatenate([[anchor], candidates.ravel()]))
+        rows = mx.array(ids.astype(np.int32))
+        pred = dict(zip(ids.tolist(), np.asarray(sel.predecessor_codebook(rows).astype(mx.float32))))
+        succ = dict(zip(ids.tolist(), np.asarray(sel.successor_codebook(rows).astype(mx.float32))))
         tokens: list[int] = []
         previous = anchor
-        for i in range(1, min(k + 1, len(logits))):
-            candidates = np.argpartition(logits[i], -top)[-top:]
-            scores = logits[i][candidates] + (pred_book[previous] * projected[i] * succ_book[candidates]).sum(axis=-1)
+        for i in range(1, n):
+            cands = candidates[i - 1]
+            book = np.stack([succ[int(c)] for c in cands])
+            scores = logits[i][cands] + (pred[previous] * projected[i] * book).sum(axis=-1)
             best = int(np.argmax(scores))
             if min_confidence > 0:
                 conf = float(1.0 / np.exp(scores - scores[best]).sum())
                 if conf < min_confidence:
                     return tokens, f"draft stopped at position {i}: confidence {conf:.2f} < {min_confidence:.2f}"
-            previous = int(candidates[best])
+            previous = int(cands[best])
             tokens.append(previous)
             if previous in self.target.eog_ids:
                 break
@@ -408,19 +414,20 @@ class BlockDrafter(MLXHeadDrafter):
         import mlx.core as mx
 
         m = self._head.markov_head
-        w1 = np.asarray(m.markov_w1.weight.astype(mx.float32))
-        w2 = np.asarray(m.markov_w2.weight.astype(mx.float32))
         proj = getattr(m, "proj", None)
         out = np.stack([self._target_logits(r) for r in rows])
         conf = np.zeros(len(rows), np.float32) if proj is not None else None
         prev = anchor
         for i in range(0 if self.cfg.sample_from_anchor else 1, len(rows)):
-            biased = self._target_logits(rows[i] + w2 @ w1[prev])
+            embedded = m.markov_w1(mx.array([prev], dtype=mx.int32))  # [1, R]: one row, not the table
+            bias = m.markov_w2(embedded)[0].astype(mx.float32)
+            if proj is not None:
+                feature = mx.concatenate([mx.array(hidden[i])[None], embedded.astype(mx.float32)], axis=-1)
+                score = proj(feature.astype(proj.weight.dtype))[0, 0].astype(mx.float32)
+                mx.eval(bias, score)
+                conf[i] = 1.0 / (1.0 + np.exp(-float(score.item())))  # type: ignore[index]
+            biased = self._target_logits(rows[i] + np.asarray(bias))
             out[i] = biased
-            if conf is not None and proj is not None:
-                feat = np.concatenate([hidden[i], w1[prev]])
-                score = float(np.asarray(proj.weight.astype(mx.float32))[0] @ feat + float(np.asarray(proj.bias)[0]))
-                conf[i] = 1.0 / (1.0 + np.exp(-score))
             prev = int(np.argmax(biased))
         return out, conf
 
