@@ -38,6 +38,8 @@ class Part:
 class LlamaSlots:
     """A context holding `n_slots` sequences of a loaded llama.cpp target."""
 
+    prefill_apart = False  # prompt chunks ride in the pass: a batch costs its tokens, not rows x the longest
+
     def __init__(self, target: LlamaCppBackend, n_slots: int, n_ctx_slot: int, n_batch: int = 512) -> None:
         if target.info.is_recurrent:
             raise UnsupportedModelError(
@@ -79,6 +81,10 @@ class LlamaSlots:
     @property
     def n_batch(self) -> int:
         return self._n_batch
+
+    def pass_size(self, lengths: Sequence[int]) -> int:
+        """Positions a pass over parts of these lengths computes: one batch of all their tokens."""
+        return sum(lengths)
 
     def forward_many(
         self, parts: Sequence[tuple[int, Sequence[int]]], prefill: Sequence[tuple[int, Sequence[int]]] = ()

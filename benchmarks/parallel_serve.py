@@ -15,6 +15,9 @@ the crowd policy decides from the same curve, measured again inside the server a
 
     python benchmarks/parallel_serve.py --target T.gguf --draft D.gguf [--max-tokens 64] [--threads 2]
         [--llama-server /work/tools/llama.cpp/build/bin/llama-server] [--configs a,b,c,c-auto,d]
+    python benchmarks/parallel_serve.py --backend mlx --target MLX_DIR [--draft MLX_DIR] --configs a,b,c,c-auto
+
+On MLX the pass is right-padded (backends/mlx_multi.py): the replay plans with rows x the longest draft.
 """
 
 from __future__ import annotations
@@ -115,11 +118,18 @@ def crowd(url: str, prompts: tuple[str, ...], max_tokens: int) -> list[ClientRes
     return [r for r in out if r is not None]
 
 
-def measure_t(target: str, threads: int, sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)) -> dict[int, float]:
+def measure_t(
+    target: str, threads: int, backend: str = "llama", sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+) -> dict[int, float]:
     """T(n): the median time of a forward pass of n tokens on a 256-token prefix, in this process."""
-    from localspec.backends import llama_cpp as lb
+    if backend == "mlx":
+        from localspec.backends import mlx as mb
 
-    t = lb.load(target, n_ctx=1024, threads=threads)
+        t = mb.load(target, n_ctx=1024)
+    else:
+        from localspec.backends import llama_cpp as lb
+
+        t = lb.load(target, n_ctx=1024, threads=threads)
     try:
         prefix = t.tokenize(CODE * 3)[:256]
         t.forward(prefix, all_logits=False)
@@ -139,7 +149,8 @@ def measure_t(target: str, threads: int, sizes: tuple[int, ...] = (1, 2, 4, 8, 1
 
 def run_localspec(args: argparse.Namespace, label: str, parallel: int, method: str, prompts: tuple[str, ...]) -> RunResult:
     extra = ["--draft", args.draft] if method in ("auto", "model") and args.draft else []
-    s = ServeProcess("--target", args.target, *extra, "--draft-method", method, "--parallel", str(parallel),
+    s = ServeProcess("--backend", args.backend, "--target", args.target, *extra, "--draft-method", method,
+                     "--parallel", str(parallel),
                      "--threads", str(args.threads), "--n-ctx", str(args.n_ctx), "--model-name", "m")  # fmt: skip
     try:
         crowd(s.url, prompts[:1], 4)  # warm-up: the template prefix cached, the first pass's allocations done
@@ -161,11 +172,11 @@ def run_llama_server(args: argparse.Namespace, prompts: tuple[str, ...]) -> RunR
         s.close()
 
 
-def replay(curve: dict[int, float], r: RunResult) -> None:
+def replay(curve: dict[int, float], r: RunResult, padded: bool = False) -> None:
     """The crowd policy's plan for the run's four acceptances (lookup drafts, up to 8 tokens each) on the
     measured T(n) and on a GPU-like one (flat to 8 tokens, then linear): draft lengths, and the expected
     rate against plain batched decoding."""
-    from localspec.decoding.crowd import Candidate, plan_crowd
+    from localspec.decoding.crowd import Candidate, plan_crowd, summed
     from localspec.decoding.policy import CostModel
 
     measured = CostModel(dict(curve))
@@ -174,7 +185,7 @@ def replay(curve: dict[int, float], r: RunResult) -> None:
     candidates = [Candidate((min(max(c.acceptance, 0.05), 0.95),) * 8) for c in r.clients]
     print(f"\nreplay of {r.label.strip()} (acceptance " + ", ".join(f"{c.acceptance:.0%}" for c in r.clients) + "):")
     for name, t in curves.items():
-        plan = plan_crowd(candidates, t)
+        plan = plan_crowd(candidates, t, (lambda ls: len(ls) * max(ls)) if padded else summed)
         print(f"  {name:<9} T(n): draft lengths {plan.lengths}, expected {plan.rate / plan.plain_rate:.2f}x "
               "plain batched decoding")  # fmt: skip
 
@@ -187,6 +198,7 @@ def row(r: RunResult) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--backend", choices=("llama", "mlx"), default="llama")
     ap.add_argument("--target", required=True)
     ap.add_argument("--draft", help="a draft model for auto and llama-server")
     ap.add_argument("--max-tokens", type=int, default=64)
@@ -196,7 +208,7 @@ def main() -> None:
     ap.add_argument("--configs", default="a,b,c,c-auto,d", help="which to run (default: %(default)s)")
     args = ap.parse_args()
 
-    curve = measure_t(args.target, args.threads)
+    curve = measure_t(args.target, args.threads, args.backend)
     print("T(n) measured here: " + ", ".join(f"T({n}) {s * 1000:.1f} ms" for n, s in curve.items()), flush=True)
     print("  relative to T(1): " + ", ".join(f"{n}: {s / curve[1]:.2f}" for n, s in curve.items()), flush=True)
     plan = {
@@ -207,13 +219,13 @@ def main() -> None:
         "c-auto": lambda: run_localspec(args, "(c) localspec -np 4, auto, copy", 4, "auto", COPY),
         "d": lambda: run_llama_server(args, PLAIN),
     }
-    chosen = [c for c in args.configs.split(",") if c != "d" or args.llama_server]
+    chosen = [c for c in args.configs.split(",") if c != "d" or (args.llama_server and args.backend == "llama")]
     runs = {c: plan[c]() for c in chosen}
     print(f"\n{'configuration':<34} {'tokens':>6} {'wall s':>7} {'tok/s':>7}   time to first text per client (s)")
     for r in runs.values():
         print(row(r))
     if "c-auto" in runs:
-        replay(curve, runs["c-auto"])
+        replay(curve, runs["c-auto"], padded=args.backend == "mlx")
     if "a" in runs and "b" in runs:
         a, b = runs["a"], runs["b"]
         print(f"\n--parallel 4 / --parallel 1 aggregate: {b.tps / a.tps:.2f}x; "

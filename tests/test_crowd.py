@@ -51,12 +51,30 @@ def test_four_sequences_share_the_spare_room_by_acceptance() -> None:
     assert plan.lengths[0] >= 2 and plan.lengths[2] >= 2 and plan.lengths[1] == 0 and plan.lengths[3] == 0
 
 
+def padded(lengths: Sequence[int]) -> int:
+    """A right-padded batch's positions (MLX): rows x the longest part."""
+    return len(lengths) * max(lengths)
+
+
 @pytest.mark.parametrize("n", range(1, 13))
 @pytest.mark.parametrize("alpha", [0.05, 0.5, 0.95])
-def test_the_plan_is_never_below_plain_batched_decoding(n: int, alpha: float) -> None:
-    plan = plan_crowd([Candidate((alpha,) * 6, draft_s=0.001)] * n, steep_after_8)
+@pytest.mark.parametrize("size", [None, padded])
+def test_the_plan_is_never_below_plain_batched_decoding(n: int, alpha: float, size: Callable | None) -> None:
+    candidates = [Candidate((alpha,) * 6, draft_s=0.001)] * n
+    plan = plan_crowd(candidates, steep_after_8) if size is None else plan_crowd(candidates, steep_after_8, size)
     assert plan.rate >= plan.plain_rate
     assert plan.plain_rate == pytest.approx(n / steep_after_8(n))
+
+
+def test_a_padded_batch_spreads_the_spare_room_evenly() -> None:
+    """The same four sequences as above: one batch of tokens gives the likely drafts 4 tokens between them; a
+    right-padded one pays every row for the longest draft, so one token each fills its 8 positions."""
+    candidates = [Candidate((0.9,) * 8), Candidate((0.3,) * 8), Candidate((0.9,) * 8), Candidate(())]
+    summed = plan_crowd(candidates, steep_after_8)
+    even = plan_crowd(candidates, steep_after_8, padded)
+    assert max(summed.lengths) >= 2
+    assert even.lengths == (1, 1, 1, 0) and padded([1 + j for j in even.lengths]) == 8
+    assert even.rate > even.plain_rate
 
 
 @pytest.mark.parametrize("alpha", [0.2, 0.5, 0.7, 0.9])
@@ -97,6 +115,11 @@ class FakeSlots:
         self.slots = [FakeBackend(fn, name=f"slot{i}", **kw) for i in range(n)]  # type: ignore[arg-type]
         self.clock = clock
         self.passes: list[list[int]] = []  # each pass's part sizes
+
+    prefill_apart = False
+
+    def pass_size(self, lengths: Sequence[int]) -> int:
+        return sum(lengths)
 
     def forward_many(self, parts: Sequence[tuple[int, Sequence[int]]]) -> list[np.ndarray]:
         self.passes.append([len(t) for _, t in parts])

@@ -2,7 +2,8 @@
 (server/crowd_scheduler.py). Greedy answers decoded together equal each answered alone (near-ties aside), a
 prompt shares the prefix another slot holds, the last of four clients hears its first token before the first
 client is done (the streams interleave), a client that goes away frees its slot, the queue bound still answers 503, /metrics shows batches of several sequences,
-and targets that cannot decode together are refused with the reason."""
+and targets that cannot decode together are refused with the reason. The same on MLX (a tiny random model).
+A head method, whose hidden states the slots do not capture, is a 400."""
 
 from __future__ import annotations
 
@@ -179,9 +180,53 @@ def _refusal(*argv: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, check=False, timeout=120)  # fmt: skip
 
 
-def test_parallel_on_mlx_is_refused_with_the_reason(smollm2_path: Path) -> None:
-    r = _refusal("--target", str(smollm2_path), "--backend", "mlx", "--parallel", "2")
-    assert r.returncode != 0 and "--parallel 1" in r.stderr and "Traceback" not in r.stderr, r.stderr
+@pytest.fixture(scope="module")
+def mlx_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    pytest.importorskip("mlx_lm")
+    import mlx_tiny
+
+    root = tmp_path_factory.mktemp("mlx-serve")
+    return {"qwen2": mlx_tiny.build(root / "qwen2", seed=5),
+            "hybrid": mlx_tiny.build(root / "hybrid", seed=5, config=mlx_tiny.QWEN35_CONFIG)}  # fmt: skip
+
+
+@pytest.mark.mlx
+def test_mlx_serves_clients_together_each_as_alone(mlx_dirs: dict[str, Path]) -> None:
+    """--parallel on MLX (backends/mlx_multi.py): three streamed clients at once get the texts each got alone,
+    and /metrics shows passes of several sequences."""
+    s = ServeProcess("--backend", "mlx", "--target", str(mlx_dirs["qwen2"]), "--draft-method", "ngram", "-k", "3",
+                     "--n-ctx", "512", "--parallel", "3")  # fmt: skip
+    try:
+        alone = [_complete(s, p) for p in PROMPTS[:3]]
+        t0 = time.perf_counter()
+        times: list[dict[str, float]] = [{} for _ in range(3)]
+        texts: dict[int, str] = {}
+        threads = [threading.Thread(target=lambda i=i: texts.__setitem__(i, _stream(s, PROMPTS[i], times[i], t0)))
+                   for i in range(3)]  # fmt: skip
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(180)
+        assert [texts.get(i) for i in range(3)] == alone
+        m = metrics(s)
+        assert m["localspec:batch_sequences_per_pass_count"] > m["localspec:batch_sequences_per_pass_bucket{le=1.0}"]
+    finally:
+        s.close()
+
+
+@pytest.mark.mlx
+def test_parallel_on_a_hybrid_mlx_target_is_refused_with_the_reason(mlx_dirs: dict[str, Path]) -> None:
+    r = _refusal("--backend", "mlx", "--target", str(mlx_dirs["hybrid"]), "--draft-method", "none", "--parallel", "2")
+    assert r.returncode != 0 and "recurrent" in r.stderr and "--parallel 1" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("method", ["eagle3", "mtp"])
+def test_a_head_method_is_a_400_under_parallel(server: ServeProcess, method: str) -> None:
+    """A head reads the target's hidden states, which the slots do not capture: refused, never drafted badly."""
+    body = {"prompt": PROMPTS[2], "max_tokens": 4, "speculative": {"method": method}}
+    r = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+    assert r.status_code == 400 and "--parallel 1" in r.text, r.text
 
 
 def test_parallel_on_a_hybrid_target_is_refused_with_the_reason(hybrid_ggufs) -> None:  # type: ignore[no-untyped-def]
@@ -217,3 +262,23 @@ def test_a_draft_model_serves_one_sequence_at_a_time_and_the_others_look_up(smol
         assert finals[-1]["timings"]["draft_method"] == method
     finally:
         s.close()
+
+
+def test_each_sequence_that_read_the_suffix_memory_writes_its_answer_there(smollm2_path: Path, _private_cost_cache: Path) -> None:
+    """Two suffix-drafting requests decoded together: both answers are remembered (each keeps its own claim)."""
+    from localspec.decoding.suffix_memory import list_docs
+
+    s = ServeProcess("--target", str(smollm2_path), "--draft-method", "suffix", "--n-ctx", "512", "--parallel", "2")
+    try:
+        texts: dict[int, str] = {}
+        threads = [threading.Thread(target=lambda i=i: texts.__setitem__(i, _complete(s, PROMPTS[i], max_tokens=40)))
+                   for i in range(2)]  # fmt: skip
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(120)
+        assert len(texts) == 2
+    finally:
+        s.close()
+    docs = [d for sub in (_private_cost_cache / "suffix").iterdir() if sub.is_dir() for d in list_docs(sub)]
+    assert len(docs) == 2, docs

@@ -35,8 +35,8 @@ API_KEY_ENV = "LOCALSPEC_API_KEY"
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-    from localspec.backends.llama_multi import LlamaSlots
     from localspec.pipeline import Pipeline
+    from localspec.server.crowd_scheduler import Slots
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -68,8 +68,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                    help=f"requests that may wait while one generates; more get 503 (default: {DEFAULT_MAX_QUEUE})")  # fmt: skip
     g.add_argument("--parallel", type=int, default=None, metavar="N",
                    help="generations decoded together, one shared target pass per step, drafts sized for the "
-                        "crowd (llama.cpp targets without recurrent layers; default: 1 on a CPU-only build, "
-                        f"{GPU_PARALLEL} when llama.cpp offloads to a GPU)")  # fmt: skip
+                        "crowd (targets without recurrent or sliding-window layers; default: 1 on a CPU, "
+                        f"{GPU_PARALLEL} when llama.cpp offloads to a GPU or MLX runs on Metal)")  # fmt: skip
     g.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                    help="allow browser requests from this origin (repeatable; '*' for any); default: CORS off")  # fmt: skip
     g.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY,
@@ -148,22 +148,48 @@ def build_server(args: argparse.Namespace, opts: ModelOptions) -> tuple[FastAPI,
 def resolve_parallel(asked: int | None, pipeline: Pipeline) -> int:
     """--parallel as given, else its default for this target (see GPU_PARALLEL); refused where it cannot run."""
     info = pipeline.target.info
+    head = pipeline.options.family.is_head
     if asked is None:
-        can = info.backend == "llama" and not info.is_recurrent and pipeline.options.n_gpu_layers != 0
+        if info.is_recurrent or head or _unbatchable(pipeline):
+            return 1
+        if info.backend == "mlx":
+            return GPU_PARALLEL if info.device.startswith("Metal") else 1
+        can = info.backend == "llama" and pipeline.options.n_gpu_layers != 0
         return GPU_PARALLEL if can and _gpu_offload() else 1
-    if asked > 1 and info.backend != "llama":
-        raise UsageError(f"--parallel {asked} needs the llama.cpp backend: the {info.backend} backend decodes one "
+    if asked > 1 and info.backend not in ("llama", "mlx"):
+        raise UsageError(f"--parallel {asked} needs the llama.cpp or MLX backend: the {info.backend} backend decodes one "
                          "sequence at a time here", "serve it with --parallel 1")  # fmt: skip
     if asked > 1 and info.is_recurrent:
         raise UsageError(f"--parallel {asked}: {info.name} has recurrent layers ({info.recurrent}), whose per-sequence "
                          "state snapshots localspec does not keep", "serve it with --parallel 1")  # fmt: skip
+    if asked > 1 and head:
+        from localspec.server.requests import HEAD_IN_CROWD
+
+        raise UsageError(f"--parallel {asked} with --draft-method {pipeline.options.draft_method}: {HEAD_IN_CROWD}",
+                         "serve it with --parallel 1, or draft with auto, model or a lookup")  # fmt: skip
+    if asked > 1 and (why := _unbatchable(pipeline)):
+        raise UsageError(f"--parallel {asked}: {why}", "serve it with --parallel 1")
     return asked
 
 
-def open_slots(pipeline: Pipeline, parallel: int) -> LlamaSlots | None:
-    """A second llama.cpp context on the target's weights, a sequence per slot, each as long as --n-ctx."""
+def _unbatchable(pipeline: Pipeline) -> str:
+    """Why the target's slots cannot be opened (MLX: a layer cache other than a plain KVCache), else ""."""
+    if pipeline.target.info.backend != "mlx":
+        return ""
+    from localspec.backends.mlx_multi import unbatchable
+
+    return unbatchable(pipeline.target)  # type: ignore[arg-type]
+
+
+def open_slots(pipeline: Pipeline, parallel: int) -> Slots | None:
+    """The target's sequences, one slot per generation, each as long as --n-ctx: on llama.cpp a second context
+    on the target's weights, on MLX a batched cache for the target's own model."""
     if parallel <= 1:
         return None
+    if pipeline.target.info.backend == "mlx":
+        from localspec.backends.mlx_multi import MLXSlots
+
+        return MLXSlots(pipeline.target, parallel, pipeline.target.n_ctx)  # type: ignore[arg-type]
     from localspec.backends.llama_multi import LlamaSlots
 
     return LlamaSlots(pipeline.target, parallel, pipeline.target.n_ctx)  # type: ignore[arg-type]
@@ -184,9 +210,6 @@ def _parallel_text(n: int) -> str:
 def check_server_args(args: argparse.Namespace) -> None:
     if args.parallel is not None and args.parallel < 1:
         raise UsageError(f"--parallel must be 1 or more, got {args.parallel}", "e.g. --parallel 4")
-    if args.parallel is not None and args.parallel > 1 and args.backend == "mlx":
-        raise UsageError(f"--parallel {args.parallel} needs the llama.cpp backend: the mlx backend decodes one "
-                         "sequence at a time here", "serve it with --parallel 1")  # fmt: skip
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port {args.port} is not a port number", "use 1..65535, e.g. --port 8080")
     if args.max_queue < 0:

@@ -397,12 +397,18 @@ class _Run:
 
 
 class BatchTarget(Protocol):
-    """A target holding several sequences (backends/llama_multi.LlamaSlots): one pass appends each
-    (slot, tokens) to its slot and returns every position's logits rows per part."""
+    """A target holding several sequences (backends/llama_multi.LlamaSlots, backends/mlx_multi.MLXSlots): one
+    pass appends each (slot, tokens) to its slot and returns every position's logits rows per part.
+    `pass_size(lengths)`: positions a pass over parts of these lengths computes (the sum, or rows x the
+    longest for a right-padded batch); `prefill_apart`: prompt chunks are read in a forward of their own."""
+
+    prefill_apart: bool
 
     def forward_many(
         self, parts: Sequence[tuple[int, Sequence[int]]], prefill: Sequence[tuple[int, Sequence[int]]] = ()
     ) -> list[np.ndarray]: ...
+
+    def pass_size(self, lengths: Sequence[int]) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -500,17 +506,21 @@ class CrowdDecoder:
         lengths = self._lengths(ready)
         pending = {key: self.members[key].run.draft(lengths[key]) for key in ready}
         parts = [(self.members[key].slot, pending[key].batch) for key in ready]
+        apart = self.batch.prefill_apart
         t0 = self.clock()
         try:
-            rows = self.batch.forward_many(parts, prefill) if prefill else self.batch.forward_many(parts)
+            rows = self.batch.forward_many(parts, prefill) if prefill and not apart else self.batch.forward_many(parts)
+            seconds = self.clock() - t0
+            if prefill and apart:
+                self.batch.forward_many([], prefill)
         except Interrupted:
             for key in ready:
                 self.members[key].run.drop_round()
                 out += [(key, e) for e in self.members.pop(key).run.finish("stopped")]
             return out
-        seconds = self.clock() - t0
         n_tokens = sum(len(p.batch) for p in pending.values())
-        self.costs.observe_target(n_tokens + sum(len(c) for _, c in prefill), seconds)
+        size = self.batch.pass_size([len(b) for _, b in parts])
+        self.costs.observe_target(size + (0 if apart else sum(len(c) for _, c in prefill)), seconds)
         self.last_pass = PassStats(len(ready), n_tokens, n_tokens - len(ready), seconds)
         for (key, p), logits in zip(pending.items(), rows):
             member = self.members[key]
@@ -530,7 +540,7 @@ class CrowdDecoder:
         candidates = [
             Candidate((self.members[key].accept.alpha,) * k, self.members[key].draft_token_s) for key, k in ready.items()
         ]
-        plan = plan_crowd(candidates, self.costs.target_s)
+        plan = plan_crowd(candidates, self.costs.target_s, self.batch.pass_size)
         return dict(zip(ready, plan.lengths))
 
     def _draft_prior(self) -> float:

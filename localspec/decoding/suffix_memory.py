@@ -307,6 +307,12 @@ class SuffixMemory:
         """A new generation starts: remember its text only if a drafter claims it."""
         self._claim = None
 
+    def take_claim(self) -> Callable[[str], None] | None:
+        """The claim made since release(), handed to the caller and cleared: with several generations at once
+        (serve --parallel) each keeps its own and writes its text with `remember` when it ends."""
+        seen, self._claim = self._claim, None
+        return seen
+
     def end_of_answer(self, tokens: Sequence[int]) -> None:
         """The generation is over: its prompt and answer go to the memory if a drafter read it."""
         seen, self._claim = self._claim, None

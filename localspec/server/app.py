@@ -53,7 +53,7 @@ from localspec.server.schemas import (
 )
 
 if TYPE_CHECKING:
-    from localspec.backends.llama_multi import LlamaSlots
+    from localspec.server.crowd_scheduler import Slots
 
 DEFAULT_MAX_BODY = 8 * 1024 * 1024
 KEY_HINT = "send it as `Authorization: Bearer KEY`"
@@ -73,11 +73,11 @@ class ServerSettings:
     log: Callable[[str], None] = field(default=lambda line: print(line, file=sys.stderr, flush=True))
 
 
-def create_app(pipeline: Pipeline, settings: ServerSettings, slots: LlamaSlots | None = None) -> FastAPI:
+def create_app(pipeline: Pipeline, settings: ServerSettings, slots: Slots | None = None) -> FastAPI:
     """`slots` (serve --parallel N > 1): the requests decode together in them (crowd_scheduler.py)."""
     metrics = Metrics()
     served = Served(pipeline, settings.defaults, (settings.model_name, *settings.model_aliases),
-                    reasoning_format=settings.reasoning_format)
+                    reasoning_format=settings.reasoning_format, crowd=slots is not None)
     state: dict[str, Scheduler] = {}
 
     @asynccontextmanager

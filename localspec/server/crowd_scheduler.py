@@ -1,5 +1,6 @@
-"""Several generations at once (`serve --parallel N`, N > 1, llama.cpp): up to N requests decode together in
-one engine.CrowdDecoder over a LlamaSlots context (backends/llama_multi.py), one slot per request.
+"""Several generations at once (`serve --parallel N`, N > 1): up to N requests decode together in one
+engine.CrowdDecoder over the target's slots, one slot per request: a LlamaSlots context on llama.cpp
+(backends/llama_multi.py), an MLXSlots batch on MLX (backends/mlx_multi.py).
 
 Each engine step is one shared target pass: every running sequence's next token and draft (lengths from the
 crowd-aware policy, decoding/crowd.py, on the measured T(n) of the whole batch), and chunks of the prompts of
@@ -12,15 +13,20 @@ Slots and prefix reuse: a slot keeps its last conversation's tokens after the re
 the free slot whose cached tokens share the longest prefix with its prompt (a conversation's next turn finds
 its own slot while nobody else took it). When another slot, busy or free, holds a longer prefix of the prompt
 (the same system prompt and tools, a sibling agent's conversation), that prefix is shared into the new slot
-(the unified KV cache's cells tagged with both sequence ids, nothing copied or read). Either way the request
-reads only the rest of its prompt.
+(llama.cpp: the unified KV cache's cells tagged with both sequence ids, nothing copied or read; MLX: the
+rows copied in every layer, nothing read). Either way the request reads only the rest of its prompt.
 
 Drafters: lookup drafters (none, ngram, suffix) keep only their sequence's text, so every sequence gets its
 own. A drafter that holds a model's cache (model, auto with a draft model, heads) serves one sequence at a
 time: the first request that asks for it gets it, and requests that ask for it while it is taken draft by
 lookup instead (auto without its model for `auto`, which keeps choosing lookups or none by their measured
-worth; n-gram lookup for the others: their stats say `ngram`). One draft-model context per slot would need the draft's
+worth; n-gram lookup for the others: their stats say `ngram`). Heads read the target's hidden states, which
+the slots do not capture: a head method is refused under --parallel (serve.resolve_parallel, a 400 per
+request), and `auto` whose draft is a head drafts without it. One draft-model context per slot would need the draft's
 cache rollback per sequence as well; on a CPU the crowd policy rarely buys model drafts for a full batch.
+
+A sequence whose drafter read the suffix memory (suffix, auto) writes its prompt and answer there when it
+ends, as a single generation does; each keeps its own claim (SuffixMemory.take_claim).
 
 Requests waiting for a slot are the queue: its bound and the 503 are as in scheduler.py.
 """
@@ -30,12 +36,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Protocol
 
-from localspec.backends.base import common_prefix
-from localspec.backends.llama_multi import LlamaSlots
+from localspec.backends.base import Backend, common_prefix
 from localspec.backends.registry import releasing
 from localspec.decoding.drafters import Drafter
-from localspec.decoding.engine import CrowdDecoder, Done, Event, Step
+from localspec.decoding.engine import BatchTarget, CrowdDecoder, Done, Event, Step
 from localspec.decoding.engine import Job as SequenceJob
 from localspec.decoding.policy import CostModel
 from localspec.errors import ContextOverflowError, UsageError, error_text
@@ -45,6 +51,17 @@ from localspec.server.scheduler import Job, Reply, Scheduler
 
 PER_SEQUENCE = ("none", "ngram", "suffix")  # drafters cheap enough to make one per sequence
 BUSY_FALLBACK = "ngram"  # what a sequence drafts with while another holds the model drafter it asked for
+
+
+class Slots(BatchTarget, Protocol):
+    """The target's sequences (LlamaSlots, MLXSlots): each slot a Backend of its own, sharing one batch."""
+
+    slots: list[Backend]  # type: ignore[misc]
+    n_batch: int
+
+    def share(self, src: int, dst: int, n: int) -> None: ...
+
+    def close(self) -> None: ...
 
 
 @dataclass(eq=False)
@@ -62,11 +79,12 @@ class _Seat:
     t0: float
     started: bool = False  # added to the crowd (its first token is out)
     prompt_s: float = 0.0
+    remember: Callable[[str], None] | None = None  # its drafter read the suffix memory: its text goes there
 
 
 class CrowdScheduler(Scheduler):
     def __init__(
-        self, pipeline: Pipeline, slots: LlamaSlots, *, max_queue: int, metrics: Metrics,
+        self, pipeline: Pipeline, slots: Slots, *, max_queue: int, metrics: Metrics,
         log: Callable[[str], None] = print,
     ) -> None:  # fmt: skip
         self.slots = slots
@@ -74,6 +92,10 @@ class CrowdScheduler(Scheduler):
         if pipeline.draft_slot.available and not pipeline.draft_note:
             pipeline.draft_slot.get()  # now, not inside a pass that every running sequence would wait for
         self.crowd = CrowdDecoder(slots, costs=_prior_costs(pipeline))
+        self._head_unused = bool(pipeline.options.auto_head) and not pipeline.draft_note
+        if self._head_unused:
+            log(f"note: auto drafts without its {pipeline.options.auto_head} head here: a head reads the target's "
+                "hidden states, which the slots of --parallel do not capture (serve with --parallel 1 to use it)")
         self._seats: dict[Job, _Seat] = {}
         self._lent: set[str] = set()
         self._prefill_budget = max(1, slots.n_batch // 2)
@@ -162,6 +184,8 @@ class CrowdScheduler(Scheduler):
     def _seat_drafter(self, method: str) -> tuple[Drafter, str | None]:
         if method in PER_SEQUENCE:
             return self.pipeline.new_drafter(method), None
+        if method == "auto" and self._head_unused:  # a head reads hidden states the slots do not capture
+            return self.pipeline.new_drafter("auto", lookup_only=True), None
         if method in self._lent:  # auto adapts its lookups alone; anything else looks up n-grams
             busy = self.pipeline.new_drafter("auto", lookup_only=True) if method == "auto" else None
             return busy or self.pipeline.new_drafter(BUSY_FALLBACK), None
@@ -204,12 +228,17 @@ class CrowdScheduler(Scheduler):
         job = SequenceJob(seat.slot, self.slots.slots[seat.slot], seat.drafter, seat.prompt, req.config, seat.job.stop,
                           model_drafts=seat.lent is not None)  # fmt: skip
         seat.started = True
+        memory = self.pipeline.memory
+        if memory is not None:
+            memory.release()
         try:
-            events = self.crowd.add(seat.job, job)
+            events = self.crowd.add(seat.job, job)  # the drafter's prepare may claim the memory
         except Exception as e:  # noqa: BLE001 - this request's failure (a prompt too long for its slot)
             self._failed(seat.job, e)
             self._release(seat)
             return
+        finally:
+            seat.remember = memory.take_claim() if memory is not None else None
         seat.prompt_s = time.perf_counter() - seat.t0
         for event in events:
             self._handle(seat, event)
@@ -219,10 +248,19 @@ class CrowdScheduler(Scheduler):
             seat.reply.feed(event.text)
             return
         assert isinstance(event, Done)
+        self._remember(seat, event)
         stats = replace(event.stats, n_prompt_cached=seat.cached, prompt_s=seat.prompt_s)
         outcome = seat.reply.finish(replace(event, stats=stats))
         self._release(seat)
         self._succeeded(seat.job, outcome)
+
+    def _remember(self, seat: _Seat, done: Done) -> None:
+        """The prompt and answer into the suffix memory, as a single generation's (pipeline._remembered)."""
+        memory, seen = self.pipeline.memory, seat.remember
+        if memory is not None and seen is not None:
+            name = memory.remember([*seat.prompt, *done.tokens])
+            if name is not None:
+                seen(name)
 
     def _release(self, seat: _Seat) -> None:
         """The seat's slot and drafter are free again (a cancelled job is owed no answer)."""
