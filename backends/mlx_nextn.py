@@ -2,16 +2,19 @@
 input norms and a projection; mlx-lm drops it when it loads (its sanitize), so it is read from the checkpoint's
 safetensors, as backends/mlx_mtp.py does for Qwen3.5's `mtp.*`. Per position:
 
-    DeepSeek-V3 / GLM-4.5 "nextn" (`model.layers.{num_hidden_layers}.*`, llama.cpp's nextn graph alike):
-        x = eh_proj([enorm(embed(token)), hnorm(h)])   # embedding first; h before the target's final norm
-        out = decoder_layer(x); logits = lm_head(shared_head.norm(out))  # shared_head.head if it has one
-        drafting goes on with `out` (pre-norm) in h's place
+    DeepSeek-V3 / GLM-4.5 "nextn" (`model.layers.{num_hidden_layers}.*`), as llama.cpp's nextn graph runs it:
+        x = eh_proj([enorm(embed(token)), hnorm(h)])   # embedding first; h after the target's final norm
+        out = shared_head.norm(decoder_layer(x)); logits = lm_head(out)  # shared_head.head if it has one
+        drafting goes on with `out` (normed) in h's place
+      and pairs as llama.cpp's: pair P is (token P, h at P - 1) at position P, h at -1 being zeros. (vLLM and
+      the training code leave that first pair out; it shifts every logit a little, and with it localspec's
+      drafts on MLX equal llama.cpp's round by round: tests/test_mlx_nextn.py, on the same converted GGUF.)
     MiMo (`model.mtp_layers.0.*`, its Hugging Face modeling):
         x = input_proj([hidden_layernorm(h), token_layernorm(embed(token))])  # hidden first; h after the norm
         out = final_layernorm(decoder_layer(x)); logits = lm_head(out); drafting goes on with `out`
 
-The decoder layer is the target's own class (attention, MLP or MoE as the target has them). Pairs as in
-mlx_head.py: pair P is (token P+1, h at P).
+The decoder layer is the target's own class (attention, MLP or MoE as the target has them). MiMo's pairs are
+mlx_head.py's: pair P is (token P+1, h at P).
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ class Layout:
         return self.prefix.format(n=n_layers)
 
 
-NEXTN = Layout("model.layers.{n}.", "enorm", "hnorm", "eh_proj", hidden_first=False, post_norm=False, out_norm="shared_head.norm")
+NEXTN = Layout("model.layers.{n}.", "enorm", "hnorm", "eh_proj", hidden_first=False, post_norm=True, out_norm="shared_head.norm")
 MIMO = Layout("model.mtp_layers.0.", "token_layernorm", "hidden_layernorm", "input_proj", hidden_first=True,
               post_norm=True, out_norm="final_layernorm")  # fmt: skip
 LAYOUTS = {"glm4_moe": NEXTN, "deepseek_v3": NEXTN, "mimo": MIMO}
@@ -173,6 +176,26 @@ class NextnDrafter(MLXHeadDrafter):
             self._cache.trim(self._cache.offset - n)
 
 
+class LlamaPairsDrafter(NextnDrafter):
+    """The nextn layout with llama.cpp's pairs: pair P is (token P, h at P - 1), zeros for h at -1."""
+
+    LOOKAHEAD = 0
+
+    def _n_pairs(self, context: Sequence[int]) -> int:
+        return min(len(context), self._held(context) + 1)  # pair P needs the target's state at P - 1
+
+    def _run(self, context: Sequence[int], start: int, stop: int) -> tuple[np.ndarray, Any]:
+        import mlx.core as mx
+
+        first = max(start - 1, 0)
+        h = self.target.features(first, stop - 1) if stop - 1 > first else None
+        if start == 0:  # the first pair's state: zeros
+            zero = mx.zeros((1, self.target.hidden_size or 0), self._dtype)
+            h = zero if h is None else mx.concatenate([zero, h.astype(self._dtype)], axis=0)
+        assert h is not None
+        return self._forward(list(context[start:stop]), self._final_norm(h)[None])
+
+
 def drafter(target: MLXBackend) -> NextnDrafter:
     """The MTP drafter for this layout (localspec.families.mtp picks the module by architecture)."""
-    return NextnDrafter(target)
+    return LlamaPairsDrafter(target) if _layout(target.config) is NEXTN else NextnDrafter(target)

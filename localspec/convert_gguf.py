@@ -5,8 +5,10 @@
 Every tensor is dequantized with the `gguf` package (MLX cannot read K-quant GGUF blocks), renamed
 to the Hugging Face names mlx-lm expects, and written as safetensors shards; config.json comes from
 the GGUF metadata and the tokenizer is rebuilt from it (the same builders transformers uses for GGUF
-tokenizers). Supported architectures: qwen2 and llama. The output is unquantized: 2 bytes per
-weight in float16, 4 in float32; quantize it afterwards with `mlx_lm.convert -q` if you want.
+tokenizers). Supported architectures: qwen2, llama and glm4moe (GLM-4.5: its MTP layer is kept, under the
+Hugging Face names `model.layers.{N}.eh_proj` ..., which localspec's MLX MTP drafter reads and mlx-lm's own
+loader drops). The output is unquantized: 2 bytes per weight in float16, 4 in float32; quantize it
+afterwards with `mlx_lm.convert -q` if you want.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import numpy as np
 from localspec.errors import LocalspecError, ModelFileError, UnsupportedModelError
 from localspec.gguf_meta import read_gguf_header
 
-SUPPORTED = ("qwen2", "llama")
+SUPPORTED = ("qwen2", "llama", "glm4moe")
 _INSTALL_HINT = "install the MLX extra, which brings them: `pip install 'localspec[mlx]'`"
 _SHARD_BYTES = 1 << 30
 
@@ -41,16 +43,41 @@ _LAYER_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+# GLM-4.5 (glm4moe): a norm after attention, q/k norms, MoE layers (experts stacked as mlx-lm's switch_mlp) and
+# the MTP layer's own tensors (llama.cpp's nextn.*, Hugging Face's names).
+_GLM4MOE_NAMES = {
+    **{k: v for k, v in _LAYER_NAMES.items() if k != "ffn_norm"},
+    "post_attention_norm": "post_attention_layernorm",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_exps": "mlp.switch_mlp.gate_proj",
+    "ffn_up_exps": "mlp.switch_mlp.up_proj",
+    "ffn_down_exps": "mlp.switch_mlp.down_proj",
+    "ffn_gate_shexp": "mlp.shared_experts.gate_proj",
+    "ffn_up_shexp": "mlp.shared_experts.up_proj",
+    "ffn_down_shexp": "mlp.shared_experts.down_proj",
+    "nextn.eh_proj": "eh_proj",
+    "nextn.enorm": "enorm",
+    "nextn.hnorm": "hnorm",
+    "nextn.shared_head_norm": "shared_head.norm",
+    "nextn.shared_head_head": "shared_head.head",
+    "nextn.embed_tokens": "embed_tokens",
+}
+_BIAS_NAMES = {"exp_probs_b": "mlp.gate.e_score_correction_bias"}  # a "bias" tensor that is its own weight
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-_BLOCK = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
+_BLOCK = re.compile(r"^blk\.(\d+)\.([\w.]+)\.(weight|bias)$")
 _TOP = re.compile(r"^(\w+)\.(weight|bias)$")
 
 
-def hf_name(name: str) -> str | None:
+def hf_name(name: str, arch: str = "llama") -> str | None:
     """The mlx-lm (Hugging Face) name of a GGUF tensor, or None for tensors mlx-lm does not use."""
     if m := _BLOCK.match(name):
         layer, part, kind = m.groups()
-        return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}" if part in _LAYER_NAMES else None
+        if arch == "glm4moe" and part in _BIAS_NAMES:
+            return f"model.layers.{layer}.{_BIAS_NAMES[part]}"
+        names = _GLM4MOE_NAMES if arch == "glm4moe" else _LAYER_NAMES
+        return f"model.layers.{layer}.{names[part]}.{kind}" if part in names else None
     if m := _TOP.match(name):
         part, kind = m.groups()
         return f"{_TOP_NAMES[part]}.{kind}" if part in _TOP_NAMES else None
@@ -72,7 +99,7 @@ def model_config(meta: dict[str, Any], tensor_names: set[str], n_vocab: int) -> 
     hidden = int(key("embedding_length"))
     config: dict[str, Any] = {
         "model_type": arch,
-        "architectures": ["Qwen2ForCausalLM" if arch == "qwen2" else "LlamaForCausalLM"],
+        "architectures": [{"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}.get(arch, "")],
         "hidden_size": hidden,
         "num_hidden_layers": int(key("block_count")),
         "intermediate_size": int(key("feed_forward_length")),
@@ -87,6 +114,8 @@ def model_config(meta: dict[str, Any], tensor_names: set[str], n_vocab: int) -> 
     head_dim = key("rope.dimension_count")
     if arch == "llama" and head_dim is not None and int(head_dim) != hidden // n_heads:
         config["head_dim"] = int(head_dim)
+    if arch == "glm4moe":
+        config |= _glm4moe_config(meta, tensor_names, config)
     eos = meta.get("tokenizer.ggml.eos_token_id")
     if eos is not None:
         config["eos_token_id"] = int(eos)
@@ -94,6 +123,57 @@ def model_config(meta: dict[str, Any], tensor_names: set[str], n_vocab: int) -> 
     if bos is not None:
         config["bos_token_id"] = int(bos)
     return config
+
+
+def _glm4moe_config(meta: dict[str, Any], tensor_names: set[str], base: dict[str, Any]) -> dict[str, Any]:
+    """mlx-lm's glm4_moe arguments from llama.cpp's glm4moe metadata, with llama.cpp's defaults (no expert
+    groups, unnormalised top-k weights unless expert_weights_norm, scale 1 where none is written)."""
+
+    def key(k: str, default: Any = None) -> Any:
+        return meta.get(f"glm4moe.{k}", default)
+
+    gating = key("expert_gating_func")
+    if gating not in (None, 0, 2):  # llama.cpp: 0 none (its default, sigmoid here), 1 softmax, 2 sigmoid
+        raise UnsupportedModelError(f"cannot convert a glm4moe GGUF with expert gating function {gating}",
+                                    "use the model with --backend llama")  # fmt: skip
+    n_mtp = int(key("nextn_predict_layers", 0) or 0)
+    head_dim = int(key("attention.key_length", base["hidden_size"] // base["num_attention_heads"]))
+    n_rot = int(key("rope.dimension_count", head_dim))
+    return {
+        "model_type": "glm4_moe",
+        "architectures": ["Glm4MoeForCausalLM"],
+        "num_hidden_layers": base["num_hidden_layers"] - n_mtp,  # block_count counts the MTP layers too
+        "num_nextn_predict_layers": n_mtp,
+        "head_dim": head_dim,
+        "partial_rotary_factor": n_rot / head_dim,
+        "first_k_dense_replace": int(key("leading_dense_block_count", 0)),
+        "n_routed_experts": int(key("expert_count")),
+        "num_experts_per_tok": int(key("expert_used_count")),
+        "n_shared_experts": int(key("expert_shared_count", 0)) or None,
+        "moe_intermediate_size": int(key("expert_feed_forward_length")),
+        "norm_topk_prob": bool(key("expert_weights_norm", False)),
+        "routed_scaling_factor": float(key("expert_weights_scale", 0.0)) or 1.0,
+        "n_group": 1,
+        "topk_group": 1,
+        "use_qk_norm": "blk.0.attn_q_norm.weight" in tensor_names,
+        "attention_bias": "blk.0.attn_q.bias" in tensor_names,
+        "rope_scaling": None,
+    }
+
+
+def _glm4moe_heads(names: set[str], config: dict[str, Any]) -> dict[str, str]:
+    """The MTP layer's shared head, where the GGUF leaves it out (llama.cpp then uses the model's final norm
+    and output): {Hugging Face name it needs: the model tensor to copy}."""
+    out: dict[str, str] = {}
+    for i in range(config["num_hidden_layers"], config["num_hidden_layers"] + config.get("num_nextn_predict_layers", 0)):
+        b = f"blk.{i}.nextn."
+        if b + "eh_proj.weight" not in names:
+            continue
+        if b + "shared_head_norm.weight" not in names:
+            out[f"model.layers.{i}.shared_head.norm.weight"] = "output_norm.weight"
+        if b + "shared_head_head.weight" not in names:
+            out[f"model.layers.{i}.shared_head.head.weight"] = "output.weight" if "output.weight" in names else "token_embd.weight"
+    return out
 
 
 def _unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -109,12 +189,16 @@ def iter_tensors(path: Path, config: dict[str, Any]) -> Iterator[tuple[str, np.n
     from gguf.quants import dequantize
 
     reader = GGUFReader(str(path))
+    arch = {"glm4_moe": "glm4moe"}.get(config["model_type"], config["model_type"])
+    copies = _glm4moe_heads({t.name for t in reader.tensors}, config) if arch == "glm4moe" else {}
     for t in reader.tensors:
-        name = hf_name(t.name)
+        name = hf_name(t.name, arch)
         if name is None:
             continue
         w = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
         w = w.reshape(tuple(int(d) for d in reversed(t.shape)))  # GGUF lists dims fastest-first
+        for copy in [c for c, source in copies.items() if source == t.name]:
+            yield copy, w
         if config["model_type"] == "llama":
             if t.name.endswith("attn_q.weight") or t.name.endswith("attn_q.bias"):
                 w = _unpermute(w, config["num_attention_heads"])

@@ -409,6 +409,7 @@ def write_tiny_glm4moe(
     mtp_declared: int | None = None,
     favoured: tuple[int, ...] = (),
     scale: float = 0.5,
+    norm_spread: float = 0.0,
 ) -> dict[str, np.ndarray]:
     """A random GLM-4.5-style model (architecture `glm4moe`, src/models/glm4-moe.cpp), attention only:
     `n_layer` dense trunk layers (leading_dense_block_count = n_layer), then `n_mtp` MTP blocks, each an
@@ -417,7 +418,9 @@ def write_tiny_glm4moe(
     `mtp_declared`: the nextn_predict_layers written in the metadata (default n_mtp; a file that
     declares MTP layers whose weights were dropped, as trunk-only quantizations do).
     `favoured`: token ids whose output rows are scaled up, so the trunk and the (random) MTP head both put
-    most of their mass on them and drafts get accepted as well as rejected."""
+    most of their mass on them and drafts get accepted as well as rejected.
+    `norm_spread`: every norm weight 1 + spread x N(0, 1) instead of one, so which hidden state feeds the MTP
+    layer (before or after a norm) changes its drafts."""
     meta = dict(read_gguf_header(tokenizer_source, full=True).metadata)
     n_vocab = len(meta["tokenizer.ggml.tokens"])
     head_dim = n_embd // n_head
@@ -458,6 +461,10 @@ def write_tiny_glm4moe(
             b + "nextn.hnorm.weight": (n_embd,),
         }
     tensors = _random_tensors(shapes, seed, scale, None, 0.0, n_embd)
+    if norm_spread:
+        rng = np.random.default_rng(seed + 1000)
+        for name in [n for n in tensors if n.endswith("norm.weight")]:
+            tensors[name] = (1.0 + norm_spread * rng.standard_normal(tensors[name].shape)).astype(np.float32)
     declared = n_mtp if mtp_declared is None else mtp_declared
     if favoured:  # flat logits, but for these tokens: they lead both heads' top-k, without certainty
         tensors["output.weight"] /= np.float32(8.0)

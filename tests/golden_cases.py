@@ -69,16 +69,20 @@ def _eagle3(head: str) -> Writer:
     return write
 
 
-def _mtp(near: bool) -> Writer:
+def _mtp(near: bool, norms: bool = False) -> Writer:
     """A glm4moe target with one MTP layer, drafting for itself (no separate head file). near: the
     `favoured` tokens' output rows scaled up (tests/test_mtp.py's near-greedy model), so greedy drafts
-    are sometimes accepted."""
+    are sometimes accepted. norms: norm weights spread around one (gguf_factory's norm_spread), so a hidden
+    state fed before instead of after a norm drafts differently (the cross-backend check's sharp case)."""
 
     def write(d: Path, tokenizer: Path) -> dict[str, Path]:
         from gguf_factory import write_tiny_glm4moe
 
-        files = {"target": d / f"glm4moe-mtp{'-near' if near else ''}.gguf"}
-        kw = {"seed": 4, "favoured": MTP_FAVOURED} if near else {"seed": 0}
+        tag = "-norms" if norms else "-near" if near else ""
+        files = {"target": d / f"glm4moe-mtp{tag}.gguf"}
+        kw: dict[str, object] = {"seed": 4, "favoured": MTP_FAVOURED} if near else {"seed": 0}
+        if norms:
+            kw |= {"seed": 9, "norm_spread": 0.5}  # seed picked among 5..9 for the most accepted drafts
         write_tiny_glm4moe(files["target"], tokenizer, **kw)  # type: ignore[arg-type]
         return files
 
@@ -120,6 +124,7 @@ CASES: dict[str, GoldenCase] = {
         GoldenCase("eagle3-near", "eagle3", "draft-eagle3", _eagle3("near"), NEAR_PROMPT, n_predict=16),
         GoldenCase("mtp", "mtp", "draft-mtp", _mtp(near=False), NEAR_PROMPT),
         GoldenCase("mtp-near", "mtp", "draft-mtp", _mtp(near=True), NEAR_PROMPT),
+        GoldenCase("mtp-norms", "mtp", "draft-mtp", _mtp(near=True, norms=True), NEAR_PROMPT, n_predict=16),
         GoldenCase("dflash", "dflash", "draft-dflash", _block("dflash"), "def fibonacci(n):"),
         GoldenCase("dflash-near", "dflash", "draft-dflash", _block("dflash", near=True), NEAR_PROMPT, n_predict=16),
         GoldenCase("dspark", "dspark", "draft-dspark", _block("dspark"), "def fibonacci(n):"),

@@ -45,3 +45,27 @@ def test_config_from_metadata() -> None:
     assert model_config(meta, {"token_embd.weight"}, n_vocab=151936)["tie_word_embeddings"] is True
     with pytest.raises(UnsupportedModelError):
         model_config({"general.architecture": "mamba"}, set(), n_vocab=10)
+
+
+def test_glm4moe_names_and_config_keep_the_mtp_layer() -> None:
+    """GLM-4.5's MoE and MTP tensors under the names mlx-lm's glm4_moe and localspec's nextn drafter read; the
+    trunk's layer count without the MTP block; llama.cpp's routing defaults (no groups, scale 1)."""
+    assert hf_name("blk.2.nextn.eh_proj.weight", "glm4moe") == "model.layers.2.eh_proj.weight"
+    assert hf_name("blk.2.nextn.shared_head_norm.weight", "glm4moe") == "model.layers.2.shared_head.norm.weight"
+    assert hf_name("blk.1.exp_probs_b.bias", "glm4moe") == "model.layers.1.mlp.gate.e_score_correction_bias"
+    assert hf_name("blk.1.ffn_up_exps.weight", "glm4moe") == "model.layers.1.mlp.switch_mlp.up_proj.weight"
+    assert hf_name("blk.1.post_attention_norm.weight", "glm4moe") == "model.layers.1.post_attention_layernorm.weight"
+    assert hf_name("blk.1.nextn.eh_proj.weight") is None  # not a llama tensor
+    meta = {
+        "general.architecture": "glm4moe", "glm4moe.block_count": 3, "glm4moe.embedding_length": 64,
+        "glm4moe.feed_forward_length": 128, "glm4moe.attention.head_count": 4, "glm4moe.attention.head_count_kv": 2,
+        "glm4moe.rope.dimension_count": 8, "glm4moe.leading_dense_block_count": 1, "glm4moe.expert_count": 4,
+        "glm4moe.expert_used_count": 2, "glm4moe.expert_shared_count": 1, "glm4moe.expert_feed_forward_length": 32,
+        "glm4moe.nextn_predict_layers": 1,
+    }  # fmt: skip
+    cfg = model_config(meta, {"token_embd.weight", "output.weight", "blk.0.attn_q_norm.weight"}, n_vocab=300)
+    assert cfg["model_type"] == "glm4_moe" and cfg["num_hidden_layers"] == 2 and cfg["num_nextn_predict_layers"] == 1
+    assert cfg["partial_rotary_factor"] == 0.5 and cfg["head_dim"] == 16 and cfg["use_qk_norm"] is True
+    assert cfg["routed_scaling_factor"] == 1.0 and cfg["norm_topk_prob"] is False and cfg["n_group"] == 1
+    with pytest.raises(UnsupportedModelError, match="gating"):
+        model_config({**meta, "glm4moe.expert_gating_func": 1}, set(), n_vocab=300)

@@ -5,8 +5,10 @@ Greedy speculative output equals plain greedy output; the exact rule's joint dis
 at temperature 1 through the layer; the layer's cache comes back right after
 rejected rounds; a checkpoint without the layer is refused with the reason; run picks the layout by architecture.
 
-No reference runs here for these layouts (mlx-vlm's GLM/DeepSeek MTP drafters need its own model classes; it
-has none for MiMo), and localspec's GGUF converter reads neither, so llama.cpp's MTP golden has no MLX twin."""
+Cross-backend: llama.cpp's MTP goldens (tests/golden/mtp*.json, glm4moe) converted to MLX with
+localspec.convert_gguf, which keeps the MTP layer: the nextn drafter's drafts equal llama.cpp's round by round,
+one case with norm weights spread so that which hidden state feeds the layer shows. No reference runs here for
+MiMo's layout (mlx-vlm has no MiMo drafter; localspec's GGUF converter does not read MiMo)."""
 
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ from head_chi import (  # noqa: E402
 )
 
 from localspec.backends import mlx as mb  # noqa: E402
-from localspec.backends.mlx_nextn import NextnDrafter  # noqa: E402
+from localspec.backends.mlx_nextn import drafter as nextn_drafter  # noqa: E402
 from localspec.decoding.drafters import NoDrafter  # noqa: E402
 from localspec.errors import ModelFileError  # noqa: E402
 from localspec.sampling import SamplingParams  # noqa: E402
@@ -71,7 +73,7 @@ def test_greedy_speculative_equals_plain_greedy(dirs: dict[str, Path], which: st
     try:
         prompt = t.tokenize(PROMPT)
         plain = run(t, NoDrafter(), prompt, max_tokens=30, num_draft=0, sampling=GREEDY)
-        drafter = NextnDrafter(t)
+        drafter = nextn_drafter(t)
         try:
             spec = run(t, drafter, prompt, max_tokens=30, num_draft=3, sampling=GREEDY)
         finally:
@@ -97,7 +99,7 @@ def test_exact_rule_matches_the_target_distribution_through_the_nextn_layer(targ
     """The check's power against a misreported q is shown through the other MLX heads (their drafts overlap the
     target's more); this layer's drafts are kept about one time in five, too rarely for a misreport to show."""
     prompt, sampling, expected = chi
-    drafter = NextnDrafter(target)
+    drafter = nextn_drafter(target)
     try:
         check_exact_rule(target, drafter, prompt, sampling, expected)
     finally:
@@ -110,7 +112,7 @@ def test_after_rejected_rounds_the_next_proposal_equals_a_fresh_drafters(dirs: d
                                                                          temperature: float) -> None:  # fmt: skip
     t = mb.load(str(dirs[which]), n_ctx=512)
     try:
-        check_fresh_after_rejections(t, lambda: NextnDrafter(t), t.tokenize(PROMPT), temperature, k=3, atol=1e-4)
+        check_fresh_after_rejections(t, lambda: nextn_drafter(t), t.tokenize(PROMPT), temperature, k=3, atol=1e-4)
     finally:
         t.close()
 
@@ -121,7 +123,7 @@ def test_a_checkpoint_without_its_mtp_layer_is_refused(dirs: dict[str, Path], wh
     t = mb.load(str(dirs[which]), n_ctx=128)
     try:
         with pytest.raises(ModelFileError, match=says) as e:
-            NextnDrafter(t)
+            nextn_drafter(t)
         assert "original Hugging Face checkpoint" in e.value.hint
     finally:
         t.close()
@@ -132,7 +134,9 @@ def test_mimo_reads_the_hidden_state_first() -> None:
     from localspec.backends.mlx_nextn import LAYOUTS
 
     assert LAYOUTS["mimo"].hidden_first and not LAYOUTS["glm4_moe"].hidden_first
-    assert LAYOUTS["mimo"].post_norm and not LAYOUTS["deepseek_v3"].post_norm
+    # both read the hidden state after the target's final norm (nextn: as llama.cpp does, checked against its
+    # goldens below; the "mtp-norms" case fails when nextn reads it before the norm)
+    assert LAYOUTS["mimo"].post_norm and LAYOUTS["deepseek_v3"].post_norm
 
 
 def test_run_picks_the_nextn_layout_by_architecture(dirs: dict[str, Path]) -> None:
@@ -142,3 +146,32 @@ def test_run_picks_the_nextn_layout_by_architecture(dirs: dict[str, Path]) -> No
     assert out.returncode == 0, out.stderr
     stats = json.loads(out.stdout)["stats"]
     assert stats["draft_method"] == "mtp" and stats["n_drafted"] > 0
+
+
+# -- the cross-backend check: llama.cpp's golden MTP drafts, the same glm4moe GGUF converted to MLX ----------
+
+
+@pytest.mark.parametrize("name", ["mtp", "mtp-near", "mtp-norms"])
+def test_drafts_per_round_equal_llama_cpps_on_the_converted_model(name: str, smollm2_path: Path, tmp_path: Path) -> None:
+    """localspec.convert_gguf keeps the MTP layer (Hugging Face names); the nextn drafter on the converted
+    model proposes what llama.cpp's MTP drafted, round by round. "mtp-norms" spreads the norm weights, so a
+    hidden state taken before instead of after a norm drafts differently."""
+    from golden_cases import CASES, load_golden, write_case
+    from test_golden_drafters import replay_rounds
+
+    from localspec.convert_gguf import convert
+
+    case = CASES[name]
+    golden = load_golden(case)
+    if golden is None:
+        pytest.skip(f"no {case.golden_path.name}")
+    files, hashes = write_case(case, tmp_path, smollm2_path)
+    assert hashes == golden["sha256"]
+    target = mb.load(str(convert(files["target"], tmp_path / "target-mlx", dtype="float32")), n_ctx=case.n_ctx)
+    drafter = nextn_drafter(target)
+    try:
+        ours = replay_rounds(target, drafter, golden, case.n_draft)
+    finally:
+        drafter.close()
+        target.close()
+    assert ours == [r["draft"] for r in golden["rounds"]]
