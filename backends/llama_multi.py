@@ -39,6 +39,7 @@ class LlamaSlots:
     """A context holding `n_slots` sequences of a loaded llama.cpp target."""
 
     prefill_apart = False  # prompt chunks ride in the pass: a batch costs its tokens, not rows x the longest
+    pass_padded = False
 
     def __init__(self, target: LlamaCppBackend, n_slots: int, n_ctx_slot: int, n_batch: int = 512) -> None:
         if target.info.is_recurrent:

@@ -178,15 +178,20 @@ class Pipeline:
     def cost_store(self) -> CostStore:
         return cost_store(self.options, self.target)
 
-    def new_drafter(self, method: str, *, lookup_only: bool = False) -> Drafter:
+    def new_drafter(self, method: str, *, lookup_only: bool = False, draft: Backend | None = None) -> Drafter:
         """A fresh drafter of `method` over the loaded models (bench runs each method this way).
-        `lookup_only`: auto without the draft model or head (serve --parallel's sequences while another holds it)."""
+        `lookup_only`: auto without the draft model or head (serve --parallel's sequences while another holds it).
+        `draft`: the draft model's backend to draft with instead of the pipeline's (serve --parallel: a slot of
+        the draft model per sequence)."""
         models = not lookup_only
         auto_head = self.options.auto_head if method == "auto" and not self.draft_note and models else None
         head = self.options.draft if registry.family(method).is_head or auto_head else None
-        draft = self.draft_slot.get() if method == "model" and self.draft_slot.available else self.draft
-        draft = draft if models else None
         lazy = self.draft_slot.get if self.draft_slot.available and not self.draft_note and models else None
+        if draft is not None and method == "auto" and models:  # auto reads the prompt into it only when it wants model drafts
+            lazy, draft = (lambda given=draft: given), None
+        elif draft is None:
+            draft = self.draft_slot.get() if method == "model" and self.draft_slot.available else self.draft
+        draft = draft if models else None
         return make_drafter(
             method, self.target, draft, clock=self.clock, store=self.cost_store, head=head,
             n_gpu_layers=self.options.n_gpu_layers, load_draft=lazy, draft_name=_model_name(self.options.draft),

@@ -61,7 +61,7 @@ def padded(lengths: Sequence[int]) -> int:
 @pytest.mark.parametrize("size", [None, padded])
 def test_the_plan_is_never_below_plain_batched_decoding(n: int, alpha: float, size: Callable | None) -> None:
     candidates = [Candidate((alpha,) * 6, draft_s=0.001)] * n
-    plan = plan_crowd(candidates, steep_after_8) if size is None else plan_crowd(candidates, steep_after_8, size)
+    plan = plan_crowd(candidates, steep_after_8) if size is None else plan_crowd(candidates, steep_after_8, size, padded=True)
     assert plan.rate >= plan.plain_rate
     assert plan.plain_rate == pytest.approx(n / steep_after_8(n))
 
@@ -71,7 +71,7 @@ def test_a_padded_batch_spreads_the_spare_room_evenly() -> None:
     right-padded one pays every row for the longest draft, so one token each fills its 8 positions."""
     candidates = [Candidate((0.9,) * 8), Candidate((0.3,) * 8), Candidate((0.9,) * 8), Candidate(())]
     summed = plan_crowd(candidates, steep_after_8)
-    even = plan_crowd(candidates, steep_after_8, padded)
+    even = plan_crowd(candidates, steep_after_8, padded, padded=True)
     assert max(summed.lengths) >= 2
     assert even.lengths == (1, 1, 1, 0) and padded([1 + j for j in even.lengths]) == 8
     assert even.rate > even.plain_rate
@@ -117,6 +117,7 @@ class FakeSlots:
         self.passes: list[list[int]] = []  # each pass's part sizes
 
     prefill_apart = False
+    pass_padded = False
 
     def pass_size(self, lengths: Sequence[int]) -> int:
         return sum(lengths)

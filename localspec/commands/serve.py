@@ -127,6 +127,7 @@ def build_server(args: argparse.Namespace, opts: ModelOptions) -> tuple[FastAPI,
     try:
         args.parallel = resolve_parallel(args.parallel, pipeline)
         slots = open_slots(pipeline, args.parallel)
+        draft_slots = open_draft_slots(pipeline, args.parallel) if slots is not None else None
         name = args.model_name or opts.pair or Path(opts.target).name.removesuffix(".gguf")
         settings = ServerSettings(
             model_name=name,
@@ -139,7 +140,7 @@ def build_server(args: argparse.Namespace, opts: ModelOptions) -> tuple[FastAPI,
             max_body_bytes=args.max_body_bytes,
             reasoning_format=args.reasoning_format,
         )
-        return create_app(pipeline, settings, slots), pipeline, name
+        return create_app(pipeline, settings, slots, draft_slots), pipeline, name
     except BaseException:
         pipeline.close()
         raise
@@ -193,6 +194,27 @@ def open_slots(pipeline: Pipeline, parallel: int) -> Slots | None:
     from localspec.backends.llama_multi import LlamaSlots
 
     return LlamaSlots(pipeline.target, parallel, pipeline.target.n_ctx)  # type: ignore[arg-type]
+
+
+def open_draft_slots(pipeline: Pipeline, parallel: int) -> Slots | str | None:
+    """A slot of the draft model per generation, so that every sequence can draft with it: the draft's slots
+    (as open_slots makes them), or why they cannot be opened (each request then waits its turn for the one
+    draft model), or None when no draft model is in use."""
+    if not pipeline.has_draft_model or pipeline.draft_note:
+        return None
+    from localspec.errors import UnsupportedModelError
+
+    draft = pipeline.draft_slot.get()
+    try:
+        if draft.info.backend == "mlx":
+            from localspec.backends.mlx_multi import MLXSlots
+
+            return MLXSlots(draft, parallel, draft.n_ctx)  # type: ignore[arg-type]
+        from localspec.backends.llama_multi import LlamaSlots
+
+        return LlamaSlots(draft, parallel, draft.n_ctx)  # type: ignore[arg-type]
+    except UnsupportedModelError as e:
+        return e.message
 
 
 def _gpu_offload() -> bool:

@@ -11,8 +11,9 @@ Each E_i is concave (s_i(m) never grows with m), so for a given total the best s
 order of their survival per cost; the plan walks that order one token at a time and keeps the best prefix.
 The empty prefix is plain batched decoding, so the plan is never expected to be slower than it.
 A right-padded batch (MLX) computes rows x its longest part instead of the sum: T(N (1 + max_i j_i)) then
-replaces T(N + sum_i j_i), and the walk is repeated with every draft capped at 1, 2, ... tokens (under that
-cost the best plans give many sequences the same length, which one walk in survival order would pass by). With one
+replaces T(N + sum_i j_i); besides the walk's prefixes the plan then weighs every sequence drafting up to m
+tokens, for each m (under that cost the best plans give many sequences the same length, which the walk in
+survival order passes by). With one
 sequence the prefixes are j = 0..k and the rate is auto's (policy.Controller.best, less its rollback term).
 """
 
@@ -55,50 +56,72 @@ def summed(lengths: Sequence[int]) -> int:
 
 
 def plan_crowd(
-    candidates: Sequence[Candidate], target_s: Callable[[int], float], pass_size: Callable[[Sequence[int]], int] = summed
+    candidates: Sequence[Candidate],
+    target_s: Callable[[int], float],
+    pass_size: Callable[[Sequence[int]], int] = summed,
+    *,
+    padded: bool = False,
 ) -> CrowdPlan:
     """The draft lengths that maximise the pass's expected tokens per second; `target_s(n)`: T(n).
-    `pass_size`: positions a pass over parts of these lengths (1 + draft) computes; a right-padded batch
-    (MLX) computes rows x the longest, so one long draft among short ones costs every row its length."""
+    `pass_size`: positions a pass over parts of these lengths (1 + draft) computes; `padded`: it is a
+    right-padded batch (MLX), rows x the longest, so one long draft among short ones costs every row its length."""
     n = len(candidates)
     if n == 0:
         return CrowdPlan((), 0.0, 0.0, 0.0)
-    t_plain = target_s(pass_size([1] * n))
+    t = _memo(target_s)
+    t_plain = t(pass_size([1] * n))
     if math.isnan(t_plain) or t_plain <= 0:
         return CrowdPlan((0,) * n, float(n), 0.0, 0.0)  # nothing measured: the caller explores
     plain_rate = n / t_plain
-    order = _token_order(candidates, target_s)
     best = CrowdPlan((0,) * n, float(n), t_plain, plain_rate)
-    caps = [None] if pass_size is summed else [None, *range(1, max(len(c.alphas) for c in candidates) + 1)]
-    for cap in caps:
-        best = _walk(order, candidates, target_s, pass_size, plain_rate, best, cap)
-    return best
+    plans = _walk(_token_order(candidates, target_s), candidates, t, pass_size, plain_rate)
+    if padded:
+        plans += [_even(candidates, m, t, pass_size, plain_rate) for m in range(1, max(len(c.alphas) for c in candidates) + 1)]
+    return max([best, *plans], key=lambda p: p.rate)  # plain first: a tie keeps it
+
+
+def _memo(target_s: Callable[[int], float]) -> Callable[[int], float]:
+    """T(n) asked once per size within one plan (a padded pass has few sizes; interpolation is not free)."""
+    seen: dict[int, float] = {}
+
+    def t(size: int) -> float:
+        if size not in seen:
+            seen[size] = target_s(size)
+        return seen[size]
+
+    return t
 
 
 def _walk(
-    order: list[tuple[int, int, float]], candidates: Sequence[Candidate], target_s: Callable[[int], float],
-    pass_size: Callable[[Sequence[int]], int], plain_rate: float, best: CrowdPlan, cap: int | None,
-) -> CrowdPlan:  # fmt: skip
-    """The best of `best` and every prefix of the token order (tokens past `cap` per sequence left out: a
-    padded batch pays every row for the longest draft, so it also tries each longest draft in turn)."""
+    order: list[tuple[int, float]], candidates: Sequence[Candidate], t: Callable[[int], float],
+    pass_size: Callable[[Sequence[int]], int], plain_rate: float,
+) -> list[CrowdPlan]:  # fmt: skip
+    """A plan per prefix of the token order (every draft token most worth its cost first)."""
     lengths = [0] * len(candidates)
     expected, draft_cost = float(len(candidates)), 0.0
-    for i, m, held in order:
-        if cap is not None and m >= cap:
-            continue
+    plans = []
+    for i, held in order:
         lengths[i] += 1
         expected += held
         draft_cost += candidates[i].draft_s
-        size = pass_size([1 + j for j in lengths])
-        plan = CrowdPlan(tuple(lengths), expected, draft_cost + target_s(size), plain_rate)
-        if plan.rate > best.rate:
-            best = plan
-    return best
+        plans.append(CrowdPlan(tuple(lengths), expected, draft_cost + t(pass_size([1 + j for j in lengths])), plain_rate))
+    return plans
 
 
-def _token_order(candidates: Sequence[Candidate], target_s: Callable[[int], float]) -> list[tuple[int, int, float]]:
-    """Every draft token as (sequence, its place in the draft, survival), most worth its cost first; within a
-    sequence in order."""
+def _even(
+    candidates: Sequence[Candidate], m: int, t: Callable[[int], float], pass_size: Callable[[Sequence[int]], int],
+    plain_rate: float,
+) -> CrowdPlan:  # fmt: skip
+    """Every sequence drafting up to m tokens: a padded pass's cost is set by its longest draft, so the best
+    plans give many sequences the same length, which the walk in survival order passes by."""
+    lengths = tuple(min(m, len(c.alphas)) for c in candidates)
+    expected = len(candidates) + sum(sum(survival(c.alphas)[:j]) for c, j in zip(candidates, lengths))
+    draft_cost = sum(c.draft_s * j for c, j in zip(candidates, lengths))
+    return CrowdPlan(lengths, expected, draft_cost + t(pass_size([1 + j for j in lengths])), plain_rate)
+
+
+def _token_order(candidates: Sequence[Candidate], target_s: Callable[[int], float]) -> list[tuple[int, float]]:
+    """Every draft token as (sequence, survival), most worth its cost first; within a sequence in order."""
     n, total = len(candidates), sum(len(c.alphas) for c in candidates)
     slope = max(target_s(n + total) - target_s(n), 0.0) / total if total else 0.0
     tokens = []
@@ -106,4 +129,4 @@ def _token_order(candidates: Sequence[Candidate], target_s: Callable[[int], floa
         for m, held in enumerate(survival(c.alphas)):
             tokens.append((held / (c.draft_s + slope + 1e-12), i, m, held))
     tokens.sort(key=lambda t: (-t[0], t[1], t[2]))  # a sequence's survival never grows: its order holds
-    return [(i, m, held) for _, i, m, held in tokens]
+    return [(i, held) for _, i, _, held in tokens]

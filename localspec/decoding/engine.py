@@ -400,9 +400,11 @@ class BatchTarget(Protocol):
     """A target holding several sequences (backends/llama_multi.LlamaSlots, backends/mlx_multi.MLXSlots): one
     pass appends each (slot, tokens) to its slot and returns every position's logits rows per part.
     `pass_size(lengths)`: positions a pass over parts of these lengths computes (the sum, or rows x the
-    longest for a right-padded batch); `prefill_apart`: prompt chunks are read in a forward of their own."""
+    longest for a right-padded batch, `pass_padded`); `prefill_apart`: prompt chunks are read in a forward of
+    their own."""
 
     prefill_apart: bool
+    pass_padded: bool
 
     def forward_many(
         self, parts: Sequence[tuple[int, Sequence[int]]], prefill: Sequence[tuple[int, Sequence[int]]] = ()
@@ -540,7 +542,7 @@ class CrowdDecoder:
         candidates = [
             Candidate((self.members[key].accept.alpha,) * k, self.members[key].draft_token_s) for key, k in ready.items()
         ]
-        plan = plan_crowd(candidates, self.costs.target_s, self.batch.pass_size)
+        plan = plan_crowd(candidates, self.costs.target_s, self.batch.pass_size, padded=self.batch.pass_padded)
         return dict(zip(ready, plan.lengths))
 
     def _draft_prior(self) -> float:

@@ -73,8 +73,11 @@ class ServerSettings:
     log: Callable[[str], None] = field(default=lambda line: print(line, file=sys.stderr, flush=True))
 
 
-def create_app(pipeline: Pipeline, settings: ServerSettings, slots: Slots | None = None) -> FastAPI:
-    """`slots` (serve --parallel N > 1): the requests decode together in them (crowd_scheduler.py)."""
+def create_app(
+    pipeline: Pipeline, settings: ServerSettings, slots: Slots | None = None, draft_slots: Slots | str | None = None
+) -> FastAPI:
+    """`slots` (serve --parallel N > 1): the requests decode together in them (crowd_scheduler.py); `draft_slots`:
+    the draft model's, one per sequence (or why there are none)."""
     metrics = Metrics()
     served = Served(pipeline, settings.defaults, (settings.model_name, *settings.model_aliases),
                     reasoning_format=settings.reasoning_format, crowd=slots is not None)
@@ -88,7 +91,7 @@ def create_app(pipeline: Pipeline, settings: ServerSettings, slots: Slots | None
             from localspec.server.crowd_scheduler import CrowdScheduler
 
             state["scheduler"] = CrowdScheduler(pipeline, slots, max_queue=settings.max_queue, metrics=metrics,
-                                                log=settings.log)  # fmt: skip
+                                                log=settings.log, draft_slots=draft_slots)  # fmt: skip
         try:
             yield
         finally:

@@ -17,16 +17,23 @@ its own slot while nobody else took it). When another slot, busy or free, holds 
 rows copied in every layer, nothing read). Either way the request reads only the rest of its prompt.
 
 Drafters: lookup drafters (none, ngram, suffix) keep only their sequence's text, so every sequence gets its
-own. A drafter that holds a model's cache (model, auto with a draft model, heads) serves one sequence at a
-time: the first request that asks for it gets it, and requests that ask for it while it is taken draft by
-lookup instead (auto without its model for `auto`, which keeps choosing lookups or none by their measured
-worth; n-gram lookup for the others: their stats say `ngram`). Heads read the target's hidden states, which
+own. The draft model has slots too (serve.open_draft_slots: a second LlamaSlots context or MLXSlots batch on
+the draft's weights), so `model` and `auto` get a drafter of their own over their slot's draft cache, which
+also keeps the conversation for its next turn; their draft steps run one sequence after another, and the
+crowd policy weighs their measured cost per token. Where the draft model cannot have slots (recurrent
+layers), it serves one sequence at a time: the first request that asks for it gets it, and requests that ask
+for it while it is taken draft by lookup instead (auto without its model for `auto`, which keeps choosing
+lookups or none by their measured worth; n-gram lookup for the others: their stats say `ngram`). Heads read the target's hidden states, which
 the slots do not capture: a head method is refused under --parallel (serve.resolve_parallel, a 400 per
 request), and `auto` whose draft is a head drafts without it. One draft-model context per slot would need the draft's
 cache rollback per sequence as well; on a CPU the crowd policy rarely buys model drafts for a full batch.
 
 A sequence whose drafter read the suffix memory (suffix, auto) writes its prompt and answer there when it
 ends, as a single generation does; each keeps its own claim (SuffixMemory.take_claim).
+
+While no request runs, auto's idle-time calibration (scheduler.py) times the target's cost curve on its own
+context, one piece at a time; the sizes it timed become the crowd's T(n) where its passes have not measured
+them, so a new server plans drafts for sizes it has not run yet from measurements, not a guess.
 
 Requests waiting for a slot are the queue: its bound and the 503 are as in scheduler.py.
 """
@@ -80,15 +87,19 @@ class _Seat:
     started: bool = False  # added to the crowd (its first token is out)
     prompt_s: float = 0.0
     remember: Callable[[str], None] | None = None  # its drafter read the suffix memory: its text goes there
+    model_drafts: bool = False  # its drafter may draft with a model (its steps cost every sequence of a pass)
 
 
 class CrowdScheduler(Scheduler):
     def __init__(
         self, pipeline: Pipeline, slots: Slots, *, max_queue: int, metrics: Metrics,
-        log: Callable[[str], None] = print,
+        log: Callable[[str], None] = print, draft_slots: Slots | str | None = None,
     ) -> None:  # fmt: skip
         self.slots = slots
         self.n_slots = len(slots.slots)
+        self.draft_slots = draft_slots if not isinstance(draft_slots, str) else None
+        if isinstance(draft_slots, str):
+            log(f"note: the draft model drafts for one request at a time ({draft_slots}); the others look up")
         if pipeline.draft_slot.available and not pipeline.draft_note:
             pipeline.draft_slot.get()  # now, not inside a pass that every running sequence would wait for
         self.crowd = CrowdDecoder(slots, costs=_prior_costs(pipeline))
@@ -113,6 +124,8 @@ class CrowdScheduler(Scheduler):
         super().close(timeout)
         if not self._thread.is_alive():
             self.slots.close()
+            if self.draft_slots is not None:
+                self.draft_slots.close()
 
     # -- the engine thread --------------------------------------------------------------------------
 
@@ -120,7 +133,7 @@ class CrowdScheduler(Scheduler):
     def _loop(self) -> None:
         while True:
             with self._cv:
-                while not self._waiting and not self._seats and not self._closed:
+                while not self._waiting and not self._seats and not self._closed and self._idle is None:
                     self._cv.wait()
                 if self._closed:
                     if not self._seats:
@@ -129,10 +142,28 @@ class CrowdScheduler(Scheduler):
                         seat.job.cancelled = True
                         seat.job.stop.set()
                 self._admit()
+                idle = not self._seats and self._idle is not None
+            if idle:
+                self._idle_piece()
+                if self._idle is None:
+                    self._adopt_curve()
+                continue
             try:
                 self._tick()
             except Exception as e:  # noqa: BLE001 - a failed pass (a full KV cache) ends the running requests, not the server
                 self._fail_all(e)
+
+    def _adopt_curve(self) -> None:
+        """After idle-time calibration (auto's, on the target's own context while no request runs): the sizes
+        it timed that the crowd's passes have not, as the crowd's T(n) prior (in the crowd's scale)."""
+        try:
+            timed = self.pipeline.cost_store.load()
+        except (OSError, ValueError):
+            return
+        costs = self.crowd.costs
+        for n in sorted(timed.target) if timed is not None else ():
+            if n not in costs.target:
+                costs.target[n] = timed.target_s(n) / costs.scale
 
     def _admit(self) -> None:
         """Waiting jobs into free slots, oldest first (the caller holds the lock)."""
@@ -157,8 +188,9 @@ class CrowdScheduler(Scheduler):
                                        "raise --n-ctx (memory permitting) or shorten the prompt")  # fmt: skip
         slot = self._best_slot(prompt)
         keep = self._reuse(slot, prompt)
-        drafter, lent = self._seat_drafter(job.request.method)
-        return _Seat(job, slot, prompt, keep, keep, Reply(job, self.cancel), drafter, lent, time.perf_counter())
+        drafter, lent, models = self._seat_drafter(job.request.method, slot)
+        return _Seat(job, slot, prompt, keep, keep, Reply(job, self.cancel), drafter, lent, time.perf_counter(),
+                     model_drafts=models)  # fmt: skip
 
     def _best_slot(self, prompt: list[int]) -> int:
         """The free slot whose cache shares the longest prefix with the prompt (the emptiest on a tie)."""
@@ -181,17 +213,22 @@ class CrowdScheduler(Scheduler):
         self.slots.slots[slot].rollback(own)
         return own
 
-    def _seat_drafter(self, method: str) -> tuple[Drafter, str | None]:
+    def _seat_drafter(self, method: str, slot: int) -> tuple[Drafter, str | None, bool]:
+        """(the drafter, the shared drafter's method it was lent or None, whether it may draft with a model)."""
         if method in PER_SEQUENCE:
-            return self.pipeline.new_drafter(method), None
+            return self.pipeline.new_drafter(method), None, False
         if method == "auto" and self._head_unused:  # a head reads hidden states the slots do not capture
-            return self.pipeline.new_drafter("auto", lookup_only=True), None
+            return self.pipeline.new_drafter("auto", lookup_only=True), None, False
+        if self.draft_slots is not None and method in ("model", "auto"):
+            # auto starts from its lookups (nearly free) and loads its draft slot when it wants model drafts: its
+            # cost per token is learnt, not assumed; `model` drafts with the model from its first round
+            return self.pipeline.new_drafter(method, draft=self.draft_slots.slots[slot]), None, method == "model"
         if method in self._lent:  # auto adapts its lookups alone; anything else looks up n-grams
             busy = self.pipeline.new_drafter("auto", lookup_only=True) if method == "auto" else None
-            return busy or self.pipeline.new_drafter(BUSY_FALLBACK), None
+            return busy or self.pipeline.new_drafter(BUSY_FALLBACK), None, False
         drafter = self._drafter(method)
         self._lent.add(method)
-        return drafter, method
+        return drafter, method, True
 
     def _tick(self) -> None:
         """Start the seats whose prompts are read (one alone reads its prompt whole); one shared pass with the
@@ -226,7 +263,7 @@ class CrowdScheduler(Scheduler):
     def _start(self, seat: _Seat) -> None:
         req = seat.job.request
         job = SequenceJob(seat.slot, self.slots.slots[seat.slot], seat.drafter, seat.prompt, req.config, seat.job.stop,
-                          model_drafts=seat.lent is not None)  # fmt: skip
+                          model_drafts=seat.model_drafts)  # fmt: skip
         seat.started = True
         memory = self.pipeline.memory
         if memory is not None:
