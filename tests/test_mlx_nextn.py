@@ -96,8 +96,8 @@ def chi(target):  # type: ignore[no-untyped-def]
 
 @pytest.mark.slow
 def test_exact_rule_matches_the_target_distribution_through_the_nextn_layer(target, chi) -> None:  # type: ignore[no-untyped-def]
-    """The check's power against a misreported q is shown through the other MLX heads (their drafts overlap the
-    target's more); this layer's drafts are kept about one time in five, too rarely for a misreport to show."""
+    """On the tiny random GLM; the check's power against a misreported q is shown on llama.cpp's "mtp-near"
+    model below (here the layer's drafts are kept about one time in five, too rarely for a misreport to show)."""
     prompt, sampling, expected = chi
     drafter = nextn_drafter(target)
     try:
@@ -175,3 +175,42 @@ def test_drafts_per_round_equal_llama_cpps_on_the_converted_model(name: str, smo
         drafter.close()
         target.close()
     assert ours == [r["draft"] for r in golden["rounds"]]
+
+
+@pytest.fixture(scope="module")
+def near_glm(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path):  # type: ignore[no-untyped-def]
+    """llama.cpp's "mtp-near" golden model converted to MLX: its favoured tokens lead both the trunk's and the
+    MTP layer's top-k, so drafts are kept often enough for a misreported q to show."""
+    from golden_cases import CASES, write_case
+
+    from localspec.convert_gguf import convert
+
+    d = tmp_path_factory.mktemp("near-glm")
+    files, _ = write_case(CASES["mtp-near"], d, smollm2_path)
+    target = mb.load(str(convert(files["target"], d / "mlx", dtype="float32")), n_ctx=256)
+    yield target
+    target.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("misreport", [False, True])
+def test_the_exact_rule_through_the_converted_glm_layer_and_a_misreported_q(near_glm, misreport: bool) -> None:  # type: ignore[no-untyped-def]
+    """The chi-square of the exact rule passes through the real nextn drafter at temperature 1 (both branches
+    taken), and fails when the same drafts report a uniform q (the check's power, shown on this layout too)."""
+    from head_chi import N_SAMPLES, draws, misreported
+    from test_verify import joint_check
+
+    from localspec.backends.mlx_nextn import LlamaPairsDrafter
+    from localspec.sampling import SamplingParams
+
+    sampling = SamplingParams(temperature=1.0, top_k=TOP_K)
+    prompt = near_glm.tokenize(CHI_PROMPT)
+    expected = expected_joint(near_glm, prompt, sampling)
+    drafter = (misreported(LlamaPairsDrafter) if misreport else LlamaPairsDrafter)(near_glm)
+    try:
+        if misreport:
+            assert joint_check(draws(near_glm, drafter, prompt, sampling), expected, N_SAMPLES) is not None
+        else:
+            check_exact_rule(near_glm, drafter, prompt, sampling, expected)
+    finally:
+        drafter.close()
