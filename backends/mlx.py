@@ -83,6 +83,24 @@ def peek_vocab(path: str) -> VocabInfo:
     return _vocab_info(_load_tokenizer(model_path))
 
 
+def peek_sizes(path: str) -> tuple[int | None, int | None, int | None]:
+    """(hidden size, vocabulary, layers) from a local model directory's config.json (a vision-language model's
+    text_config), each None when unknown: a Hub id, or a config without it. A head's fit is checked from these
+    before any weights load."""
+    cfg_path = Path(path).expanduser() / "config.json"
+    try:
+        raw = json.loads(cfg_path.read_text())
+    except (OSError, ValueError):
+        return None, None, None
+    text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else {}
+
+    def size(key: str) -> int | None:
+        value = raw.get(key, text.get(key))
+        return int(value) if isinstance(value, int) else None
+
+    return size("hidden_size"), size("vocab_size"), size("num_hidden_layers")
+
+
 def release_thread() -> None:
     """Destroy the MLX streams the calling thread made (mlx >= 0.32 asks each thread that used it to, the
     main one included; else the process may abort at exit with "terminate called without an active

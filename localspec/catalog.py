@@ -409,7 +409,8 @@ def _cached_snapshot(ref: ModelRef, cache: str) -> str | None:
 
 
 def mlx_snapshot_complete(path: str | Path) -> bool:
-    """Whether a snapshot looks loadable by mlx-lm: config, tokenizer, and every weight shard present.
+    """Whether a snapshot looks loadable by mlx-lm: config, tokenizer, and every weight shard present (a
+    drafter head's directory, recognised by its config, has no tokenizer: it reads the target's).
 
     huggingface_hub cannot always tell a partial snapshot from a full one, so check what mlx-lm needs.
     """
@@ -418,7 +419,8 @@ def mlx_snapshot_complete(path: str | Path) -> bool:
     p = Path(path)
     if not (p / "config.json").is_file():
         return False
-    if not any((p / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")):
+    tokenizer = any((p / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json"))
+    if not tokenizer and registry.head_for_draft(p) is None:
         return False
     index = p / "model.safetensors.index.json"
     if index.is_file():

@@ -58,8 +58,9 @@ def test_builtin_head_pairs_run_with_their_method_where_the_family_runs() -> Non
     heads = {p.name: p for p in load_catalog(include_user=False).pairs.values() if p.method != "model"}
     assert {p.method for p in heads.values()} >= {"mtp", "dflash"}
     for pair in heads.values():
-        assert "llama" in set(pair.backends) and pair.base is None  # vLLM's draft_model command would be wrong
+        assert pair.base is None  # vLLM's draft_model command would be wrong
         assert all(registry.family(pair.method).runs_on(b) for b in pair.backends), pair.name
+    assert any("mlx" in p.backends and p.method == "dflash" for p in heads.values())  # a head pair for Macs
     assert any(p.backends["llama"].target.repo.endswith("-MTP-GGUF") for p in heads.values() if p.method == "mtp")
     # MTP on MLX needs the original checkpoint: mlx-community's conversions drop the mtp.* weights.
     for pair in heads.values():

@@ -515,6 +515,66 @@ size_gb = 0.01
     assert check_pair(opts).backend == "llama"  # the head fits its target, from the headers
 
 
+def _dir_files(d: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in d.iterdir() if p.is_file()}
+
+
+def test_an_mlx_head_pair_pulls_the_head_checked_against_its_target(hub: FakeHub, hf_env: Path, tmp_path: Path) -> None:
+    """An MLX pair whose draft is a head directory (an EAGLE-3 head: config and weights, no tokenizer): its fit
+    to the target is checked from the configs before any weights move, the snapshot counts as complete without
+    a tokenizer, and `--pair` runs its method; a head made for another target is refused before its weights."""
+    if not _has_mlx():
+        pytest.skip("needs mlx-lm")
+    import mlx_heads
+    import mlx_tiny
+
+    from localspec.cli import build_parser
+    from localspec.commands.first_use import model_options_from_args
+    from localspec.hub import pull_pair
+
+    target = mlx_tiny.build(tmp_path / "target", seed=1)
+    config = mlx_tiny.CONFIG
+    head = mlx_heads.write_eagle3(tmp_path / "head", config, seed=2, layer_ids=(0, 1, 2))
+    wide = mlx_heads.write_eagle3(tmp_path / "wide", {**config, "hidden_size": 96}, seed=3, layer_ids=(0, 1, 2))
+    hub.add_repo("test-org/tiny-qwen-mlx", _dir_files(target))
+    hub.add_repo("test-org/tiny-qwen-eagle3", _dir_files(head))
+    hub.add_repo("test-org/wide-eagle3", _dir_files(wide))
+    cat = tmp_path / "catalog.toml"
+    cat.write_text(USER_CATALOG + """
+[[pair]]
+name = "tiny-mlx-eagle3"
+method = "eagle3"
+description = "generated EAGLE-3 head on MLX"
+num_draft = 3
+hardware = "tests"
+[pair.mlx]
+target = { repo = "test-org/tiny-qwen-mlx" }
+draft = { repo = "test-org/tiny-qwen-eagle3" }
+size_gb = 0.01
+
+[[pair]]
+name = "tiny-mlx-wide"
+method = "eagle3"
+description = "a head made for a wider target"
+num_draft = 3
+hardware = "tests"
+[pair.mlx]
+target = { repo = "test-org/tiny-qwen-mlx" }
+draft = { repo = "test-org/wide-eagle3" }
+size_gb = 0.01
+""")
+    r = pull_pair("tiny-mlx-eagle3", "mlx", endpoint=hub.url)
+    assert r.compat_checked and (Path(r.draft) / "config.json").is_file()
+    assert resolve_pair("tiny-mlx-eagle3", "mlx") == (r.target, r.draft)  # complete without a tokenizer
+    opts = model_options_from_args(build_parser().parse_args(["run", "--pair", "tiny-mlx-eagle3", "--backend", "mlx", "hi"]))
+    assert (opts.draft_method, opts.draft) == ("eagle3", r.draft)
+    hub.reset_stats()
+    with pytest.raises(IncompatiblePairError, match="does not fit") as e:
+        pull_pair("tiny-mlx-wide", "mlx", endpoint=hub.url)
+    assert "test-org/wide-eagle3" in e.value.message
+    assert hub.content_bytes("model.safetensors") == 0  # refused before the head's weights
+
+
 def test_incompatible_pair_is_refused_from_the_headers_alone(
     hub: FakeHub, ggufs: dict[str, bytes], hf_env: Path
 ) -> None:

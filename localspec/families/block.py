@@ -24,9 +24,11 @@ def _require(name: str, backend: str) -> None:
 def _check(name: str, ctx: CheckContext) -> None:
     assert ctx.draft is not None  # the registry checks a head_file family was given one
     if ctx.backend == MLX.name:
+        from localspec.backends.mlx import peek_sizes
         from localspec.backends.mlx_dflash import check_head as check_mlx_head
 
-        check_mlx_head(name, ctx.draft)  # the target's sizes are checked again when it is loaded
+        hidden, _, layers = peek_sizes(ctx.target)  # a Hub id: checked again when the target is loaded
+        check_mlx_head(name, ctx.draft, hidden, layers)
         return
     from localspec.backends.llama_dflash import check_head
 

@@ -22,9 +22,11 @@ def _require(backend: str) -> None:
 def _check(ctx: CheckContext) -> None:
     assert ctx.draft is not None  # the registry checks a head_file family was given one
     if ctx.backend == MLX.name:
+        from localspec.backends.mlx import peek_sizes
         from localspec.backends.mlx_eagle3 import check_head as check_mlx_head
 
-        check_mlx_head(ctx.draft, None, None)  # the target's sizes are checked again when it is loaded
+        hidden, vocab, _ = peek_sizes(ctx.target)  # a Hub id: checked again when the target is loaded
+        check_mlx_head(ctx.draft, hidden, vocab)
         return
     from localspec.backends.llama_eagle3 import check_head
 

@@ -18,6 +18,7 @@ from localspec.catalog import (
     split_gguf_parts,
 )
 from localspec.errors import BackendUnavailableError, IncompatiblePairError, PullError
+from localspec.families import registry
 from localspec.formatting import format_bytes
 from localspec.hub.errors import hub_errors, map_error
 from localspec.hub.files import (
@@ -214,6 +215,9 @@ class Hub:
         small = lambda path: not path.endswith(".safetensors")
         for plan in (target, draft):
             self._download(plan, only=small)
+        head = registry.head_for_draft(self._model_path(draft))
+        if head is not None:
+            return self._check_head(head, target, draft)
         try:
             module = backend_spec(target.backend).module()
             tv, dv = module.peek_vocab(self._model_path(target)), module.peek_vocab(self._model_path(draft))
@@ -227,6 +231,24 @@ class Hub:
             self.log(f"could not compare the tokenizers ({type(e).__name__}: {e}); skipping the check")
             return False
         self.log(f"tokenizers match ({tv.n_vocab:,} / {dv.n_vocab:,} tokens)")
+        return True
+
+    def _check_head(self, family: str, target: ModelPlan, draft: ModelPlan) -> bool:
+        """A drafter head has no tokenizer of its own: check instead that it fits the target (its family's
+        check on both configs and the target's tokenizer), before any weights move."""
+        t, d = self._model_path(target), self._model_path(draft)
+        try:
+            backend_spec(target.backend).module()
+        except BackendUnavailableError:
+            self.log(f"{target.backend} is not installed here: skipping the check of the {family} head")
+            return False
+        why = registry.fit(family, t, d, target.backend)
+        if why:
+            raise IncompatiblePairError(
+                f"{draft.ref} is a {family} drafter that does not fit {target.ref}: {why}",
+                "pick the head made for this target (its model card names it)",
+            )
+        self.log(f"the draft is a {family} head made for this target (configs checked)")
         return True
 
     def _write_ref(self, ref: ModelRef, commit: str) -> None:
