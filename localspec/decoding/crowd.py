@@ -9,7 +9,8 @@ accepted tokens per second of the whole pass:
 
 Each E_i is concave (s_i(m) never grows with m), so for a given total the best split takes draft tokens in
 order of their survival per cost; the plan walks that order one token at a time and keeps the best prefix.
-The empty prefix is plain batched decoding, so the plan is never expected to be slower than it.
+The empty prefix is plain batched decoding, so the plan is never expected to be slower than it; as auto, drafts
+must beat it by policy.MARGIN (a smaller expected gain is within timing noise, and a loss on a steep T(n)).
 A right-padded batch (MLX) computes rows x its longest part instead of the sum: T(N (1 + max_i j_i)) then
 replaces T(N + sum_i j_i); besides the walk's prefixes the plan then weighs every sequence drafting up to m
 tokens, for each m (under that cost the best plans give many sequences the same length, which the walk in
@@ -23,7 +24,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from localspec.decoding.policy import survival
+from localspec.decoding.policy import MARGIN, survival
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,8 @@ def plan_crowd(
     plans = _walk(_token_order(candidates, target_s), candidates, t, pass_size, plain_rate)
     if padded:
         plans += [_even(candidates, m, t, pass_size, plain_rate) for m in range(1, max(len(c.alphas) for c in candidates) + 1)]
-    return max([best, *plans], key=lambda p: p.rate)  # plain first: a tie keeps it
+    top = max(plans, key=lambda p: p.rate, default=best)
+    return top if top.rate > plain_rate * (1.0 + MARGIN) else best  # as auto: a gain within timing noise is none
 
 
 def _memo(target_s: Callable[[int], float]) -> Callable[[int], float]:
