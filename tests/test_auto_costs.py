@@ -303,3 +303,16 @@ def test_a_busy_spell_over_the_first_drafts_does_not_leave_a_first_answer_plain(
     late = rounds[len(rounds) // 2 :]
     assert sum(r.n_drafted >= 8 for r in late) >= len(late) // 2  # long suffix drafts again
     assert done.stats.decode_s < 0.5 * 299 * true_cost(1)
+
+
+def test_auto_forecasts_its_lookup_copy_for_the_crowd_policy() -> None:
+    """serve --parallel asks each auto sequence what its next lookup draft is worth: one acceptance per token
+    the suffix match would copy (auto's learnt acceptance by match length, longer matches surer), none without
+    a match."""
+    drafter = AutoDrafter(ngram=auto_lookup())
+    text = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
+    drafter.prepare([*text, *text[:4]], 8)
+    copy = drafter.forecast([*text, *text[:4]], 8)
+    assert copy is not None and 1 <= len(copy) <= 8 and all(0.0 < a < 1.0 for a in copy)
+    assert drafter.forecast([*text, *text[:4]], 0) is None
+    assert drafter.forecast([1, 2, 3, 4], 8) is None  # nothing to copy

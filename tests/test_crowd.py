@@ -284,3 +284,24 @@ def test_the_together_check_catches_rows_given_to_the_wrong_sequence() -> None:
         jobs = {i: Job(i, slots.slots[i], drafters[i], prompt, cfg) for i, prompt in enumerate([MODEL_PROMPT, [2, 3]])}
         samples.append(_drive(crowd, jobs)[0].tokens)
     assert joint_check(lambda n: samples[n], _expected_joint(MODEL_PROMPT, WINDOW), 2000) is not None
+
+
+class Forecasting(ModelDrafter):
+    """A drafter that forecasts its drafts as nearly sure (as auto does for a long copy)."""
+
+    def forecast(self, context: Sequence[int], k: int) -> tuple[float, ...]:
+        return (0.99,) * k
+
+
+def test_a_drafters_forecast_buys_drafts_the_measured_prior_would_not() -> None:
+    """Each extra token costs half a single one: at the crowd's prior acceptance (0.6) no draft pays, at the
+    drafter's own forecast (0.99, auto's for a long copy) drafts do; the first pass shows which."""
+    half = {n: 0.01 + 0.005 * (n - 1) for n in range(1, 40)}
+    for drafter, drafts in ((ModelDrafter, False), (Forecasting, True)):
+        clock = FakeClock()
+        slots = FakeSlots(TARGET, 2, clock)
+        crowd = CrowdDecoder(slots, clock=clock, costs=CostModel(dict(half)))
+        for i, job in _jobs(slots, 2, lambda d=drafter: d(FakeBackend(TARGET)), num_draft=4).items():
+            crowd.add(i, job)
+        crowd.step()
+        assert (max(slots.passes[-1]) > 1) == drafts, (drafter.__name__, slots.passes)

@@ -237,6 +237,17 @@ class AutoDrafter:
             self.save_costs()
         return False
 
+    def forecast(self, context: Sequence[int], k: int) -> tuple[float, ...] | None:
+        """The acceptance expected at each position of the lookup draft `context` has now (auto's learnt
+        acceptance by match length, over the tokens the lookup would copy); None when it has none. serve
+        --parallel's crowd policy sizes this sequence's share of a pass from it (decoding/crowd.py)."""
+        if self.ngram is None or k <= 0:
+            return None
+        d = self.ngram.lookup(context, k)
+        if not d.tokens:
+            return None
+        return tuple(self.controller.ngram_acceptance(d.order + i).alpha for i in range(len(d.tokens)))
+
     def propose(
         self, context: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator, *, min_confidence: float = 0.0
     ) -> Draft:

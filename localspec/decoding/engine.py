@@ -539,11 +539,16 @@ class CrowdDecoder:
         """Each sequence's draft length this pass: its budget, or the crowd policy's share of it."""
         if not self.crowd_aware:
             return dict(ready)
-        candidates = [
-            Candidate((self.members[key].accept.alpha,) * k, self.members[key].draft_token_s) for key, k in ready.items()
-        ]
+        candidates = [self._candidate(self.members[key], k) for key, k in ready.items()]
         plan = plan_crowd(candidates, self.costs.target_s, self.batch.pass_size, padded=self.batch.pass_padded)
         return dict(zip(ready, plan.lengths))
+
+    def _candidate(self, member: _Member, k: int) -> Candidate:
+        """A sequence's prospects: its drafter's own forecast for the draft it has now where it makes one (auto:
+        what its lookup would copy, at its learnt acceptance), else the acceptance its drafted rounds showed."""
+        forecast = getattr(member.run.drafter, "forecast", None)  # optional (AutoDrafter)
+        alphas = forecast(member.run.context, k) if forecast is not None and k > 0 else None
+        return Candidate(tuple(alphas[:k]) if alphas else (member.accept.alpha,) * k, member.draft_token_s)
 
     def _draft_prior(self) -> float:
         """Seconds per model draft token before a sequence's own are measured: the remembered cost, else a
