@@ -9,6 +9,8 @@ accepted tokens per second of the whole pass:
 
 Each E_i is concave (s_i(m) never grows with m), so for a given total the best split takes draft tokens in
 order of their survival per cost; the plan walks that order one token at a time and keeps the best prefix.
+Each sequence's acceptances come from its drafter's forecast where it makes one (auto: what its lookup would
+copy, at its learnt acceptance by match length), else from what its drafted rounds showed (engine.CrowdDecoder).
 The empty prefix is plain batched decoding, so the plan is never expected to be slower than it; as auto, drafts
 must beat it by policy.MARGIN (a smaller expected gain is within timing noise, and a loss on a steep T(n)).
 A right-padded batch (MLX) computes rows x its longest part instead of the sum: T(N (1 + max_i j_i)) then
