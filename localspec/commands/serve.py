@@ -68,7 +68,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                    help=f"requests that may wait while one generates; more get 503 (default: {DEFAULT_MAX_QUEUE})")  # fmt: skip
     g.add_argument("--parallel", type=int, default=None, metavar="N",
                    help="generations decoded together, one shared target pass per step, drafts sized for the "
-                        "crowd (targets without recurrent or sliding-window layers; default: 1 on a CPU, "
+                        "crowd (targets without recurrent layers; default: 1 on a CPU, "
                         f"{GPU_PARALLEL} when llama.cpp offloads to a GPU or MLX runs on Metal)")  # fmt: skip
     g.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                    help="allow browser requests from this origin (repeatable; '*' for any); default: CORS off")  # fmt: skip
