@@ -12,18 +12,16 @@ state snapshots are not built here (serve runs them with --parallel 1).
 from __future__ import annotations
 
 import ctypes
-from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import llama_cpp
 import numpy as np
 
-from localspec.backends.base import ByteDetokenizer, CachedModel, ChatMessage, RollbackRoute, TokenTable, rollback_route
 from localspec.backends.llama_cpp import LOG, LlamaCppBackend, abort_check, last_error
+from localspec.backends.slots import Slot
 from localspec.errors import GenerationError, Interrupted, ModelFileError, UnsupportedModelError
-from localspec.vocab import VocabInfo
 
 
 @dataclass(frozen=True)
@@ -200,74 +198,20 @@ class LlamaSlots:
         self.close()
 
 
-class LlamaSlot(CachedModel):
-    """One sequence of a LlamaSlots context, as a Backend (text, templates and facts from the target)."""
+class LlamaSlot(Slot):
+    """One sequence of a LlamaSlots context, as a Backend (slots.Slot: text, templates and facts from the target)."""
 
     def __init__(self, owner: LlamaSlots, index: int, n_ctx: int) -> None:
+        super().__init__(owner.target, index, n_ctx)
         self._owner = owner
-        self.index = index
-        target = owner.target
-        self._info = replace(target.info, n_ctx=n_ctx)
-        self._n_vocab = target.n_vocab
-        self._eog = target.eog_ids
-        self._tokens: list[int] = []
-        self.rollback_routes: Counter[str] = Counter()
-
-    def vocab_info(self) -> VocabInfo:
-        return self._owner.target.vocab_info()
-
-    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        return self._owner.target.tokenize(text, add_special=add_special, parse_special=parse_special)
-
-    def detokenizer(self) -> ByteDetokenizer:
-        return self._owner.target.detokenizer()
-
-    def token_table(self) -> TokenTable:
-        return self._owner.target.token_table()
-
-    def chat_template(self) -> str | None:
-        return self._owner.target.chat_template()
-
-    def apply_chat_template(
-        self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True, template: str | None = None,
-        tools: Sequence[dict[str, Any]] | None = None, variables: Mapping[str, Any] | None = None,
-    ) -> str:
-        return self._owner.target.apply_chat_template(
-            messages, add_generation_prompt=add_generation_prompt, template=template, tools=tools, variables=variables
-        )
 
     def forward(self, tokens: Sequence[int], *, all_logits: bool = True) -> np.ndarray:
         if not tokens:
             raise ValueError("forward needs at least one token")
         return self._owner.forward_parts([Part(self.index, tokens, all_logits)])[0]
 
-    def check_room(self, n: int) -> None:
-        self._check_room(n, "raise --n-ctx (memory permitting), or lower --max-tokens")
-
-    def appended(self, tokens: Sequence[int]) -> None:
-        self._tokens.extend(int(t) for t in tokens)
-
-    def replaced(self, tokens: Sequence[int]) -> None:
-        """The slot's cells now hold `tokens` (LlamaSlots.share)."""
-        self._tokens = [int(t) for t in tokens]
-
-    def _route(self, n_keep: int) -> RollbackRoute:
-        return rollback_route(len(self._tokens), n_keep, recurrent=False)
-
-    def _refused_state(self) -> str:
-        return "it keeps no recurrent state"
-
     def rollback(self, n_keep: int) -> None:
         if self._rollback_route(n_keep) == "none":
             return
         self._owner.remove(self.index, n_keep)
         del self._tokens[n_keep:]
-
-    def checkpoint(self) -> None:
-        return None  # a KV cache is cut back by position
-
-    def abort(self, on: bool = True) -> None:
-        self._owner.target.abort(on)
-
-    def close(self) -> None:
-        return None  # the owner frees the shared context

@@ -21,17 +21,15 @@ recurrent layers (ArraysCache) are refused with the reason (serve them with --pa
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from localspec.backends.base import ByteDetokenizer, CachedModel, ChatMessage, Detokenizer, RollbackRoute, TokenTable
-from localspec.backends.base import rollback_route
 from localspec.backends.mlx import MLXBackend, make_cache
+from localspec.backends.slots import Slot
 from localspec.errors import GenerationError, Interrupted, UnsupportedModelError
-from localspec.vocab import VocabInfo
 
 STEP = 256  # buffer growth, in positions (as mlx-lm's caches grow)
 CHUNK = 256  # a prompt is read this many tokens per forward
@@ -217,41 +215,12 @@ def check_batchable(target: MLXBackend) -> None:
         raise UnsupportedModelError(why, "serve it with --parallel 1")
 
 
-class MLXSlot(CachedModel):
-    """One sequence of an MLXSlots batch, as a Backend (text, templates and facts from the target)."""
+class MLXSlot(Slot):
+    """One sequence of an MLXSlots batch, as a Backend (slots.Slot: text, templates and facts from the target)."""
 
     def __init__(self, owner: MLXSlots, index: int, n_ctx: int) -> None:
+        super().__init__(owner.target, index, n_ctx)
         self._owner = owner
-        self.index = index
-        target = owner.target
-        self._info = replace(target.info, n_ctx=n_ctx)
-        self._n_vocab = target.n_vocab
-        self._eog = target.eog_ids
-        self._tokens: list[int] = []
-        self.rollback_routes: Counter[str] = Counter()
-
-    def vocab_info(self) -> VocabInfo:
-        return self._owner.target.vocab_info()
-
-    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        return self._owner.target.tokenize(text, add_special=add_special, parse_special=parse_special)
-
-    def detokenizer(self) -> Detokenizer | ByteDetokenizer:
-        return self._owner.target.detokenizer()
-
-    def token_table(self) -> TokenTable:
-        return self._owner.target.token_table()
-
-    def chat_template(self) -> str | None:
-        return self._owner.target.chat_template()
-
-    def apply_chat_template(
-        self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True, template: str | None = None,
-        tools: Sequence[dict[str, Any]] | None = None, variables: Mapping[str, Any] | None = None,
-    ) -> str:  # fmt: skip
-        return self._owner.target.apply_chat_template(
-            messages, add_generation_prompt=add_generation_prompt, template=template, tools=tools, variables=variables
-        )
 
     def forward(self, tokens: Sequence[int], *, all_logits: bool = True) -> np.ndarray:
         """Append tokens to this slot alone (a prompt: CHUNK tokens per forward)."""
@@ -264,32 +233,7 @@ class MLXSlot(CachedModel):
             rows.append(self._owner._forward([(self.index, tokens[start : start + CHUNK])], all_logits=all_logits)[0])
         return np.concatenate(rows) if all_logits else rows[-1]
 
-    def check_room(self, n: int) -> None:
-        self._check_room(n, "raise --n-ctx (memory permitting), or lower --max-tokens")
-
-    def appended(self, tokens: Sequence[int]) -> None:
-        self._tokens.extend(int(t) for t in tokens)
-
-    def replaced(self, tokens: Sequence[int]) -> None:
-        """The slot's rows now hold `tokens` (MLXSlots.share)."""
-        self._tokens = [int(t) for t in tokens]
-
-    def _route(self, n_keep: int) -> RollbackRoute:
-        return rollback_route(len(self._tokens), n_keep, recurrent=False)
-
-    def _refused_state(self) -> str:
-        return "it keeps no recurrent state"
-
     def rollback(self, n_keep: int) -> None:
         if self._rollback_route(n_keep) == "none":
             return
         del self._tokens[n_keep:]  # the cells above are masked until overwritten
-
-    def checkpoint(self) -> None:
-        return None  # cut back by length
-
-    def abort(self, on: bool = True) -> None:
-        self._owner.target.abort(on)
-
-    def close(self) -> None:
-        return None  # the owner holds the buffers
