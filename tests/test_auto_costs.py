@@ -316,3 +316,24 @@ def test_auto_forecasts_its_lookup_copy_for_the_crowd_policy() -> None:
     assert copy is not None and 1 <= len(copy) <= 8 and all(0.0 < a < 1.0 for a in copy)
     assert drafter.forecast([*text, *text[:4]], 0) is None
     assert drafter.forecast([1, 2, 3, 4], 8) is None  # nothing to copy
+
+
+def test_a_forecast_lookup_is_the_rounds_draft_made_once() -> None:
+    """The round after a forecast drafts from the same lookup (a lookup moves the suffix drafter's anchor, so a
+    second one for the same context could differ)."""
+    from localspec.sampling import SamplingParams
+
+    ngram = auto_lookup()
+    calls: list[int] = []
+    lookup = ngram.lookup
+    ngram.lookup = lambda context, k: calls.append(k) or lookup(context, k)  # type: ignore[method-assign]
+    drafter = AutoDrafter(ngram=ngram)
+    text = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
+    context = [*text, *text[:4]]
+    drafter.prepare(context, 8)
+    copy = drafter.forecast(context, 8)
+    assert copy is not None and calls == [8]
+    drafter.propose(context, 2, SamplingParams(temperature=0.0), np.random.default_rng(0))
+    assert calls == [8]  # no second lookup for this context
+    drafter.propose([*context, 9], 2, SamplingParams(temperature=0.0), np.random.default_rng(0))
+    assert len(calls) == 2  # another context: a lookup of its own

@@ -35,6 +35,7 @@ API_KEY_ENV = "LOCALSPEC_API_KEY"
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
+    from localspec.backends.base import Backend
     from localspec.pipeline import Pipeline
     from localspec.server.crowd_scheduler import Slots
 
@@ -187,13 +188,7 @@ def open_slots(pipeline: Pipeline, parallel: int) -> Slots | None:
     on the target's weights, on MLX a batched cache for the target's own model."""
     if parallel <= 1:
         return None
-    if pipeline.target.info.backend == "mlx":
-        from localspec.backends.mlx_multi import MLXSlots
-
-        return MLXSlots(pipeline.target, parallel, pipeline.target.n_ctx)  # type: ignore[arg-type]
-    from localspec.backends.llama_multi import LlamaSlots
-
-    return LlamaSlots(pipeline.target, parallel, pipeline.target.n_ctx)  # type: ignore[arg-type]
+    return _slots_of(pipeline.target, parallel)
 
 
 def open_draft_slots(pipeline: Pipeline, parallel: int) -> Slots | str | None:
@@ -204,17 +199,21 @@ def open_draft_slots(pipeline: Pipeline, parallel: int) -> Slots | str | None:
         return None
     from localspec.errors import UnsupportedModelError
 
-    draft = pipeline.draft_slot.get()
     try:
-        if draft.info.backend == "mlx":
-            from localspec.backends.mlx_multi import MLXSlots
-
-            return MLXSlots(draft, parallel, draft.n_ctx)  # type: ignore[arg-type]
-        from localspec.backends.llama_multi import LlamaSlots
-
-        return LlamaSlots(draft, parallel, draft.n_ctx)  # type: ignore[arg-type]
+        return _slots_of(pipeline.draft_slot.get(), parallel)
     except UnsupportedModelError as e:
         return e.message
+
+
+def _slots_of(model: Backend, parallel: int) -> Slots:
+    """`parallel` slots on a loaded model, each as long as its context, by its backend."""
+    if model.info.backend == "mlx":
+        from localspec.backends.mlx_multi import MLXSlots
+
+        return MLXSlots(model, parallel, model.n_ctx)  # type: ignore[arg-type]
+    from localspec.backends.llama_multi import LlamaSlots
+
+    return LlamaSlots(model, parallel, model.n_ctx)  # type: ignore[arg-type]
 
 
 def _gpu_offload() -> bool:

@@ -98,6 +98,7 @@ class AutoDrafter:
         if ngram is None and model is None:
             raise ValueError("auto drafting needs a lookup drafter, a model drafter, or both")
         self.ngram = ngram  # any lookup drafter (suffix or n-gram): one-hot drafts, Draft.order = match length
+        self._forecast: tuple[int, int, int, Draft] | None = None  # (context length, last token, k, its lookup)
         self.model = model
         self.target = target
         self.clock = clock
@@ -241,12 +242,24 @@ class AutoDrafter:
         """The acceptance expected at each position of the lookup draft `context` has now (auto's learnt
         acceptance by match length, over the tokens the lookup would copy); None when it has none. serve
         --parallel's crowd policy sizes this sequence's share of a pass from it (decoding/crowd.py)."""
-        if self.ngram is None or k <= 0:
+        lookup = getattr(self.ngram, "lookup", None)  # a suffix drafter's ungated draft
+        if lookup is None or k <= 0:
             return None
-        d = self.ngram.lookup(context, k)
+        d = lookup(context, k)
+        self._forecast = (len(context), context[-1], k, d)  # propose takes it from here: one lookup a round
         if not d.tokens:
             return None
         return tuple(self.controller.ngram_acceptance(d.order + i).alpha for i in range(len(d.tokens)))
+
+    def _lookup(self, context: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator) -> Draft:
+        """The lookup draft for this round: the one forecast() found for this context, cut to k, or a new one
+        (a lookup moves the suffix drafter's anchor, so it is not made twice for one context)."""
+        assert self.ngram is not None
+        cached, self._forecast = self._forecast, None
+        if cached is not None and cached[:2] == (len(context), context[-1]) and k <= cached[2]:
+            d = cached[3]
+            return replace(d, tokens=list(d.tokens[:k])) if len(d.tokens) > k else d
+        return self.ngram.propose(context, k, sampling, rng)
 
     def propose(
         self, context: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator, *, min_confidence: float = 0.0
@@ -255,7 +268,7 @@ class AutoDrafter:
         self._order = 0
         if self.ngram is not None and k > 0:
             self._grade_shadows(context)
-            ng = self.ngram.propose(context, k, sampling, rng)
+            ng = self._lookup(context, k, sampling, rng)
             self._order = ng.order if ng.tokens else 0
         self._setup_s = 0.0
         self._context = len(context)

@@ -25,8 +25,7 @@ layers), it serves one sequence at a time: the first request that asks for it ge
 for it while it is taken draft by lookup instead (auto without its model for `auto`, which keeps choosing
 lookups or none by their measured worth; n-gram lookup for the others: their stats say `ngram`). Heads read the target's hidden states, which
 the slots do not capture: a head method is refused under --parallel (serve.resolve_parallel, a 400 per
-request), and `auto` whose draft is a head drafts without it. One draft-model context per slot would need the draft's
-cache rollback per sequence as well; on a CPU the crowd policy rarely buys model drafts for a full batch.
+request), and `auto` whose draft is a head drafts without it.
 
 A sequence whose drafter read the suffix memory (suffix, auto) writes its prompt and answer there when it
 ends, as a single generation does; each keeps its own claim (SuffixMemory.take_claim).
