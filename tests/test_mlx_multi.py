@@ -18,12 +18,13 @@ pytest.importorskip("mlx_lm")
 
 import mlx_tiny
 from head_chi import expected_joint
+from test_llama_multi import _drive  # decode jobs together to the end
 from test_verify import joint_check
 
 from localspec.backends import mlx as mb
 from localspec.backends.mlx_multi import MLXSlots
 from localspec.decoding.drafters import ModelDrafter, NgramDrafter
-from localspec.decoding.engine import CrowdDecoder, Done, Event, GenerationConfig, Job, generate
+from localspec.decoding.engine import CrowdDecoder, Done, GenerationConfig, Job, generate
 from localspec.errors import UnsupportedModelError
 from localspec.sampling import SamplingParams
 
@@ -105,16 +106,6 @@ def test_a_shared_prefix_answers_as_read_and_outlives_its_donors_cut(loaded: Any
     np.testing.assert_allclose(shared, _alone(target, prefix)[-1:], atol=1e-4)
     with pytest.raises(ValueError):
         slots.share(1, 2, 1)  # slot 1 holds nothing
-
-
-def _drive(crowd: CrowdDecoder, jobs: dict[int, Job], sizes: set[int] | None = None) -> dict[int, Done]:
-    events: dict[int, list[Event]] = {key: crowd.add(key, job) for key, job in jobs.items()}
-    while crowd.members:
-        for key, event in crowd.step():
-            events[key].append(event)
-        if sizes is not None and crowd.last_pass is not None:
-            sizes.add(crowd.last_pass.n_sequences)
-    return {key: evs[-1] for key, evs in events.items()}  # type: ignore[misc]
 
 
 def test_greedy_answers_together_equal_each_alone(loaded: Any) -> None:
