@@ -39,7 +39,7 @@ from serve_process import ServeProcess, free_port  # noqa: E402
 
 PROJECT: dict[str, str] = {
     "README.md": "# stockroom\n\nTracks what is on the shelves. `python -m pytest tests` runs the tests.\n",
-    "stockroom/stock.py": '''class Stock:
+    "stockroom/stock.py": """class Stock:
     def __init__(self):
         self.counts = {}
 
@@ -48,8 +48,8 @@ PROJECT: dict[str, str] = {
 
     def take(self, name, n):
         self.counts[name] = self.counts.get(name, 0) - n
-''',
-    "stockroom/report.py": '''def report(stock):
+""",
+    "stockroom/report.py": """def report(stock):
     lines = []
     for name in sorted(stock.counts):
         count = stock.counts[name]
@@ -59,8 +59,8 @@ PROJECT: dict[str, str] = {
 
 def total(stock):
     return sum(stock.counts.values())
-''',
-    "tests/test_report.py": '''from stockroom.report import report
+""",
+    "tests/test_report.py": """from stockroom.report import report
 from stockroom.stock import Stock
 
 
@@ -70,7 +70,7 @@ def test_report_skips_empty_shelves():
     s.add("nuts", 2)
     s.take("nuts", 2)
     assert report(s) == "bolts: 3"
-''',
+""",
 }
 
 SYSTEM = (
@@ -211,7 +211,9 @@ def _complete(arguments: str) -> bool:
         return False
 
 
-def _request(client: Any, model: str, messages: list[dict[str, Any]], max_tokens: int, choice: str, tally: Tally) -> Any:
+def _request(
+    client: Any, model: str, messages: list[dict[str, Any]], max_tokens: int, choice: str, tally: Tally
+) -> Any:
     t0 = time.perf_counter()
     resp = client.chat.completions.create(model=model, messages=messages, tools=tool_schemas(), tool_choice=choice,
                                           max_tokens=max_tokens, temperature=0, seed=0)  # fmt: skip
@@ -230,7 +232,9 @@ class LlamaServer(ServeProcess):
         self.url = f"http://127.0.0.1:{self.port}"
         self.api_key = None
         self._log = tempfile.NamedTemporaryFile("w+", prefix="llama-server-", suffix=".log", delete=False)
-        self.proc = subprocess.Popen([binary, *argv, "--port", str(self.port)], stdout=self._log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            [binary, *argv, "--port", str(self.port)], stdout=self._log, stderr=subprocess.STDOUT
+        )
         self._wait_ready(300)
 
 
@@ -250,8 +254,20 @@ def peers(args: argparse.Namespace) -> list[Peer]:
     if args.llama_server:
         spec = {"llama plain": [], "llama ngram-mod": ["--spec-type", "ngram-mod", "--spec-draft-n-max", "16"]}
         for label, flags in spec.items():
-            argv = ["-m", args.target, "-t", str(args.threads), "-tb", str(args.threads), "-c", str(args.n_ctx),
-                    "--jinja", "-np", "1", *flags]  # fmt: skip (OpenAI routes, tools through --jinja)
+            argv = [
+                "-m",
+                args.target,
+                "-t",
+                str(args.threads),
+                "-tb",
+                str(args.threads),
+                "-c",
+                str(args.n_ctx),
+                "--jinja",
+                "-np",
+                "1",
+                *flags,
+            ]  # fmt: skip (OpenAI routes, tools through --jinja)
             out.append(Peer(label, lambda a=argv: LlamaServer(args.llama_server, a)))
     return out
 
@@ -280,7 +296,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", required=True)
     ap.add_argument("--draft", help="a draft model: adds it to auto and enables the `model` method")
-    ap.add_argument("--methods", default="none,suffix,auto", help="localspec --draft-method values (default: %(default)s)")
+    ap.add_argument(
+        "--methods", default="none,suffix,auto", help="localspec --draft-method values (default: %(default)s)"
+    )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--n-ctx", type=int, default=4096)
     ap.add_argument("--max-tokens", type=int, default=200, help="per forced tool call; the closing answer gets half")

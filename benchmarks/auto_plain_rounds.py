@@ -15,10 +15,10 @@ import argparse
 import statistics
 
 from localspec.decoding.engine import Done, GenerationConfig
-from localspec.sampling import SamplingParams
 from localspec.decoding.stats import RoundStats
 from localspec.options import ModelOptions
 from localspec.pipeline import load_pipeline
+from localspec.sampling import SamplingParams
 
 PROMPT = "Explain to someone new to programming why version control matters, in three short paragraphs."
 
@@ -40,7 +40,9 @@ def main() -> None:
         for rep in range(args.reps):
             for method in ("none", "auto") if rep % 2 == 0 else ("auto", "none"):
                 drafter = pipe.new_drafter(method)
-                cfg = GenerationConfig(max_tokens=args.max_tokens, num_draft=32 if method == "auto" else 0, sampling=SamplingParams())
+                cfg = GenerationConfig(
+                    max_tokens=args.max_tokens, num_draft=32 if method == "auto" else 0, sampling=SamplingParams()
+                )
                 rounds: list[RoundStats] = []
                 done = None
                 for event in pipe.generate(args.prompt, cfg, drafter=drafter):

@@ -61,7 +61,9 @@ def main() -> None:
         print(f"rep {rep + 1}: " + "; ".join(line), flush=True)
     m_none, m_auto = statistics.median(walls["none"]), statistics.median(walls["auto"])
     print(f"median wall: none {m_none:.2f} s, auto {m_auto:.2f} s, auto/none {m_auto / m_none:.3f}x")
-    print(f"median load+exit: none {statistics.median(rests['none']):.2f} s, auto {statistics.median(rests['auto']):.2f} s")
+    print(
+        f"median load+exit: none {statistics.median(rests['none']):.2f} s, auto {statistics.median(rests['auto']):.2f} s"
+    )
     ratios = [a / n for a, n in zip(walls["auto"], walls["none"])]
     print(f"per-pair auto/none: {', '.join(f'{r:.3f}' for r in ratios)} (median {statistics.median(ratios):.3f})")
 

@@ -26,7 +26,9 @@ def engine_tps(target, tokens: list[int], n: int) -> tuple[float, int]:  # type:
     from localspec.sampling import SamplingParams
 
     done = None
-    for ev in generate(target, NoDrafter(), tokens, GenerationConfig(max_tokens=n, num_draft=0, sampling=SamplingParams())):
+    for ev in generate(
+        target, NoDrafter(), tokens, GenerationConfig(max_tokens=n, num_draft=0, sampling=SamplingParams())
+    ):
         if isinstance(ev, Done):
             done = ev
     assert done is not None
@@ -64,8 +66,14 @@ def main() -> None:
     threads = args.threads or os.cpu_count() or 1
     target = backend.load(args.model, n_ctx=args.n_ctx, threads=threads, n_gpu_layers=-1)
     llm = llama_cpp.Llama(
-        model_path=args.model, n_ctx=args.n_ctx, n_threads=threads, n_threads_batch=threads, n_batch=512,
-        n_ubatch=512, n_gpu_layers=-1, verbose=False,
+        model_path=args.model,
+        n_ctx=args.n_ctx,
+        n_threads=threads,
+        n_threads_batch=threads,
+        n_batch=512,
+        n_ubatch=512,
+        n_gpu_layers=-1,
+        verbose=False,
     )
     tokens = target.tokenize(PROMPT, add_special=True, parse_special=True)
     # Warm-up both (and fix n to what the engine generates before an end-of-generation token).

@@ -20,38 +20,60 @@ from serve_process import ServeProcess  # noqa: E402
 Q05, Q15 = str(fetch("qwen-0.5b")), str(fetch("qwen-1.5b"))
 CASES = {
     "add": ("def add(a, b):\n    ", "\n\nprint(add(1, 2))\n"),
-    "vector": ("class Vector:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n\n"
-               "    def __add__(self, other):\n        return Vector(self.x + other.x, self.y + other.y)\n\n"
-               "    def __sub__(self, other):\n        ",
-               "\n\n    def __mul__(self, k):\n        return Vector(self.x * k, self.y * k)\n\n"
-               "    def __neg__(self):\n        return Vector(-self.x, -self.y)\n"),
-    "tests": ("import unittest\n\nclass TestMath(unittest.TestCase):\n    def test_add(self):\n"
-              "        self.assertEqual(add(1, 2), 3)\n        self.assertEqual(add(-1, 1), 0)\n"
-              "        self.assertEqual(add(0, 0), 0)\n\n    def test_sub(self):\n        ",
-              "\n\n    def test_mul(self):\n        self.assertEqual(mul(2, 3), 6)\n"
-              "        self.assertEqual(mul(-1, 1), -1)\n        self.assertEqual(mul(0, 5), 0)\n"),
-    "config": ("class Config:\n    def __init__(self, host, port, user, password, database, timeout, retries):\n"
-               "        ",
-               "\n\n    def url(self):\n"
-               "        return f\"{self.user}:{self.password}@{self.host}:{self.port}/{self.database}\"\n\n"
-               "    def __repr__(self):\n"
-               "        return (f\"Config(host={self.host!r}, port={self.port!r}, user={self.user!r}, \"\n"
-               "                f\"timeout={self.timeout!r}, retries={self.retries!r})\")\n"),
+    "vector": (
+        "class Vector:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n\n"
+        "    def __add__(self, other):\n        return Vector(self.x + other.x, self.y + other.y)\n\n"
+        "    def __sub__(self, other):\n        ",
+        "\n\n    def __mul__(self, k):\n        return Vector(self.x * k, self.y * k)\n\n"
+        "    def __neg__(self):\n        return Vector(-self.x, -self.y)\n",
+    ),
+    "tests": (
+        "import unittest\n\nclass TestMath(unittest.TestCase):\n    def test_add(self):\n"
+        "        self.assertEqual(add(1, 2), 3)\n        self.assertEqual(add(-1, 1), 0)\n"
+        "        self.assertEqual(add(0, 0), 0)\n\n    def test_sub(self):\n        ",
+        "\n\n    def test_mul(self):\n        self.assertEqual(mul(2, 3), 6)\n"
+        "        self.assertEqual(mul(-1, 1), -1)\n        self.assertEqual(mul(0, 5), 0)\n",
+    ),
+    "config": (
+        "class Config:\n    def __init__(self, host, port, user, password, database, timeout, retries):\n        ",
+        "\n\n    def url(self):\n"
+        '        return f"{self.user}:{self.password}@{self.host}:{self.port}/{self.database}"\n\n'
+        "    def __repr__(self):\n"
+        '        return (f"Config(host={self.host!r}, port={self.port!r}, user={self.user!r}, "\n'
+        '                f"timeout={self.timeout!r}, retries={self.retries!r})")\n',
+    ),
 }
 setups = {"0.5b": ["--target", Q05], "1.5b+0.5b": ["--target", Q15, "--draft", Q05]}
 
 
 def main(name: str, methods: list[str]) -> None:
-    s = ServeProcess(*setups[name], "--draft-method", "auto", "--n-ctx", "2048", "--threads", "2", "--model-name", "m",
-                     "--no-suffix-memory")
+    s = ServeProcess(
+        *setups[name],
+        "--draft-method",
+        "auto",
+        "--n-ctx",
+        "2048",
+        "--threads",
+        "2",
+        "--model-name",
+        "m",
+        "--no-suffix-memory",
+    )
     try:
         c = s.client()
         c.completions.create(model="m", prompt="Hello, my name is", max_tokens=8, temperature=0)  # warm-up
         for case, (p, suf) in CASES.items():
             texts = set()
             for method in methods:
-                r = c.completions.create(model="m", prompt=p, suffix=suf, max_tokens=96, temperature=0, stop=["\n\n"],
-                                         extra_body={"speculative": {"method": method}})
+                r = c.completions.create(
+                    model="m",
+                    prompt=p,
+                    suffix=suf,
+                    max_tokens=96,
+                    temperature=0,
+                    stop=["\n\n"],
+                    extra_body={"speculative": {"method": method}},
+                )
                 t = r.model_extra["timings"]
                 texts.add(r.choices[0].text)
                 row = {"setup": name, "method": method, "case": case, "n": t["predicted_n"],

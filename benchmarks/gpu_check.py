@@ -132,15 +132,21 @@ def parse_args() -> Settings:
     ap.add_argument("--payload", type=Path, default=DEFAULT_PAYLOAD)
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "gpu_check_out"))
     ap.add_argument("--work", type=Path, default=Path("/tmp/localspec-gpu-check"), help="build tree and models")
-    ap.add_argument("--lib-dir", type=Path, help="reuse this folder's libllama.so (and its ggml libraries): no library build")
+    ap.add_argument(
+        "--lib-dir", type=Path, help="reuse this folder's libllama.so (and its ggml libraries): no library build"
+    )
     ap.add_argument("--tools-dir", type=Path, help="reuse this folder's llama-speculative-simple: no tools build")
     ap.add_argument("--no-tools", action="store_true", help="skip llama-speculative-simple (build and comparison)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--tokens", type=int, default=128, help="tokens per generation run")
     ap.add_argument("--reps", type=int, default=3, help="timed passes per batch size; repetitions of each comparison")
     ap.add_argument("--sizes", default=None, help="batch sizes to time (default 1..64; --cpu: a sparse 1..64)")
-    ap.add_argument("--budget-s", type=float, default=None, help="skip later targets once this much time has passed "
-                    "(default: 450 s on a GPU, none with --cpu)")
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="skip later targets once this much time has passed (default: 450 s on a GPU, none with --cpu)",
+    )
     ap.add_argument("--reuse-models", action="store_true", help="keep Q4_K_M models already in --work (a second run)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel build jobs")
     a = ap.parse_args()
@@ -208,7 +214,10 @@ def cuda_arch() -> str:
     """The present GPU's compute capability as CMake wants it (90 for Hopper); 90 when it cannot tell."""
     try:
         out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True, text=True, timeout=30
+            ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
         ).stdout.split()
         return out[0].replace(".", "") if out else "90"
     except (OSError, subprocess.SubprocessError):
@@ -451,7 +460,13 @@ def measure_target(s: Settings, target_path: Path, draft_path: Path, tool: Path 
         target.rollback(0)
         target.forward(prompt, all_logits=False)
         costs = measure(
-            target, ModelDrafter(draft), prompt, max_batch=max(s.sizes), sizes=s.sizes, reps=s.reps, stat=statistics.median
+            target,
+            ModelDrafter(draft),
+            prompt,
+            max_batch=max(s.sizes),
+            sizes=s.sizes,
+            reps=s.reps,
+            stat=statistics.median,
         ).costs
         result["target_s"] = {str(n): costs.target_s(n) for n in s.sizes}
         result["draft_token_s"] = costs.draft_token
@@ -500,7 +515,9 @@ def plain_vs_llama_cpp_python(s: Settings, target: Any, path: Path, prompt: list
         llm.close()
     out = {"tokens": n, "engine_tps": ours, "llama_cpp_python_tps": theirs,
            "ratio": statistics.median(a / b for a, b in zip(ours, theirs))}  # fmt: skip
-    log(f"plain decoding: engine {statistics.median(ours):.1f} tok/s, llama-cpp-python {statistics.median(theirs):.1f} tok/s")
+    log(
+        f"plain decoding: engine {statistics.median(ours):.1f} tok/s, llama-cpp-python {statistics.median(theirs):.1f} tok/s"
+    )
     return out
 
 
@@ -577,7 +594,9 @@ def run_speculative_simple(s: Settings, tool: Path, model: Path, prompt: str, k:
         if proc.returncode != 0 or m is None:
             return {"error": f"exit {proc.returncode}", "log_tail": text.splitlines()[-15:]}
         stats = {key: float(v) for key, v in re.findall(r"(n_drafted|n_accept|n_predict)\s*=\s*([\d.]+)", text)}
-        runs.append({"tokens": int(m.group(1)), "decode_s": float(m.group(2)), "decode_tps": float(m.group(3)), **stats})
+        runs.append(
+            {"tokens": int(m.group(1)), "decode_s": float(m.group(2)), "decode_tps": float(m.group(3)), **stats}
+        )
     best = sorted(runs, key=lambda r: r["decode_tps"])[len(runs) // 2]
     log(f"llama-speculative-simple k={k}: {best['decode_tps']:.1f} tok/s")
     return {"median": best, "runs": runs}
@@ -673,7 +692,9 @@ def table_lines(r: Report) -> list[str]:
                 lines.append(f"                 llama-speculative-simple failed: {sim.get('error')}")
         lines.append("acceptance  best k  speedup allowed (model passes)  best k  with localspec's overhead")
         for a, v in t.get("allowed_speedup", {}).items():
-            lines.append(f"{float(a):10.2f}  {v['k']:6d}  {v['bound']:29.2f}x  {v['k_with_overhead']:6d}  {v['with_overhead']:24.2f}x")
+            lines.append(
+                f"{float(a):10.2f}  {v['k']:6d}  {v['bound']:29.2f}x  {v['k_with_overhead']:6d}  {v['with_overhead']:24.2f}x"
+            )
     lines += [f"note: {n}" for n in r.notes]
     return lines
 

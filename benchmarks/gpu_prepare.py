@@ -55,8 +55,12 @@ TOKENIZER_KEYS = (
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sdist", type=Path, help="llama-cpp-python sdist (.tar.gz or unpacked); default: pip download it")
-    ap.add_argument("--no-sources", action="store_true", help="no llama.cpp sources (a run that reuses a built library)")
-    ap.add_argument("--tokenizer-from", type=Path, help="GGUF to take the tokenizer from (default: the qwen-0.5b fixture)")
+    ap.add_argument(
+        "--no-sources", action="store_true", help="no llama.cpp sources (a run that reuses a built library)"
+    )
+    ap.add_argument(
+        "--tokenizer-from", type=Path, help="GGUF to take the tokenizer from (default: the qwen-0.5b fixture)"
+    )
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = ap.parse_args()
     size = prepare(args.out, sdist=args.sdist, sources=not args.no_sources, tokenizer_from=args.tokenizer_from)
@@ -114,7 +118,11 @@ def trim_llama_cpp(src: Path, dst: Path) -> None:
 
 
 def _other_backends(src: Path) -> list[str]:
-    return [p.name for p in (src / "ggml/src").iterdir() if p.is_dir() and p.name.startswith("ggml-") and p.name not in GGML_BACKENDS]
+    return [
+        p.name
+        for p in (src / "ggml/src").iterdir()
+        if p.is_dir() and p.name.startswith("ggml-") and p.name not in GGML_BACKENDS
+    ]
 
 
 def copy_any(src: Path, dst: Path, skip: tuple[str, ...] = ()) -> None:
@@ -137,7 +145,6 @@ def copy_installed_bindings(site: Path) -> None:
 
 def copy_localspec(dst: Path) -> None:
     copy_tree(ROOT / "localspec", dst, skip=("__pycache__",))
-    copy_tree(ROOT / "backends", dst / "backends", skip=("__pycache__",))
 
 
 def copy_pure_package(name: str, site: Path) -> None:

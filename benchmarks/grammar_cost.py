@@ -91,12 +91,16 @@ def main() -> None:
             applies.append(t2 - t1)
             consumes.append(t3 - t2)
     print(f"vocabulary: {backend.info.name}, {backend.n_vocab:,} tokens")
-    print(f"tokenizer build (once per model): {t_tok * 1e3:.0f} ms; "
-          f"schema compile + first matcher: {t_compile * 1e3:.1f} ms")
+    print(
+        f"tokenizer build (once per model): {t_tok * 1e3:.0f} ms; "
+        f"schema compile + first matcher: {t_compile * 1e3:.1f} ms"
+    )
     print(f"answer: {len(tokens)} tokens, walked {args.repeat} times")
     for name, xs in (("mask", masks), ("apply", applies), ("consume", consumes)):
-        print(f"  {name:8s} mean {statistics.mean(xs) * 1e3:.3f} ms  median {statistics.median(xs) * 1e3:.3f} ms  "
-              f"p90 {sorted(xs)[int(0.9 * len(xs))] * 1e3:.3f} ms")
+        print(
+            f"  {name:8s} mean {statistics.mean(xs) * 1e3:.3f} ms  median {statistics.median(xs) * 1e3:.3f} ms  "
+            f"p90 {sorted(xs)[int(0.9 * len(xs))] * 1e3:.3f} ms"
+        )
     total = statistics.mean(masks) + statistics.mean(applies) + statistics.mean(consumes)
     print(f"  per position, all three: {total * 1e3:.3f} ms")
     backend.close()

@@ -31,9 +31,9 @@ from localspec.backends.chat_template import choose_chat_format, conversation_te
 from localspec.bench.suites import suites
 from localspec.decoding.engine import Done, GenerationConfig, generate
 from localspec.decoding.grammar import GrammarSpec
-from localspec.sampling import SamplingParams
 from localspec.options import AUTO_MAX_K, ModelOptions
 from localspec.pipeline import load_pipeline
+from localspec.sampling import SamplingParams
 
 DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds")
 ACCEPT = re.compile(r"n_drafted\s*=\s*(\d+).*?n_accept\s*=\s*(\d+)", re.S)
@@ -44,9 +44,27 @@ def llama_lookup(
 ) -> dict:
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False, encoding="utf-8") as fh:
         fh.write(prompt)
-    cmd = [str(binary), "-m", args.target, "-f", fh.name, "-n", str(args.max_tokens), "-t", str(args.threads),
-           "-tb", str(args.threads), "--temp", "0", "--spec-draft-n-max", str(draft_max), "-c", str(args.n_ctx),
-           "-b", str(args.n_ctx)]  # fmt: skip (the tool reads the prompt in one batch: it must hold it whole)
+    cmd = [
+        str(binary),
+        "-m",
+        args.target,
+        "-f",
+        fh.name,
+        "-n",
+        str(args.max_tokens),
+        "-t",
+        str(args.threads),
+        "-tb",
+        str(args.threads),
+        "--temp",
+        "0",
+        "--spec-draft-n-max",
+        str(draft_max),
+        "-c",
+        str(args.n_ctx),
+        "-b",
+        str(args.n_ctx),
+    ]  # fmt: skip (the tool reads the prompt in one batch: it must hold it whole)
     if cache is not None:
         cmd += ["-lcd", str(cache)]
     if grammar is not None:  # llama.cpp's own JSON-schema grammar (its sampler masks every sampled token)
@@ -73,15 +91,20 @@ def main() -> None:
     ap.add_argument("--n-ctx", type=int, default=4096, help="context for both (agent-long needs 10240)")
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--draft-max", type=int, default=8, help="llama-lookup's draft length")
-    ap.add_argument("--suites", default="code-edit,agentic,code-gen,chat",
-                    help="also: structured (JSON schemas: llama-lookup gets --json-schema), agent-long (--n-ctx 10240)")
+    ap.add_argument(
+        "--suites",
+        default="code-edit,agentic,code-gen,chat",
+        help="also: structured (JSON schemas: llama-lookup gets --json-schema), agent-long (--n-ctx 10240)",
+    )
     ap.add_argument("--prompts", type=int, default=2, help="prompts (conversations) per suite")
     ap.add_argument("--reps", type=int, default=1)
     args = ap.parse_args()
     binary = Path(args.bin_dir) / "llama-lookup"
     if not binary.exists():
         raise SystemExit(f"{binary} not found: build llama.cpp's llama-lookup first (see this file's docstring)")
-    opts = ModelOptions(target=args.target, draft=args.draft, draft_method="auto", threads=args.threads, n_ctx=args.n_ctx)
+    opts = ModelOptions(
+        target=args.target, draft=args.draft, draft_method="auto", threads=args.threads, n_ctx=args.n_ctx
+    )
     pipe = load_pipeline(opts)
     for note in pipe.notes:
         print(note, file=sys.stderr)
@@ -101,7 +124,9 @@ def main() -> None:
                     for ti, turn in enumerate(turns):
                         history += turn
                         tokens = pipe.prompt_tokens(history)
-                        text = conversation_text(pipe.target, history, pipe.chat_format or choose_chat_format(pipe.target))
+                        text = conversation_text(
+                            pipe.target, history, pipe.chat_format or choose_chat_format(pipe.target)
+                        )
                         runners = ["llama plain", "llama-lookup", "localspec none", "localspec auto"]
                         shift = (rep + pi + ti) % len(runners)
                         reply = ""
@@ -113,7 +138,9 @@ def main() -> None:
                                 method = runner.split()[1]
                                 d = drafter if method == "auto" else pipe.new_drafter("none")
                                 k = AUTO_MAX_K if method == "auto" else 0
-                                cfg = GenerationConfig(max_tokens=args.max_tokens, num_draft=k, sampling=greedy, grammar=grammar)
+                                cfg = GenerationConfig(
+                                    max_tokens=args.max_tokens, num_draft=k, sampling=greedy, grammar=grammar
+                                )
                                 *_, done = generate(pipe.target, d, tokens, cfg)
                                 assert isinstance(done, Done)
                                 s = done.stats
@@ -127,7 +154,9 @@ def main() -> None:
                     drafter.close()
     finally:
         pipe.close()
-    print(f"\n{args.max_tokens} tokens, greedy, {args.threads} threads; llama-lookup --spec-draft-n-max {args.draft_max}")
+    print(
+        f"\n{args.max_tokens} tokens, greedy, {args.threads} threads; llama-lookup --spec-draft-n-max {args.draft_max}"
+    )
     print(f"{'suite':<11}{'llama plain':>12}{'llama-lookup':>14}{'ls none':>9}{'ls auto':>9}{'auto/lookup':>13}")
     for name in args.suites.split(","):
         med = {}
@@ -139,7 +168,9 @@ def main() -> None:
         print(f"{name:<11}{med['llama plain']:>12.1f}{med['llama-lookup'] / med['llama plain']:>10.2f}x {acc:>3.0%}"
               f"{med['localspec none']:>9.1f}{med['localspec auto'] / med['localspec none']:>8.2f}x"
               f"{(med['localspec auto'] / med['localspec none']) / (med['llama-lookup'] / med['llama plain']):>12.2f}x")  # fmt: skip
-    print("(llama-lookup: speedup over llama plain and acceptance; ls auto: speedup over ls none; auto/lookup: the two speedups' ratio)")
+    print(
+        "(llama-lookup: speedup over llama plain and acceptance; ls auto: speedup over ls none; auto/lookup: the two speedups' ratio)"
+    )
 
 
 if __name__ == "__main__":

@@ -35,7 +35,9 @@ def bench(args: argparse.Namespace, family: str, draft: str) -> dict:  # type: i
 
 
 def table(results: list[dict]) -> None:  # type: ignore[type-arg]
-    print(f"\n{'family':<8} {'suite':<10} {'method':<12} {'tok/s':>8} {'speedup':>8} {'accept':>7}  by position / auto chose")
+    print(
+        f"\n{'family':<8} {'suite':<10} {'method':<12} {'tok/s':>8} {'speedup':>8} {'accept':>7}  by position / auto chose"
+    )
     for r in results:
         if "error" in r:
             print(f"{r['family']:<8} {r['error']}")

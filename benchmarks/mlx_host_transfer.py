@@ -85,8 +85,8 @@ def main() -> int:
     import mlx.core as mx
 
     from localspec.backends import mlx as backend
-    from localspec.sampling import SamplingParams, probabilities
     from localspec.decoding.verify import verify_exact
+    from localspec.sampling import SamplingParams, probabilities
 
     tmp = None
     if args.model is None:

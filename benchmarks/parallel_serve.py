@@ -17,7 +17,7 @@ the crowd policy decides from the same curve, measured again inside the server a
         [--llama-server /work/tools/llama.cpp/build/bin/llama-server] [--configs a,b,c,c-auto,d]
     python benchmarks/parallel_serve.py --backend mlx --target MLX_DIR [--draft MLX_DIR] --configs a,b,c,c-auto
 
-On MLX the pass is right-padded (backends/mlx_multi.py): the replay plans with rows x the longest draft.
+On MLX the pass is right-padded (localspec/backends/mlx_multi.py): the replay plans with rows x the longest draft.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ PLAIN = (
     "Write a haiku about autumn leaves, then explain it.",
     "List five tips for writing readable code.",
 )
-CODE = '''def load(path):
+CODE = """def load(path):
     with open(path) as f:
         rows = [line.strip().split(",") for line in f]
     header, body = rows[0], rows[1:]
@@ -51,7 +51,7 @@ CODE = '''def load(path):
 
 def total(rows, key):
     return sum(float(row[key]) for row in rows if row.get(key))
-'''
+"""
 COPY = tuple(
     f"Here is a file:\n\n{CODE}\nRepeat the file exactly, {change}. Output only the code."
     for change in ("renaming `rows` to `records`", "adding a docstring to each function",
@@ -147,7 +147,9 @@ def measure_t(
         t.close()
 
 
-def run_localspec(args: argparse.Namespace, label: str, parallel: int, method: str, prompts: tuple[str, ...]) -> RunResult:
+def run_localspec(
+    args: argparse.Namespace, label: str, parallel: int, method: str, prompts: tuple[str, ...]
+) -> RunResult:
     extra = ["--draft", args.draft] if method in ("auto", "model") and args.draft else []
     s = ServeProcess("--backend", args.backend, "--target", args.target, *extra, "--draft-method", method,
                      "--parallel", str(parallel),
@@ -167,7 +169,9 @@ def run_llama_server(args: argparse.Namespace, prompts: tuple[str, ...]) -> RunR
     s = LlamaServer(args.llama_server, argv)
     try:
         crowd(s.url, prompts[:1], 4)
-        return RunResult(f"llama-server -np 4{' + draft' if args.draft else ''}", crowd(s.url, prompts, args.max_tokens))
+        return RunResult(
+            f"llama-server -np 4{' + draft' if args.draft else ''}", crowd(s.url, prompts, args.max_tokens)
+        )
     finally:
         s.close()
 

@@ -17,9 +17,9 @@ from pathlib import Path
 from localspec.backends.base import ChatMessage, chat_prompt_tokens
 from localspec.bench.suites import suites
 from localspec.decoding.engine import Done, GenerationConfig
-from localspec.sampling import SamplingParams
 from localspec.options import ModelOptions
 from localspec.pipeline import load_pipeline
+from localspec.sampling import SamplingParams
 
 SUITES = ("agentic", "code-edit", "code-gen", "chat")
 
@@ -63,7 +63,9 @@ def main() -> None:
     ap.add_argument("--suites", default=",".join(SUITES))
     args = ap.parse_args()
     data = record(args.target, args.max_tokens, args.threads, args.suites.split(","))
-    Path(args.out).write_text(json.dumps({"target": Path(args.target).name, "max_tokens": args.max_tokens, "suites": data}))
+    Path(args.out).write_text(
+        json.dumps({"target": Path(args.target).name, "max_tokens": args.max_tokens, "suites": data})
+    )
 
 
 if __name__ == "__main__":

@@ -28,14 +28,16 @@ from localspec.decoding.auto import AutoDrafter, auto_lookup  # noqa: E402
 from localspec.decoding.drafters import NgramDrafter, NoDrafter  # noqa: E402
 from localspec.decoding.engine import Done, GenerationConfig, generate  # noqa: E402
 from localspec.decoding.policy import CostModel  # noqa: E402
-from localspec.sampling import SamplingParams  # noqa: E402
 from localspec.decoding.suffix import SuffixDrafter  # noqa: E402
+from localspec.sampling import SamplingParams  # noqa: E402
 
 CURVE = {1: 1.0, 2: 1.8, 4: 2.95, 8: 6.8, 16: 8.2, 32: 15.0, 64: 25.0}
 
 ANSWERS = {
     "code-edit #1": "```python\n"
-    + _EDIT_SOURCE.replace("    return ranked[:n]\n", "    ranked = [item for item in ranked if item[1] != 0]\n    return ranked[:n]\n")
+    + _EDIT_SOURCE.replace(
+        "    return ranked[:n]\n", "    ranked = [item for item in ranked if item[1] != 0]\n    return ranked[:n]\n"
+    )
     + "```",
     "code-edit #2": "```python\n"
     + _EDIT_SOURCE_2.replace(

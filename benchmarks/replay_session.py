@@ -33,10 +33,19 @@ from localspec.decoding.auto import AutoDrafter  # noqa: E402
 from localspec.decoding.drafters import Drafter, NoDrafter  # noqa: E402
 from localspec.decoding.engine import Done, GenerationConfig, generate  # noqa: E402
 from localspec.decoding.policy import CostModel  # noqa: E402
-from localspec.sampling import SamplingParams  # noqa: E402
 from localspec.decoding.suffix import SuffixDrafter  # noqa: E402
+from localspec.sampling import SamplingParams  # noqa: E402
 
-CURVE = {1: 1.0, 2: 1.7, 4: 2.8, 5: 3.6, 8: 7.0, 16: 8.0, 32: 14.0, 64: 25.0}  # T(n)/T(1), a 2-core CPU's measured curve
+CURVE = {
+    1: 1.0,
+    2: 1.7,
+    4: 2.8,
+    5: 3.6,
+    8: 7.0,
+    16: 8.0,
+    32: 14.0,
+    64: 25.0,
+}  # T(n)/T(1), a 2-core CPU's measured curve
 MS_PER_TOKEN = 35.0
 
 
@@ -75,7 +84,11 @@ def replay(convs: list[list[dict]], method: str, k: int, ids: dict[int, int]) ->
             prompt = [ids[v] for v in turn["prompt"]]
             answer = [ids[v] for v in turn["answer"]]
             target = CostedBackend(
-                scripted_tokens(prompt + answer, n_vocab=eog + 1, fallback=eog), clock, t, n_vocab=eog + 1, eog=frozenset({eog})
+                scripted_tokens(prompt + answer, n_vocab=eog + 1, fallback=eog),
+                clock,
+                t,
+                n_vocab=eog + 1,
+                eog=frozenset({eog}),
             )
             cfg = GenerationConfig(max_tokens=len(answer) + 1, num_draft=k, sampling=SamplingParams())
             *_, done = generate(target, drafter, prompt, cfg, clock=clock)
@@ -129,13 +142,22 @@ def main() -> None:
         CURVE.clear()
         CURVE.update(parse_curve(args.curve))
     data = json.loads(Path(args.answers).read_text())
-    every = [v for convs in data["suites"].values() for conv in convs for turn in conv for v in turn["prompt"] + turn["answer"]]
+    every = [
+        v
+        for convs in data["suites"].values()
+        for conv in convs
+        for turn in conv
+        for v in turn["prompt"] + turn["answer"]
+    ]
     ids = {v: j for j, v in enumerate(dict.fromkeys(every))}  # a dense vocabulary for the fake
     methods = args.methods.split(",")
     print(f"replayed on T(n)/T(1) {CURVE}; k={args.k}; greedy; speedup = decode tok/s over plain's")
     print(f"{'suite':<11}" + "".join(f"{m:>24}" for m in methods))
     for name, convs in data["suites"].items():
-        out = {m: oracle(convs, args.k) if m == "oracle" else replay(convs, m, 0 if m == "none" else args.k, ids) for m in methods}
+        out = {
+            m: oracle(convs, args.k) if m == "oracle" else replay(convs, m, 0 if m == "none" else args.k, ids)
+            for m in methods
+        }
         base = out["none"].tokens / out["none"].seconds
         cells = []
         for m in methods:

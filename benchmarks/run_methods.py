@@ -39,7 +39,7 @@ def main() -> None:
     ap.add_argument("-k", type=int, default=4)
     args = ap.parse_args()
     results: dict[tuple[int, str], list[dict]] = {}
-    for rep in range(args.repeats):
+    for _rep in range(args.repeats):
         for i, prompt in enumerate(PROMPTS):
             for method in METHODS:
                 results.setdefault((i, method), []).append(run_once(prompt, method, args))

@@ -18,8 +18,8 @@ import time
 
 import numpy as np
 
-from localspec.sampling import SamplingParams, probabilities, sample
 from localspec.decoding.verify import verify_exact
+from localspec.sampling import SamplingParams, probabilities, sample
 
 V = 151_936
 SETTINGS = {
@@ -47,7 +47,7 @@ def model_logits(path: str, rows: int, threads: int | None) -> np.ndarray:
     m = backend.load(path, n_ctx=2048, threads=threads, n_gpu_layers=-1)
     try:
         text = (
-            "def merge_sorted(a, b):\n    \"\"\"Merge two sorted lists into one sorted list.\"\"\"\n    out = []\n"
+            'def merge_sorted(a, b):\n    """Merge two sorted lists into one sorted list."""\n    out = []\n'
             "    i = j = 0\n    while i < len(a) and j < len(b):\n        if a[i] <= b[j]:\n"
             "            out.append(a[i])\n            i += 1\n        else:\n            out.append(b[j])\n"
         )
@@ -59,7 +59,9 @@ def model_logits(path: str, rows: int, threads: int | None) -> np.ndarray:
     return logits[idx]
 
 
-def time_round(draft_logits: np.ndarray, target_logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> tuple[float, float]:
+def time_round(
+    draft_logits: np.ndarray, target_logits: np.ndarray, params: SamplingParams, rng: np.random.Generator
+) -> tuple[float, float]:
     """(draft-side seconds, target-side seconds) for one round of k = len(draft_logits) drafts."""
     k = draft_logits.shape[0]
     t0 = time.perf_counter()

@@ -86,7 +86,9 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=2)
     args = p.parse_args()
 
-    server = ServeProcess("--target", args.target, "--n-ctx", str(args.n_ctx), "--model-name", "bench", *model_flags(args))
+    server = ServeProcess(
+        "--target", args.target, "--n-ctx", str(args.n_ctx), "--model-name", "bench", *model_flags(args)
+    )
     rows = []
     try:
         print(f"{'prompt':<8}{'run tok/s':>10}{'serve tok/s':>12}{'ratio':>7}{'run prompt ms':>15}{'TTFT ms':>9}"

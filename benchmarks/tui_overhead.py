@@ -60,7 +60,11 @@ def run_cli(args: argparse.Namespace) -> dict:
         cmd += ["--threads", str(args.threads)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     data = json.loads(out.strip().splitlines()[-1])
-    return {"decode_tps": data["stats"]["decode_tps"], "n_generated": data["stats"]["n_generated"], "text": data["text"]}
+    return {
+        "decode_tps": data["stats"]["decode_tps"],
+        "n_generated": data["stats"]["n_generated"],
+        "text": data["text"],
+    }
 
 
 def run_app(args: argparse.Namespace) -> dict:
@@ -125,7 +129,10 @@ async def inproc(args: argparse.Namespace) -> dict[str, list[dict]]:
 
     m = method(args)
     options = ModelOptions(
-        target=args.target, draft=args.draft if m == "model" else None, draft_method=m, n_ctx=args.n_ctx,
+        target=args.target,
+        draft=args.draft if m == "model" else None,
+        draft_method=m,
+        n_ctx=args.n_ctx,
         threads=args.threads,
     )
     settings = GenerationSettings(k=args.num_draft, max_tokens=args.max_tokens, seed=0)
@@ -162,11 +169,18 @@ async def inproc(args: argparse.Namespace) -> dict[str, list[dict]]:
                         await asyncio.sleep(0.05)
                     turn = app.chat.transcript.turns[-1]
                     assert turn.stats is not None, turn.error
-                    result = {"decode_tps": turn.stats.decode_tps, "n_generated": turn.stats.n_generated,
-                              "text": turn.reply, "renders": app.chat.renders}
+                    result = {
+                        "decode_tps": turn.stats.decode_tps,
+                        "n_generated": turn.stats.n_generated,
+                        "text": turn.reply,
+                        "renders": app.chat.renders,
+                    }
                 runs[kind].append(result)
-                print(f"rep {rep + 1}/{args.reps} {kind:>3}: {result['decode_tps']:7.2f} tok/s "
-                      f"({result['n_generated']} tokens)", flush=True)
+                print(
+                    f"rep {rep + 1}/{args.reps} {kind:>3}: {result['decode_tps']:7.2f} tok/s "
+                    f"({result['n_generated']} tokens)",
+                    flush=True,
+                )
     return runs
 
 

@@ -41,6 +41,7 @@ def pair_methods() -> tuple[str, ...]:
     (a head file; for layers inside the target, the file holding them, often the target itself)."""
     return tuple(f.name for f in registry.families() if f.needs != "nothing")
 
+
 _BACKEND_KEYS = {"target", "draft", "size_gb"}
 _REF_KEYS = {"repo", "file", "revision"}
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -168,7 +169,9 @@ def load_catalog(*, user_path: str | Path | None = None, include_user: bool = Tr
             try:
                 text = path.read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError) as e:
-                raise CatalogError(f"cannot read catalog file {path}: {e}", "check the file's permissions and encoding")
+                raise CatalogError(
+                    f"cannot read catalog file {path}: {e}", "check the file's permissions and encoding"
+                ) from e
             user_pairs = parse_catalog(text, source=str(path))
             pairs.update(user_pairs)
             sources.append(str(path))
@@ -475,7 +478,6 @@ def resolve_pair(name: str, backend: str, *, cache_dir: str | None = None) -> tu
     if missing:
         raise NotDownloadedError(
             f"pair {name!r} ({backend}) is not downloaded: missing " + " and ".join(missing),
-            f"run `{pull_command(name, backend)}`"
-            + (f" (about {bp.size_gb:g} GB)" if bp.size_gb else ""),
+            f"run `{pull_command(name, backend)}`" + (f" (about {bp.size_gb:g} GB)" if bp.size_gb else ""),
         )
     return str(paths[0]), str(paths[1])

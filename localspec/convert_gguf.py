@@ -165,14 +165,18 @@ def _glm4moe_heads(names: set[str], config: dict[str, Any]) -> dict[str, str]:
     """The MTP layer's shared head, where the GGUF leaves it out (llama.cpp then uses the model's final norm
     and output): {Hugging Face name it needs: the model tensor to copy}."""
     out: dict[str, str] = {}
-    for i in range(config["num_hidden_layers"], config["num_hidden_layers"] + config.get("num_nextn_predict_layers", 0)):
+    for i in range(
+        config["num_hidden_layers"], config["num_hidden_layers"] + config.get("num_nextn_predict_layers", 0)
+    ):
         b = f"blk.{i}.nextn."
         if b + "eh_proj.weight" not in names:
             continue
         if b + "shared_head_norm.weight" not in names:
             out[f"model.layers.{i}.shared_head.norm.weight"] = "output_norm.weight"
         if b + "shared_head_head.weight" not in names:
-            out[f"model.layers.{i}.shared_head.head.weight"] = "output.weight" if "output.weight" in names else "token_embd.weight"
+            out[f"model.layers.{i}.shared_head.head.weight"] = (
+                "output.weight" if "output.weight" in names else "token_embd.weight"
+            )
     return out
 
 
@@ -223,7 +227,9 @@ def build_tokenizer(meta: dict[str, Any]) -> Any:
         ) from None
 
     fields = {
-        name: meta[f"tokenizer.{k}"] for k, name in GGUF_TOKENIZER_MAPPING["tokenizer"].items() if f"tokenizer.{k}" in meta
+        name: meta[f"tokenizer.{k}"]
+        for k, name in GGUF_TOKENIZER_MAPPING["tokenizer"].items()
+        if f"tokenizer.{k}" in meta
     }
     tok = select_tokenizer_builder(str(meta.get("general.architecture")), fields.get("tokenizer_type"))(fields)
     tok = add_gguf_special_tokens(tok, fields)
@@ -238,7 +244,10 @@ def build_tokenizer(meta: dict[str, Any]) -> Any:
         tok.chat_template = meta["tokenizer.chat_template"]
     # llama.cpp's defaults: SPM vocabularies add BOS unless told otherwise, BPE ones do not.
     add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", fields.get("tokenizer_type") == "llama"))
-    for attr, value in (("add_bos_token", add_bos), ("add_eos_token", bool(meta.get("tokenizer.ggml.add_eos_token", False)))):
+    for attr, value in (
+        ("add_bos_token", add_bos),
+        ("add_eos_token", bool(meta.get("tokenizer.ggml.add_eos_token", False))),
+    ):
         if hasattr(tok, attr):
             try:
                 setattr(tok, attr, value)

@@ -21,10 +21,13 @@ class Draft:
     q: np.ndarray | None  # [len(tokens), V] processed draft distributions; None: one-hot (no model)
     note: str = ""  # why the drafter proposed this (shown in RoundStats.note)
     source: str = "none"  # which kind of drafter wrote it (RoundStats.source)
-    order: int = 0  # lookup drafts: length of the matched context (the evidence behind the draft); policy.RESYNC + v: a resync
+    order: int = (
+        0  # lookup drafts: length of the matched context (the evidence behind the draft); policy.RESYNC + v: a resync
+    )
 
 
 EMPTY_DRAFT = Draft([], None)
+
 
 def sample_draft(
     logits: np.ndarray,

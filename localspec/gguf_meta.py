@@ -229,7 +229,9 @@ def read_gguf_header(path: str | Path, *, check_size: bool = True, full: bool = 
     150k-token vocabulary takes a tenth of a second to parse in Python. `full`: see parse_header."""
     p = Path(path).expanduser()
     if not p.exists():
-        raise ModelFileError(f"model file not found: {p}", "check the path, or use `localspec pull` to download a model")
+        raise ModelFileError(
+            f"model file not found: {p}", "check the path, or use `localspec pull` to download a model"
+        )
     if p.is_dir():
         raise ModelFileError(f"{p} is a directory, not a GGUF file", "pass the .gguf file inside it")
     try:

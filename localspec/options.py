@@ -174,7 +174,9 @@ class GenerationSettings:
         if room is not None:
             max_tokens = min(max_tokens, room)
         plain = registry.family(self.method).plain
-        return GenerationConfig(max_tokens=max_tokens, num_draft=0 if plain else num_draft, rule=self.rule, sampling=sampling)
+        return GenerationConfig(
+            max_tokens=max_tokens, num_draft=0 if plain else num_draft, rule=self.rule, sampling=sampling
+        )
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> GenerationSettings:
@@ -235,7 +237,9 @@ def add_model_options(
             default=DEFAULT_DRAFT_METHOD,
             help=f"{registry.help_text()} (default: {DEFAULT_DRAFT_METHOD})",
         )
-    g.add_argument("--n-ctx", type=int, default=DEFAULT_N_CTX, help=f"context window in tokens (default: {DEFAULT_N_CTX})")
+    g.add_argument(
+        "--n-ctx", type=int, default=DEFAULT_N_CTX, help=f"context window in tokens (default: {DEFAULT_N_CTX})"
+    )
     g.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     g.add_argument("--n-gpu-layers", type=int, default=-1, help="layers to offload to the GPU; -1 all (default)")
     g.add_argument(
@@ -268,14 +272,19 @@ def add_generation_options(p: argparse.ArgumentParser) -> None:
         help=f"draft tokens per round, 1..{MAX_K}; with auto the most it may choose "
         f"(default: {FIXED_K}, or the catalog pair's; {_own_defaults()})",
     )
-    g.add_argument("--rule", choices=tuple(RULES), default=DEFAULT_RULE, help=f"verification rule (default: {DEFAULT_RULE})")
+    g.add_argument(
+        "--rule", choices=tuple(RULES), default=DEFAULT_RULE, help=f"verification rule (default: {DEFAULT_RULE})"
+    )
     g.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default: 0)")
     g.add_argument("--top-k", type=int, default=0, help="0: off")
     g.add_argument("--top-p", type=float, default=1.0, help="1.0: off")
     g.add_argument("--min-p", type=float, default=0.0, help="0: off")
     g.add_argument("--seed", type=int, default=None, help="random seed (default: fresh, reported in the stats)")
     g.add_argument(
-        "--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help=f"most tokens to generate (default: {DEFAULT_MAX_TOKENS})"
+        "--max-tokens",
+        type=int,
+        default=DEFAULT_MAX_TOKENS,
+        help=f"most tokens to generate (default: {DEFAULT_MAX_TOKENS})",
     )
     g.add_argument("--system", default=None, help="system prompt")
 

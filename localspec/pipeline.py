@@ -187,15 +187,25 @@ class Pipeline:
         auto_head = self.options.auto_head if method == "auto" and not self.draft_note and models else None
         head = self.options.draft if registry.family(method).is_head or auto_head else None
         lazy = self.draft_slot.get if self.draft_slot.available and not self.draft_note and models else None
-        if draft is not None and method == "auto" and models:  # auto reads the prompt into it only when it wants model drafts
+        if (
+            draft is not None and method == "auto" and models
+        ):  # auto reads the prompt into it only when it wants model drafts
             lazy, draft = (lambda given=draft: given), None
         elif draft is None:
             draft = self.draft_slot.get() if method == "model" and self.draft_slot.available else self.draft
         draft = draft if models else None
         return make_drafter(
-            method, self.target, draft, clock=self.clock, store=self.cost_store, head=head,
-            n_gpu_layers=self.options.n_gpu_layers, load_draft=lazy, draft_name=_model_name(self.options.draft),
-            auto_head=auto_head, memory=self.memory,
+            method,
+            self.target,
+            draft,
+            clock=self.clock,
+            store=self.cost_store,
+            head=head,
+            n_gpu_layers=self.options.n_gpu_layers,
+            load_draft=lazy,
+            draft_name=_model_name(self.options.draft),
+            auto_head=auto_head,
+            memory=self.memory,
         )
 
     def prompt_tokens(self, prompt: Prompt, *, raw: bool = False) -> list[int]:
@@ -348,7 +358,11 @@ def _model_name(path: str | None) -> str:
 def cost_store(opts: ModelOptions, target: Backend) -> CostStore:
     """Where auto's measured costs for this pair on this machine are remembered."""
     return CostStore.for_models(
-        target=opts.target, draft=opts.draft, backend=target.info.backend, device=target.info.device, threads=opts.threads
+        target=opts.target,
+        draft=opts.draft,
+        backend=target.info.backend,
+        device=target.info.device,
+        threads=opts.threads,
     )
 
 
@@ -373,7 +387,9 @@ def _early_store(opts: ModelOptions, module: BackendModule) -> CostStore | None:
     device = module.device_for(opts.target, threads=opts.threads, n_gpu_layers=opts.n_gpu_layers)
     if device is None:
         return None
-    return CostStore.for_models(target=opts.target, draft=opts.draft, backend=module.NAME, device=device, threads=opts.threads)
+    return CostStore.for_models(
+        target=opts.target, draft=opts.draft, backend=module.NAME, device=device, threads=opts.threads
+    )
 
 
 def _draft_cannot_pay(opts: ModelOptions, store: CostStore) -> str:

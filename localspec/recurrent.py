@@ -40,7 +40,7 @@ _TABLES: dict[Naming, tuple[frozenset[str], frozenset[str]]] = {
 
 
 def kind(architecture: str | None, naming: Naming) -> str:
-    """"recurrent", "hybrid" or "" for an architecture name in a naming (GGUF's or config.json's)."""
+    """ "recurrent", "hybrid" or "" for an architecture name in a naming (GGUF's or config.json's)."""
     arch = (architecture or "").lower()
     recurrent, hybrid = _TABLES[naming]
     return "recurrent" if arch in recurrent else "hybrid" if arch in hybrid else ""

@@ -6,7 +6,9 @@ from localspec.backends.registry import backend_label
 from localspec.decoding.stats import SpecStats
 from localspec.formatting import plural
 
-POOR_MATCH_LENGTH = 2.0  # below ~2 tokens per round the draft is a poor match: a round costs more than it returns on CPUs
+POOR_MATCH_LENGTH = (
+    2.0  # below ~2 tokens per round the draft is a poor match: a round costs more than it returns on CPUs
+)
 
 
 def advice(stats: SpecStats) -> str | None:

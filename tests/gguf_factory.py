@@ -146,7 +146,6 @@ def write_tiny_eagle3(
     return d2t
 
 
-
 def write_tiny_dflash(
     path: Path,
     tokenizer_source: Path,
@@ -514,8 +513,9 @@ def _random_tensors(
     return tensors
 
 
-def _write(path: Path, arch: str, name: str, meta: dict, tensors: dict[str, np.ndarray], n_embd: int, n_layer: int,
-           hparams) -> None:  # type: ignore[no-untyped-def]
+def _write(
+    path: Path, arch: str, name: str, meta: dict, tensors: dict[str, np.ndarray], n_embd: int, n_layer: int, hparams
+) -> None:  # type: ignore[no-untyped-def]
     import gguf
 
     w = gguf.GGUFWriter(str(path), arch)

@@ -62,7 +62,11 @@ def _eagle3(head: str) -> Writer:
 
         files = {"target": d / "target.gguf", "draft": d / f"eagle3-head-{head}.gguf"}
         write_tiny_llama(files["target"], tokenizer, seed=0, n_layer=4)
-        kw = {"random": {"seed": 10}, "d2t": {"draft_vocab": 2048, "seed": 11}, "near": {"d2t_ids": list(NEAR_IDS), "seed": 12}}
+        kw = {
+            "random": {"seed": 10},
+            "d2t": {"draft_vocab": 2048, "seed": 11},
+            "near": {"d2t_ids": list(NEAR_IDS), "seed": 12},
+        }
         write_tiny_eagle3(files["draft"], tokenizer, target_layers=EAGLE3_LAYERS, **kw[head])  # type: ignore[arg-type]
         return files
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-from localspec.backends.base import Backend, sync_cache
 
+from localspec.backends.base import Backend, sync_cache
 from localspec.decoding.drafters import Drafter
 from localspec.decoding.engine import Done, GenerationConfig, generate
 from localspec.sampling import SamplingParams, probabilities

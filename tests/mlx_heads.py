@@ -18,7 +18,9 @@ import numpy as np
 ORIGINAL, SPECULATORS = "original", "speculators"
 
 
-def _llama_config(hidden: int, heads: int, kv_heads: int, ff: int, vocab: int, eps: float, theta: float) -> dict[str, Any]:
+def _llama_config(
+    hidden: int, heads: int, kv_heads: int, ff: int, vocab: int, eps: float, theta: float
+) -> dict[str, Any]:
     return {
         "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": hidden,
         "num_hidden_layers": 1, "intermediate_size": ff, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
@@ -115,7 +117,11 @@ def from_gguf_eagle3(gguf_path: Path, out: Path, *, layout: str = ORIGINAL) -> P
         return f.parts[f.data[0]].tolist()[0] if len(f.data) == 1 else [f.parts[i].tolist()[0] for i in f.data]
 
     t = {x.name: np.array(x.data) for x in r.tensors}
-    hidden, heads, kv_heads = value("eagle3.embedding_length"), value("eagle3.attention.head_count"), value("eagle3.attention.head_count_kv")
+    hidden, heads, kv_heads = (
+        value("eagle3.embedding_length"),
+        value("eagle3.attention.head_count"),
+        value("eagle3.attention.head_count_kv"),
+    )
     names = {
         "fc.weight": "fc.weight", "output_norm.weight": "norm.weight", "output.weight": "lm_head.weight",
         "blk.0.attn_norm.weight": "input_layernorm.weight", "blk.0.attn_norm_2.weight": "hidden_norm.weight",
@@ -145,7 +151,10 @@ def _gguf(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         if not f.data:
             continue
         vals = [f.parts[i].tolist() for i in f.data]
-        vals = [bytes(v).decode(errors="replace") if f.types and f.types[-1] == gguf.GGUFValueType.STRING else v[0] for v in vals]
+        vals = [
+            bytes(v).decode(errors="replace") if f.types and f.types[-1] == gguf.GGUFValueType.STRING else v[0]
+            for v in vals
+        ]
         meta[f.name] = vals[0] if len(vals) == 1 and not (f.types and f.types[0] == gguf.GGUFValueType.ARRAY) else vals
     return meta, {x.name: np.array(x.data) for x in r.tensors}
 
@@ -235,7 +244,9 @@ def add_mtp(model_dir: Path, *, seed: int, echo: bool = False) -> Path:
         fc = np.concatenate([np.zeros((e, e)), np.eye(e)], axis=1)
     weights["mtp.fc.weight"] = mx.array(fc.astype(np.float32))
     for n in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
-        weights[f"mtp.{n}.weight"] = mx.array(np.ones(e, np.float32) if echo else (1.0 + 0.1 * rng.standard_normal(e)).astype(np.float32))
+        weights[f"mtp.{n}.weight"] = mx.array(
+            np.ones(e, np.float32) if echo else (1.0 + 0.1 * rng.standard_normal(e)).astype(np.float32)
+        )
     mx.save_safetensors(str(model_dir / "model-mtp.safetensors"), weights)
     (model_dir / "config.json").write_text(json.dumps({**config, "mtp_num_hidden_layers": 1}, indent=1))
     return model_dir
@@ -249,7 +260,8 @@ def add_nextn(model_dir: Path, *, seed: int, echo: bool = False, mimo: bool = Fa
     `echo`: the layer passes the hidden state through (zero attention and MLP outputs, the projection reading
     the hidden half only)."""
     import mlx.core as mx
-    from mlx_lm.models import glm4_moe, mimo as mimo_model
+    from mlx_lm.models import glm4_moe
+    from mlx_lm.models import mimo as mimo_model
 
     config = json.loads((model_dir / "config.json").read_text())
     module = mimo_model if mimo else glm4_moe
@@ -258,7 +270,11 @@ def add_nextn(model_dir: Path, *, seed: int, echo: bool = False, mimo: bool = Fa
     rng = np.random.default_rng(seed)
     e = args.hidden_size
     prefix = "model.mtp_layers.0." if mimo else f"model.layers.{n}."
-    names = ("token_layernorm", "hidden_layernorm", "input_proj", "final_layernorm") if mimo else ("enorm", "hnorm", "eh_proj", "shared_head.norm")
+    names = (
+        ("token_layernorm", "hidden_layernorm", "input_proj", "final_layernorm")
+        if mimo
+        else ("enorm", "hnorm", "eh_proj", "shared_head.norm")
+    )
     layer = mimo_model.TransformerBlock(args) if mimo else glm4_moe.DecoderLayer(args, n)
     weights = _random_layer(layer, rng, echo, prefix)
     embed_norm, hidden_norm, proj, out_norm = names
@@ -268,7 +284,9 @@ def add_nextn(model_dir: Path, *, seed: int, echo: bool = False, mimo: bool = Fa
         eh = np.concatenate(halves, axis=1)
     weights[f"{prefix}{proj}.weight"] = mx.array(eh.astype(np.float32))
     for part in (embed_norm, hidden_norm, out_norm):
-        weights[f"{prefix}{part}.weight"] = mx.array(np.ones(e, np.float32) if echo else (1.0 + 0.1 * rng.standard_normal(e)).astype(np.float32))
+        weights[f"{prefix}{part}.weight"] = mx.array(
+            np.ones(e, np.float32) if echo else (1.0 + 0.1 * rng.standard_normal(e)).astype(np.float32)
+        )
     if echo:  # the target's own final norm: the layer's logits are then the target's own, one position back
         weights[f"{prefix}{out_norm}.weight"] = mx.load(str(model_dir / "model.safetensors"))["model.norm.weight"]
     if mimo:

@@ -69,8 +69,15 @@ def write_tokenizer(out: Path, *, swap: tuple[int, int] | None = None) -> None:
     fast.save_pretrained(str(out))
 
 
-def build(out: Path, *, seed: int, base: Path | None = None, noise: float = 0.0, config: dict | None = None,
-          swap: tuple[int, int] | None = None) -> Path:
+def build(
+    out: Path,
+    *,
+    seed: int,
+    base: Path | None = None,
+    noise: float = 0.0,
+    config: dict | None = None,
+    swap: tuple[int, int] | None = None,
+) -> Path:
     """Write a model dir. With `base`, copy its weights and add Gaussian noise of `noise` x each tensor's std."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
@@ -104,6 +111,7 @@ def _init(name: str, shape: tuple[int, ...]):  # type: ignore[no-untyped-def]
     if len(shape) == 1:  # biases
         return 0.1 * mx.random.normal(shape)
     return mx.random.normal(shape) / shape[-1] ** 0.5
+
 
 # A DeepSeek-V3-style MoE model (GLM-4.5): routed and shared experts after a first dense layer; it declares
 # one nextn (MTP) layer, which tests/mlx_heads.add_nextn writes.

@@ -80,7 +80,9 @@ def _auto(
 def _run(target, drafter, clock, n: int, prompt=PROMPT, k: int = 8):  # type: ignore[no-untyped-def]
     rounds: list[RoundStats] = []
     done = None
-    for ev in generate(target, drafter, prompt, GenerationConfig(max_tokens=n, num_draft=k, sampling=GREEDY), clock=clock):
+    for ev in generate(
+        target, drafter, prompt, GenerationConfig(max_tokens=n, num_draft=k, sampling=GREEDY), clock=clock
+    ):
         if isinstance(ev, Done):
             done = ev
         elif ev.round is not None:
@@ -373,6 +375,7 @@ def test_stats_count_the_decisions() -> None:
 def test_model_drafter_stops_at_low_confidence_only_when_asked() -> None:
     # Draft: sure of itself for 3 tokens (copies the target x 4), then unsure (plain hashed logits).
     n0 = len(PROMPT)
+
     def fn(context):  # type: ignore[no-untyped-def]
         return TARGET(context) * (10.0 if len(context) < n0 + 3 else 0.05)
 

@@ -1,4 +1,4 @@
-"""The error contract of backends/base.py, checked the same way on both backends (llama.cpp and MLX)."""
+"""The error contract of localspec/backends/base.py, checked the same way on both backends (llama.cpp and MLX)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from localspec.backends.base import Backend, BackendModule, sync_cache
 
+from localspec.backends.base import Backend, BackendModule, sync_cache
 from localspec.errors import ContextOverflowError, ModelFileError
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -14,8 +14,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from fakes import CostedBackend, FakeBackend, FakeClock, hashed_logits, without
-from localspec.backends.base import Backend, ChatMessage
 
+from localspec.backends.base import Backend, ChatMessage
 from localspec.bench.measure import (
     BenchResult,
     Method,
@@ -57,7 +57,9 @@ def _quiet_machine(monkeypatch) -> None:  # type: ignore[no-untyped-def]
 def _over(target: Backend, draft: Backend | None = None, clock: Callable[[], float] = time.perf_counter) -> Pipeline:
     """A pipeline over loaded fakes, as load_pipeline makes one over real models (bench runs through it)."""
     method = "model" if draft is not None else "none"
-    opts = ModelOptions(target=f"/fake/{target.info.name}", draft=draft and f"/fake/{draft.info.name}", draft_method=method)
+    opts = ModelOptions(
+        target=f"/fake/{target.info.name}", draft=draft and f"/fake/{draft.info.name}", draft_method=method
+    )
     drafter = make_drafter(method, target, draft, clock=clock)
     return Pipeline(opts, "fake", target, DraftSlot.holding(draft), drafter, clock=clock)
 
@@ -74,7 +76,11 @@ def test_parse_methods() -> None:
         parse_methods("magic:3", has_draft=True)
     with pytest.raises(UsageError, match="outside 1..64"):
         parse_methods("ngram:1000", has_draft=True)
-    assert parse_methods("suffix,auto", has_draft=False) == [Method("none", 0), Method("suffix", 32), Method("auto", 32)]
+    assert parse_methods("suffix,auto", has_draft=False) == [
+        Method("none", 0),
+        Method("suffix", 32),
+        Method("auto", 32),
+    ]
 
 
 def test_parse_methods_with_heads() -> None:
@@ -99,7 +105,10 @@ def test_builtin_suites() -> None:
     assert all("whole file" in m.content for conv in s["agentic"].prompts for m in conv)
     assert all(len(x.prompts) >= 1 for x in s.values())
     assert len(s["long-summary"].prompts[0][0].content.split()) > 800  # a long context, really
-    assert "def load_orders" in s["code-edit"].prompts[0][0].content and "complete updated" in s["code-edit"].prompts[1][0].content
+    assert (
+        "def load_orders" in s["code-edit"].prompts[0][0].content
+        and "complete updated" in s["code-edit"].prompts[1][0].content
+    )
 
 
 def test_run_bench_on_fakes_interleaves_and_aggregates() -> None:
@@ -145,8 +154,14 @@ def test_session_suite_runs_turns_with_one_drafter_per_conversation(monkeypatch:
     target = FakeBackend(TARGET, n_ctx=8192)
     conv = (ChatMessage("user", "hello there"), ChatMessage("user", "again please"), ChatMessage("user", "once more"))
     suite = Suite("chat-session", "", (conv,), session=True)
-    result = run_bench(_over(target), [suite], parse_methods("none,suffix", has_draft=False), reps=1, max_tokens=12,
-                       sampling=SamplingParams())
+    result = run_bench(
+        _over(target),
+        [suite],
+        parse_methods("none,suffix", has_draft=False),
+        reps=1,
+        max_tokens=12,
+        sampling=SamplingParams(),
+    )
     assert [(r.method, r.turn) for r in result.runs] == [(m, t) for m in ("none", "suffix k=32") for t in range(3)]
     assert len(built) == 2  # one drafter per (conversation, method), not per turn
     # Each turn's prompt holds the earlier turns and answers: it grows.
@@ -178,10 +193,30 @@ def test_speedup_is_paired_per_repetition_and_bound_uses_measured_costs() -> Non
         _run("none", 0, 100, 1.0),
         _run("none", 1, 100, 2.0),
         # 25 rounds of 4 drafts, 3 accepted each: 100 tokens
-        _run("model k=4", 0, 100, 1 / 1.5, n_rounds=25, n_drafted=100, n_accepted=75, drafted_per_round={4: 25},
-             drafted_by_position=(25, 25, 25, 25), accepted_by_position=(25, 25, 25, 0)),
-        _run("model k=4", 1, 100, 2 / 1.5, n_rounds=25, n_drafted=100, n_accepted=75, drafted_per_round={4: 25},
-             drafted_by_position=(25, 25, 25, 25), accepted_by_position=(25, 25, 25, 0)),
+        _run(
+            "model k=4",
+            0,
+            100,
+            1 / 1.5,
+            n_rounds=25,
+            n_drafted=100,
+            n_accepted=75,
+            drafted_per_round={4: 25},
+            drafted_by_position=(25, 25, 25, 25),
+            accepted_by_position=(25, 25, 25, 0),
+        ),
+        _run(
+            "model k=4",
+            1,
+            100,
+            2 / 1.5,
+            n_rounds=25,
+            n_drafted=100,
+            n_accepted=75,
+            drafted_per_round={4: 25},
+            drafted_by_position=(25, 25, 25, 25),
+            accepted_by_position=(25, 25, 25, 0),
+        ),
     ]
     rows = {r.method: r for r in summarize(result)}
     m = rows["model k=4"]
@@ -199,8 +234,14 @@ def test_bench_with_scripted_costs_reports_what_the_clock_says() -> None:
     target = CostedBackend(TARGET, clock, lambda n: 0.010 + 0.001 * (n - 1), n_ctx=8192)
     draft = CostedBackend(TARGET, clock, lambda n: 0.002, n_ctx=8192, name="draft")
     suite = Suite("tiny", "", ((ChatMessage("user", "hello there"),),))
-    result = run_bench(_over(target, draft, clock), [suite], parse_methods("none,model:4", has_draft=True), reps=1,
-                       max_tokens=41, sampling=SamplingParams())
+    result = run_bench(
+        _over(target, draft, clock),
+        [suite],
+        parse_methods("none,model:4", has_draft=True),
+        reps=1,
+        max_tokens=41,
+        sampling=SamplingParams(),
+    )
     costs = result.costs["tiny"].costs
     assert costs.target[1] == pytest.approx(0.010) and costs.draft_token == pytest.approx(0.002)
     rows = {r.method: r for r in summarize(result)}
@@ -328,7 +369,13 @@ def test_cost_timings_pair_every_batch_with_a_one_token_pass() -> None:
     clock = FakeClock()
     target = _Recorded(TARGET, clock, lambda n: 0.010 + 0.001 * (n - 1), n_ctx=8192)
     samples = measure_costs(target, None, list(range(5, 25)), max_batch=5, reps=3, clock=clock)
-    assert {n: len(ts) for n, ts in samples.target.items()} == {1: 1 + 12, 2: 3, 3: 3, 4: 3, 5: 3}  # a first T(1), then pairs
+    assert {n: len(ts) for n, ts in samples.target.items()} == {
+        1: 1 + 12,
+        2: 3,
+        3: 3,
+        4: 3,
+        5: 3,
+    }  # a first T(1), then pairs
     batches = target.passes[1:]  # after the prompt
     assert all(batches[i - 1] == 1 for i, n in enumerate(batches) if n > 1)
     assert samples.model().target == pytest.approx({n: 0.010 + 0.001 * (n - 1) for n in range(1, 6)})
@@ -359,25 +406,55 @@ def _severities(f: Facts) -> dict[str, str]:
 
 
 def test_doctor_flags_cpu_only_build_on_gpu_machine() -> None:
-    f = Facts(gpu_hardware=["NVIDIA GPU (CUDA)"], llama_gpu=None, llama_version="0.3", threads=8, logical_cpus=8,
-              physical_cores=8, usable_cpus=8)
+    f = Facts(
+        gpu_hardware=["NVIDIA GPU (CUDA)"],
+        llama_gpu=None,
+        llama_version="0.3",
+        threads=8,
+        logical_cpus=8,
+        physical_cores=8,
+        usable_cpus=8,
+    )
     fixes = [x for x in findings(f) if x.severity == "fix"]
     assert any("built for the CPU only" in x.message and "GGML_CUDA" in x.hint for x in fixes)
 
 
 def test_doctor_flags_partial_offload_threads_and_memory() -> None:
     gb = 1024**3
-    f = Facts(llama_gpu="CUDA", llama_version="0.3", n_gpu_layers=10, threads=4, usable_cpus=4,
-              mem_available=1 * gb, models=[{"role": "target", "path": "t.gguf", "size": 2 * gb, "layers": 28,
-                                             "ctx_train": 2048, "kv_bytes_per_token": 1000}], n_ctx=4096)
+    f = Facts(
+        llama_gpu="CUDA",
+        llama_version="0.3",
+        n_gpu_layers=10,
+        threads=4,
+        usable_cpus=4,
+        mem_available=1 * gb,
+        models=[
+            {
+                "role": "target",
+                "path": "t.gguf",
+                "size": 2 * gb,
+                "layers": 28,
+                "ctx_train": 2048,
+                "kv_bytes_per_token": 1000,
+            }
+        ],
+        n_ctx=4096,
+    )
     found = findings(f)
     msgs = " | ".join(x.message for x in found if x.severity == "fix")
     assert "--n-gpu-layers 10" in msgs
     assert "free memory" in msgs
     assert any("trained context" in x.message and x.severity == "warn" for x in found)
 
-    cpu = Facts(llama_gpu=None, llama_version="0.3", threads=16, threads_explicit=False, logical_cpus=16,
-                usable_cpus=2.0, physical_cores=8)
+    cpu = Facts(
+        llama_gpu=None,
+        llama_version="0.3",
+        threads=16,
+        threads_explicit=False,
+        logical_cpus=16,
+        usable_cpus=2.0,
+        physical_cores=8,
+    )
     fix = [x for x in findings(cpu) if x.severity == "fix"]
     assert len(fix) == 1 and "--threads 2" in fix[0].hint
 
@@ -386,15 +463,27 @@ def test_doctor_flags_partial_offload_threads_and_memory() -> None:
 
 
 def test_doctor_is_quiet_on_a_good_setup() -> None:
-    f = Facts(llama_gpu="Metal", llama_version="0.3", gpu_hardware=["Apple GPU (Metal)"], threads=8, usable_cpus=8,
-              physical_cores=8, mem_available=64 * 1024**3, n_gpu_layers=-1, mlx_version="0.25",
-              models=[{"role": "target", "path": "t.gguf", "size": 10**9, "layers": 28, "ctx_train": 32768}])
+    f = Facts(
+        llama_gpu="Metal",
+        llama_version="0.3",
+        gpu_hardware=["Apple GPU (Metal)"],
+        threads=8,
+        usable_cpus=8,
+        physical_cores=8,
+        mem_available=64 * 1024**3,
+        n_gpu_layers=-1,
+        mlx_version="0.25",
+        models=[{"role": "target", "path": "t.gguf", "size": 10**9, "layers": 28, "ctx_train": 32768}],
+    )
     assert [x for x in findings(f) if x.severity != "info"] == []
 
 
 def test_doctor_measured_ceiling() -> None:
-    slow = Facts(llama_gpu=None, llama_version="0.3", measured={
-        "target_s": {str(n): 0.03 * (1 + 0.2 * (n - 1)) for n in range(1, 10)}, "draft_token_s": 0.025})
+    slow = Facts(
+        llama_gpu=None,
+        llama_version="0.3",
+        measured={"target_s": {str(n): 0.03 * (1 + 0.2 * (n - 1)) for n in range(1, 10)}, "draft_token_s": 0.025},
+    )
     assert any("at most" in x.message and x.severity == "warn" for x in findings(slow))
 
 
@@ -513,9 +602,29 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_bench_command_json_on_tiny_models(tiny_ggufs, tmp_path) -> None:  # type: ignore[no-untyped-def]
     out_file = tmp_path / "bench.json"
-    r = _cli("bench", "--target", str(tiny_ggufs[0]), "--draft", str(tiny_ggufs[1]), "--suites", "chat,code-edit",
-             "--prompts", "1", "--reps", "1", "--max-tokens", "8", "--methods", "none,ngram:2,model:2,auto:3",
-             "--threads", "1", "--cost-reps", "2", "--json-out", str(out_file))
+    r = _cli(
+        "bench",
+        "--target",
+        str(tiny_ggufs[0]),
+        "--draft",
+        str(tiny_ggufs[1]),
+        "--suites",
+        "chat,code-edit",
+        "--prompts",
+        "1",
+        "--reps",
+        "1",
+        "--max-tokens",
+        "8",
+        "--methods",
+        "none,ngram:2,model:2,auto:3",
+        "--threads",
+        "1",
+        "--cost-reps",
+        "2",
+        "--json-out",
+        str(out_file),
+    )
     assert r.returncode == 0, r.stderr
     assert "suite chat" in r.stdout and "suite code-edit" in r.stdout and "auto k<=3" in r.stdout
     assert "cost of one forward pass" in r.stdout
@@ -575,8 +684,15 @@ def test_interrupted_bench_reports_what_finished() -> None:
         if line.startswith("[") and (calls.__setitem__("n", calls["n"] + 1) or calls["n"]) == 4:
             raise KeyboardInterrupt
 
-    result = run_bench(_over(target), [suite], parse_methods("none,ngram:3", has_draft=False), reps=3,
-                       max_tokens=10, sampling=SamplingParams(), progress=progress)
+    result = run_bench(
+        _over(target),
+        [suite],
+        parse_methods("none,ngram:3", has_draft=False),
+        reps=3,
+        max_tokens=10,
+        sampling=SamplingParams(),
+        progress=progress,
+    )
     assert result.interrupted and len(result.runs) == 3
     text = "\n".join(bench_lines(result))
     assert "INTERRUPTED" in text and "suite tiny" in text
@@ -589,24 +705,56 @@ def test_run_summary_tells_when_auto_found_speculation_does_not_pay() -> None:
     from localspec.report import advice
 
     base = SpecStats(
-        backend="llama.cpp", device="CPU", target="t", draft="auto(ngram)", draft_method="auto", rule="greedy",
-        num_draft=8, temperature=0.0, seed=0, n_prompt=10, n_prompt_cached=0, prompt_s=0.1, n_generated=40,
-        decode_s=1.0, n_rounds=30, n_drafted=10, n_accepted=9, draft_s=0.0, verify_s=1.0,
-        drafted_by_position=(5, 3, 2), accepted_by_position=(5, 3, 1), stop_reason="max_tokens",
+        backend="llama.cpp",
+        device="CPU",
+        target="t",
+        draft="auto(ngram)",
+        draft_method="auto",
+        rule="greedy",
+        num_draft=8,
+        temperature=0.0,
+        seed=0,
+        n_prompt=10,
+        n_prompt_cached=0,
+        prompt_s=0.1,
+        n_generated=40,
+        decode_s=1.0,
+        n_rounds=30,
+        n_drafted=10,
+        n_accepted=9,
+        draft_s=0.0,
+        verify_s=1.0,
+        drafted_by_position=(5, 3, 2),
+        accepted_by_position=(5, 3, 1),
+        stop_reason="max_tokens",
     )
     tip = advice(base)
     assert tip is not None and "83% of rounds without drafts" in tip and "drafts wrote 22% of the text" in tip
     assert advice(dc_replace(base, drafted_by_position=(20, 10), accepted_by_position=(18, 9))) is None
     # A code edit: most rounds plain, but a few long copies wrote most of the text. Speculation paid.
-    copies = dc_replace(base, n_generated=92, n_rounds=24, n_drafted=70, n_accepted=68, drafted_by_position=(7,) * 15,
-                        accepted_by_position=(7,) * 15)
+    copies = dc_replace(
+        base,
+        n_generated=92,
+        n_rounds=24,
+        n_drafted=70,
+        n_accepted=68,
+        drafted_by_position=(7,) * 15,
+        accepted_by_position=(7,) * 15,
+    )
     assert 1 - copies.drafting_share > 0.5 and advice(copies) is None
     none_used = dc_replace(base, n_drafted=0, n_accepted=0, drafted_by_position=(), accepted_by_position=())
     tip = advice(none_used)
     assert tip is not None and tip.startswith("auto decoded 100% of rounds without drafts:")
     # A suffix run that found nothing worth drafting says so, and does not blame n-gram lookup.
-    quiet = dc_replace(base, draft="suffix", draft_method="suffix", n_drafted=0, n_accepted=0, drafted_by_position=(),
-                       accepted_by_position=())
+    quiet = dc_replace(
+        base,
+        draft="suffix",
+        draft_method="suffix",
+        n_drafted=0,
+        n_accepted=0,
+        drafted_by_position=(),
+        accepted_by_position=(),
+    )
     tip = advice(quiet)
     assert tip is not None and "no suffix draft" in tip and "n-gram" not in tip
     # A head that rarely matches is a poor match, not a lookup (whatever the family).

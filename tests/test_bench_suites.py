@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from localspec.bench.agent_transcript import agent_messages, models_module, report_module
 from localspec.bench.suites import OPT_IN, suites
 

@@ -151,7 +151,10 @@ def test_malformed_user_catalog_names_file_and_line(tmp_path: Path, monkeypatch:
         ('num_drafts = 3\n[pair.mlx]\ntarget = "a/b"\ndraft = "a/c"\n', "unknown key 'num_drafts'"),
         ("", "needs a [pair.llama]"),
         ('base = { target = "a/b" }\n[pair.mlx]\ntarget = "a/b"\ndraft = "a/c"\n', "draft must be a Hub repo id"),
-        ('base = { target = "a/b", draft = "c", x = 1 }\n[pair.mlx]\ntarget = "a/b"\ndraft = "a/c"\n', "unknown key 'x'"),
+        (
+            'base = { target = "a/b", draft = "c", x = 1 }\n[pair.mlx]\ntarget = "a/b"\ndraft = "a/c"\n',
+            "unknown key 'x'",
+        ),
         ('method = "medusa"\n[pair.llama]\ntarget = "a/b:t.gguf"\ndraft = "a/c:d.gguf"\n', "method must be one of"),
     ],
 )

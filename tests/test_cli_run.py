@@ -50,7 +50,9 @@ def test_run_json_on_tiny_model(tiny_ggufs) -> None:  # type: ignore[no-untyped-
     assert s["n_accepted"] == sum(r["n_accepted"] for r in rounds)
     # recomputed from the rounds: tokens per target pass, and accepted over drafted
     assert s["mean_accepted_length"] == pytest.approx(sum(r["n_accepted"] + 1 for r in rounds) / len(rounds))
-    assert s["acceptance_rate"] == pytest.approx(sum(r["n_accepted"] for r in rounds) / sum(r["n_drafted"] for r in rounds))
+    assert s["acceptance_rate"] == pytest.approx(
+        sum(r["n_accepted"] for r in rounds) / sum(r["n_drafted"] for r in rounds)
+    )
     for key in ("decode_tps", "prompt_tps", "acceptance_rate", "acceptance_by_position", "draft_s", "verify_s"):
         assert key in s
 

@@ -8,8 +8,8 @@ import os
 from pathlib import Path
 
 import pytest
-
 from fakes import CostedBackend, FakeClock, scripted_tokens
+
 from localspec.decoding.auto import AutoDrafter, auto_lookup
 from localspec.decoding.cost_cache import CostStore, cache_dir
 from localspec.decoding.engine import Done, GenerationConfig, generate
@@ -57,7 +57,9 @@ def test_key_follows_the_file_build_device_and_threads(tmp_path: Path) -> None:
     assert _store(tmp_path).key != base.key
 
 
-@pytest.mark.parametrize("content", ["{not json", '{"version": 999, "target_s": {"1": 0.1}}', '{"version": 1, "target_s": {"2": 0.1}}', "[]"])
+@pytest.mark.parametrize(
+    "content", ["{not json", '{"version": 999, "target_s": {"1": 0.1}}', '{"version": 1, "target_s": {"2": 0.1}}', "[]"]
+)
 def test_damaged_or_foreign_files_count_as_absent(tmp_path: Path, content: str) -> None:
     store = _store(tmp_path)
     store.path.parent.mkdir(parents=True, exist_ok=True)
@@ -81,7 +83,9 @@ def _auto_run(store: CostStore, script: list[int], prompt: list[int], n: int = 4
     clock = FakeClock()
     target = CostedBackend(scripted_tokens(script), clock, cpu_like, name="target")
     drafter = AutoDrafter(ngram=auto_lookup(), target=target, clock=clock, store=store)
-    *_, done = generate(target, drafter, prompt, GenerationConfig(max_tokens=n, num_draft=32, sampling=GREEDY), clock=clock)
+    *_, done = generate(
+        target, drafter, prompt, GenerationConfig(max_tokens=n, num_draft=32, sampling=GREEDY), clock=clock
+    )
     drafter.close()
     assert isinstance(done, Done)
     return target, done
@@ -202,6 +206,7 @@ def test_a_draft_model_loaded_late_costs_the_round_nothing_in_auto_s_estimates(t
     """Loading (5 s here) happens inside the first round that wants the model: it must not count as the
     draft's per-token cost, or auto would give up on a draft that pays."""
     from fakes import scripted_draft
+
     from localspec.decoding.drafters import LazyModelDrafter
 
     clock = FakeClock()
@@ -216,7 +221,13 @@ def test_a_draft_model_loaded_late_costs_the_round_nothing_in_auto_s_estimates(t
 
     costs = CostModel(target={1: 0.031, 2: 0.032, 5: 0.035, 9: 0.039, 33: 0.063}, draft_token=0.003)
     drafter = AutoDrafter(model=LazyModelDrafter(load, "draft"), target=target, clock=clock, costs=costs)
-    *events, done = generate(target, drafter, list(range(100, 110)), GenerationConfig(max_tokens=40, num_draft=8, sampling=GREEDY), clock=clock)
+    *events, done = generate(
+        target,
+        drafter,
+        list(range(100, 110)),
+        GenerationConfig(max_tokens=40, num_draft=8, sampling=GREEDY),
+        clock=clock,
+    )
     assert isinstance(done, Done) and loads == [1]
     assert done.stats.n_drafted > 0 and done.stats.n_accepted == done.stats.n_drafted
     assert drafter.controller.costs.draft_s() == pytest.approx(0.003, rel=0.5)  # not 5 s / k
@@ -235,8 +246,12 @@ def test_a_draft_model_that_fails_to_load_late_is_dropped_and_said(tmp_path: Pat
         raise ModelFileError("could not load draft.gguf: out of memory", "use a smaller draft")
 
     costs = CostModel(target={1: 0.031, 2: 0.032, 5: 0.035, 9: 0.039, 33: 0.063}, draft_token=0.003)
-    drafter = AutoDrafter(ngram=auto_lookup(), model=LazyModelDrafter(load, "draft"), target=target, clock=clock, costs=costs)
-    *events, done = generate(target, drafter, list(range(100, 110)), GenerationConfig(max_tokens=20, sampling=GREEDY), clock=clock)
+    drafter = AutoDrafter(
+        ngram=auto_lookup(), model=LazyModelDrafter(load, "draft"), target=target, clock=clock, costs=costs
+    )
+    *events, done = generate(
+        target, drafter, list(range(100, 110)), GenerationConfig(max_tokens=20, sampling=GREEDY), clock=clock
+    )
     assert isinstance(done, Done) and list(done.tokens) == list(range(110, 130))
     notes = [e.round.note for e in events if e.round is not None]
     assert sum("draft model dropped" in n and "out of memory" in n for n in notes) == 1

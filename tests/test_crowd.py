@@ -15,7 +15,18 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pytest
 from fakes import FakeBackend, hashed_logits, noisy, without
-from test_verify import MODEL_PROMPT, NGRAM_PROMPT, P_TABLE, Q_TABLE, V, WINDOW, _draft_fn, _expected_joint, _target_fn, joint_check
+from test_verify import (
+    MODEL_PROMPT,
+    NGRAM_PROMPT,
+    P_TABLE,
+    Q_TABLE,
+    WINDOW,
+    V,
+    _draft_fn,
+    _expected_joint,
+    _target_fn,
+    joint_check,
+)
 
 from localspec.decoding.crowd import Candidate, plan_crowd
 from localspec.decoding.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
@@ -46,7 +57,9 @@ def test_eight_sequences_draft_nothing_where_the_curve_turns_steep() -> None:
 
 def test_four_sequences_share_the_spare_room_by_acceptance() -> None:
     """The flat part has 4 spare tokens: the likelier drafts take them."""
-    plan = plan_crowd([Candidate((0.9,) * 8), Candidate((0.3,) * 8), Candidate((0.9,) * 8), Candidate(())], steep_after_8)
+    plan = plan_crowd(
+        [Candidate((0.9,) * 8), Candidate((0.3,) * 8), Candidate((0.9,) * 8), Candidate(())], steep_after_8
+    )
     assert plan.batch == 8
     assert plan.lengths[0] >= 2 and plan.lengths[2] >= 2 and plan.lengths[1] == 0 and plan.lengths[3] == 0
 
@@ -61,7 +74,11 @@ def padded(lengths: Sequence[int]) -> int:
 @pytest.mark.parametrize("size", [None, padded])
 def test_the_plan_is_never_below_plain_batched_decoding(n: int, alpha: float, size: Callable | None) -> None:
     candidates = [Candidate((alpha,) * 6, draft_s=0.001)] * n
-    plan = plan_crowd(candidates, steep_after_8) if size is None else plan_crowd(candidates, steep_after_8, size, padded=True)
+    plan = (
+        plan_crowd(candidates, steep_after_8)
+        if size is None
+        else plan_crowd(candidates, steep_after_8, size, padded=True)
+    )
     assert plan.rate >= plan.plain_rate
     assert plan.plain_rate == pytest.approx(n / steep_after_8(n))
 
@@ -130,8 +147,16 @@ class FakeSlots:
 
 TARGET = without(hashed_logits(1))
 GREEDY = SamplingParams(temperature=0.0)
-PROMPTS = [list(b"The quick brown fox jumps. The quick brown"), list(b"abcabcabcabc"), list(b"Once upon a time"),
-           list(b"0123456789"), list(b"hello hello hello"), list(b"zyx"), list(b"print(print(print("), list(b"A B C D")]
+PROMPTS = [
+    list(b"The quick brown fox jumps. The quick brown"),
+    list(b"abcabcabcabc"),
+    list(b"Once upon a time"),
+    list(b"0123456789"),
+    list(b"hello hello hello"),
+    list(b"zyx"),
+    list(b"print(print(print("),
+    list(b"A B C D"),
+]
 
 
 def _drive(crowd: CrowdDecoder, jobs: dict[int, Job]) -> dict[int, Done]:
@@ -250,8 +275,15 @@ def test_each_sequence_decoded_together_is_distributed_as_its_target() -> None:
     for draw in range(N_DRAWS):
         crowd = CrowdDecoder(slots, clock=clock, crowd_aware=False)
         jobs = {
-            i: Job(i, slots.slots[i], drafters[i], prompt,
-                   GenerationConfig(max_tokens=WINDOW, num_draft=k, sampling=SamplingParams(temperature=1.0, seed=draw * 7 + i)))
+            i: Job(
+                i,
+                slots.slots[i],
+                drafters[i],
+                prompt,
+                GenerationConfig(
+                    max_tokens=WINDOW, num_draft=k, sampling=SamplingParams(temperature=1.0, seed=draw * 7 + i)
+                ),
+            )
             for i, (prompt, _, k) in enumerate(specs)
         }
         for i, d in _drive(crowd, jobs).items():

@@ -15,18 +15,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from head_chi import CHI_PROMPT, N_SAMPLES, TOP_K, WINDOW, K, draws, expected_joint, misreported, run
+from test_verify import joint_check
 
 from localspec.backends import llama_cpp as lb
 from localspec.backends.base import sync_cache
 from localspec.backends.llama_dflash import BlockDrafter
 from localspec.decoding.drafters import NoDrafter
 from localspec.decoding.engine import Done, GenerationConfig
-from localspec.sampling import SamplingParams
 from localspec.errors import Interrupted, ModelFileError, UnsupportedModelError, UsageError
 from localspec.options import ModelOptions
 from localspec.pipeline import load_pipeline
-from head_chi import CHI_PROMPT, K, N_SAMPLES, TOP_K, WINDOW, draws, expected_joint, misreported, run
-from test_verify import joint_check
+from localspec.sampling import SamplingParams
 
 LAYERS = (1, 2, 3)
 BLOCK = 8
@@ -49,7 +49,9 @@ def files(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> dict[
     write_tiny_llama(f["target"], smollm2_path, seed=0, n_layer=4)
     write_tiny_llama(f["qwen2"], smollm2_path, seed=0, n_layer=4, arch="qwen2")
     write_tiny_dflash(f["dflash"], smollm2_path, target_layers=LAYERS, block_size=BLOCK)
-    write_tiny_dflash(f["dspark"], smollm2_path, target_layers=LAYERS, block_size=BLOCK, dspark=True, confidence=True, seed=21)
+    write_tiny_dflash(
+        f["dspark"], smollm2_path, target_layers=LAYERS, block_size=BLOCK, dspark=True, confidence=True, seed=21
+    )
     write_tiny_dflash(f["dspark_bonus"], smollm2_path, target_layers=LAYERS, block_size=BLOCK, dspark=True,
                       sample_from_anchor=False, seed=22)  # fmt: skip
     write_tiny_dflash(f["dflash2"], smollm2_path, target_layers=LAYERS, block_size=BLOCK, selector_top_k=4, seed=23)
@@ -90,7 +92,9 @@ def test_greedy_speculative_equals_plain_greedy(files: dict[str, Path], target, 
 
 
 @pytest.mark.parametrize("which", list(DRAFTERS))
-def test_a_block_holds_the_longest_draft_and_a_smaller_k_truncates_it(files: dict[str, Path], target, which: str) -> None:  # type: ignore[no-untyped-def]
+def test_a_block_holds_the_longest_draft_and_a_smaller_k_truncates_it(
+    files: dict[str, Path], target, which: str
+) -> None:  # type: ignore[no-untyped-def]
     """As llama.cpp sizes the block by --draft-max: k only cuts the one block, and k past the trained block
     size drafts the block size (DSpark sampling from the anchor: all of it; otherwise one less)."""
     prompt = target.tokenize("def fibonacci(n):")
@@ -196,7 +200,9 @@ def test_after_rejected_rounds_the_next_proposal_equals_a_fresh_drafters(
             assert a.q is None  # the lattice walk is deterministic: a one-hot draft at any temperature
         elif temperature > 0:
             assert a.q is not None and b.q is not None
-            np.testing.assert_allclose(a.q, b.q, atol=2e-3)  # features injected in other batches (batched arithmetic differs in the last bits)
+            np.testing.assert_allclose(
+                a.q, b.q, atol=2e-3
+            )  # features injected in other batches (batched arithmetic differs in the last bits)
         # A second proposal on the same context (nothing accepted in between) is the same again.
         again = used.propose(context, 4, sampling, np.random.default_rng(3))
         assert again.tokens == a.tokens
@@ -267,7 +273,9 @@ def test_an_abort_stops_the_drafter_and_leaves_its_cache_consistent(files: dict[
 
 @pytest.mark.parametrize("method", ["dflash", "dspark"])
 def test_pipeline_builds_the_block_drafter(files: dict[str, Path], method: str) -> None:
-    opts = ModelOptions(target=str(files["target"]), draft=str(files[method]), draft_method=method, n_ctx=512, threads=1)
+    opts = ModelOptions(
+        target=str(files["target"]), draft=str(files[method]), draft_method=method, n_ctx=512, threads=1
+    )
     pipe = load_pipeline(opts)
     try:
         assert pipe.drafter.method == method and pipe.draft is None  # the drafter owns its model
@@ -303,11 +311,15 @@ def test_a_drafter_that_does_not_fit_is_refused_before_loading(
 
 def _python(code: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env, timeout=120
+    )
 
 
 @pytest.mark.parametrize("method", ["dflash", "dspark"])
-def test_qwen2_target_with_a_block_drafter_is_a_clear_error_and_the_process_lives(files: dict[str, Path], method: str) -> None:
+def test_qwen2_target_with_a_block_drafter_is_a_clear_error_and_the_process_lives(
+    files: dict[str, Path], method: str
+) -> None:
     cli = _python(f"""
         import sys
         from localspec.cli import main

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from fakes import EOG, FakeBackend, hashed_logits, scripted_tokens
+
 from localspec.backends.base import common_prefix
 from localspec.decoding.drafters import ModelDrafter, NgramDrafter, NoDrafter
 from localspec.draft import EMPTY_DRAFT

@@ -19,22 +19,22 @@ import numpy as np
 import pytest
 from head_chi import (
     CHI_PROMPT,
-    K,
     N_SAMPLES,
     TOP_K,
     WINDOW,
+    K,
     draws,
     expected_joint,
     first_draft_q,
     misreported,
     run,
 )
+from test_verify import joint_check
+
 from localspec.backends import llama_cpp as lb
 from localspec.backends import llama_ext
 from localspec.backends.base import sync_cache
 from localspec.backends.llama_eagle3 import Eagle3Drafter
-from test_verify import joint_check
-
 from localspec.decoding.drafters import NoDrafter
 from localspec.decoding.engine import Done, GenerationConfig
 from localspec.errors import (
@@ -227,7 +227,9 @@ def test_after_rejected_rounds_the_next_proposal_equals_a_fresh_drafters(
         assert a.tokens == b.tokens and len(a.tokens) == 4
         if temperature > 0:
             assert a.q is not None and b.q is not None
-            np.testing.assert_allclose(a.q, b.q, atol=2e-3)  # batched vs single-row passes differ in the last bits (seen: 4e-4); a wrong state moves q by far more
+            np.testing.assert_allclose(
+                a.q, b.q, atol=2e-3
+            )  # batched vs single-row passes differ in the last bits (seen: 4e-4); a wrong state moves q by far more
         # A second proposal on the same context (nothing accepted in between) is the same again.
         again = used.propose(context, 4, sampling, np.random.default_rng(3))
         assert again.tokens == a.tokens
@@ -276,7 +278,9 @@ def test_closing_a_head_drafter_ends_the_capture_only_when_no_other_needs_it(fil
 
 
 def test_pipeline_builds_the_eagle3_drafter(files: dict[str, Path]) -> None:
-    opts = ModelOptions(target=str(files["target"]), draft=str(files["head"]), draft_method="eagle3", n_ctx=512, threads=1)
+    opts = ModelOptions(
+        target=str(files["target"]), draft=str(files["head"]), draft_method="eagle3", n_ctx=512, threads=1
+    )
     pipe = load_pipeline(opts)
     try:
         assert pipe.drafter.method == "eagle3" and pipe.draft is None  # the head is the drafter's, not a Backend
@@ -296,7 +300,9 @@ def test_auto_drafts_with_a_head_given_as_draft_where_its_measured_costs_can_pay
     from localspec.decoding.auto import AutoDrafter
     from localspec.decoding.policy import CostModel
 
-    opts = ModelOptions(target=str(files["target"]), draft=str(files["head"]), draft_method="auto", n_ctx=512, threads=1)
+    opts = ModelOptions(
+        target=str(files["target"]), draft=str(files["head"]), draft_method="auto", n_ctx=512, threads=1
+    )
     assert opts.auto_head == "eagle3" and not opts.uses_draft_model
     greedy = GenerationConfig(max_tokens=16, num_draft=4, sampling=SamplingParams(temperature=0.0))
     plain = load_pipeline(opts.with_method("none"))
@@ -343,7 +349,9 @@ def test_auto_drafts_with_a_head_given_as_draft_where_its_measured_costs_can_pay
 def test_a_head_that_does_not_fit_the_target_is_refused_before_loading(
     files: dict[str, Path], head: str, error: type, words: str
 ) -> None:
-    opts = ModelOptions(target=str(files["target"]), draft=str(files[head]), draft_method="eagle3", n_ctx=512, threads=1)
+    opts = ModelOptions(
+        target=str(files["target"]), draft=str(files[head]), draft_method="eagle3", n_ctx=512, threads=1
+    )
     with pytest.raises(error, match=words) as info:
         load_pipeline(opts)
     assert info.value.hint
@@ -362,7 +370,9 @@ def test_capture_on_an_architecture_without_the_hook_is_refused_in_process(files
 
 def _python(code: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env, timeout=120
+    )
 
 
 def test_qwen2_target_with_an_eagle3_head_is_a_clear_error_and_the_process_lives(files: dict[str, Path]) -> None:

@@ -188,9 +188,7 @@ def test_stats_are_consistent(kind: str, sampling: SamplingParams) -> None:
     from_draft = sum(st.origins.count("draft") for st in round_steps)
     drafted = sum(r.n_drafted for r in rounds)
     assert s.acceptance_rate == pytest.approx(from_draft / drafted if drafted else 0.0)
-    by_position = [
-        (sum(r.n_drafted > i for r in rounds), sum(r.n_accepted > i for r in rounds)) for i in range(k)
-    ]
+    by_position = [(sum(r.n_drafted > i for r in rounds), sum(r.n_accepted > i for r in rounds)) for i in range(k)]
     by_position = [(d, a) for d, a in by_position if d]
     assert s.drafted_by_position == tuple(d for d, _ in by_position)
     assert s.accepted_by_position == tuple(a for _, a in by_position)
@@ -486,7 +484,7 @@ def test_draft_tokens_outside_the_target_vocabulary_are_rejected_not_fed() -> No
 
     def wide_draft(context):  # type: ignore[no-untyped-def]
         out = np.full(N_VOCAB + 40, -1e9, dtype=np.float32)
-        out[: N_VOCAB] = target_fn(context)
+        out[:N_VOCAB] = target_fn(context)
         if len(context) % 3 == 0:
             out[N_VOCAB + 7] = 1e3  # now and then the draft insists on a padding id
         return out
@@ -498,7 +496,9 @@ def test_draft_tokens_outside_the_target_vocabulary_are_rejected_not_fed() -> No
 
     for temperature in (0.0, 1.0):
         cfg = GenerationConfig(max_tokens=40, num_draft=4, sampling=SamplingParams(temperature=temperature, seed=5))
-        spec = list(generate(Guarded(target_fn), ModelDrafter(FakeBackend(wide_draft, n_vocab=N_VOCAB + 40)), [1, 2, 3], cfg))[-1]
+        spec = list(
+            generate(Guarded(target_fn), ModelDrafter(FakeBackend(wide_draft, n_vocab=N_VOCAB + 40)), [1, 2, 3], cfg)
+        )[-1]
         assert isinstance(spec, Done) and all(t < N_VOCAB for t in spec.tokens)
         if temperature == 0.0:
             plain = list(generate(FakeBackend(target_fn), NoDrafter(), [1, 2, 3], cfg))[-1]

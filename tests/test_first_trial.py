@@ -194,6 +194,7 @@ def test_run_on_gemma_says_which_format_and_writes_no_chatml(gemma_path: Path) -
 
 def test_unrecognised_model_falls_back_to_plain_text_and_says_so(tmp_path: Path, smollm2_path: Path) -> None:
     from gguf_factory import write_tiny_llama
+
     from localspec.backends.base import ChatMessage, chat_prompt_tokens
     from localspec.backends.chat_template import choose_chat_format
     from localspec.backends.llama_cpp import load
@@ -220,7 +221,6 @@ def test_chat_template_option_errors_and_files(tmp_path: Path, smollm2_path: Pat
     from localspec.backends.base import ChatMessage
     from localspec.backends.chat_template import choose_chat_format, conversation_text
     from localspec.backends.llama_cpp import load
-
     from localspec.errors import UsageError
 
     with pytest.raises(UsageError, match="neither a known format nor a file"):
@@ -308,6 +308,6 @@ def test_saved_transcript_closes_a_cut_code_fence() -> None:
     cut = "Here:\n\n```python\nprint('hi')"
     closed = close_fences(cut)
     assert closed.endswith("\n```") and closed.count("```") == 2
-    assert close_fences("~~~~\ncode\n```\nstill code") .endswith("~~~~")
+    assert close_fences("~~~~\ncode\n```\nstill code").endswith("~~~~")
     done = "```\nx\n```\n"
     assert close_fences(done) == done

@@ -17,12 +17,11 @@ import time
 from pathlib import Path
 
 import pytest
+from hub_server import FakeHub
 
 from localspec import cli
 from localspec.catalog import BackendPair, load_catalog
 from localspec.formatting import format_bytes
-
-from hub_server import FakeHub
 
 DEFAULT = "qwen2.5-coder-1.5b"
 PROMPT = "Write a Python function that checks whether a number is prime."
@@ -39,7 +38,14 @@ def hf_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("HF_HOME", str(home))
     monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
-    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "HF_HUB_CACHE", "HF_ENDPOINT", "LOCALSPEC_CATALOG"):
+    for var in (
+        "HF_TOKEN",
+        "HUGGING_FACE_HUB_TOKEN",
+        "HF_HUB_OFFLINE",
+        "HF_HUB_CACHE",
+        "HF_ENDPOINT",
+        "LOCALSPEC_CATALOG",
+    ):
         monkeypatch.delenv(var, raising=False)
     from huggingface_hub import constants
 
@@ -62,7 +68,9 @@ def hub(tiny_ggufs: tuple[Path, Path, Path], monkeypatch: pytest.MonkeyPatch) ->
 
 def full_gets(hub: FakeHub, file: str) -> list[int]:
     """Body bytes of each whole-file GET (not the header Range reads) of one file."""
-    return [r.body_bytes for r in hub.requests if r.method == "GET" and r.range is None and (r.file or "").endswith(file)]
+    return [
+        r.body_bytes for r in hub.requests if r.method == "GET" and r.range is None and (r.file or "").endswith(file)
+    ]
 
 
 # -- the default pair, pulled on first use --------------------------------------------------------
@@ -139,7 +147,12 @@ def localspec(*args: str, env: dict[str, str] | None = None, timeout: float = 60
     ("flags", "env", "message", "hint"),
     [
         (["--no-pull"], {}, f"pair {DEFAULT!r} (llama) is not downloaded", "leave out --no-pull"),
-        ([], {"HF_HUB_OFFLINE": "1"}, "HF_HUB_OFFLINE is set, so localspec will not download it", "unset HF_HUB_OFFLINE"),
+        (
+            [],
+            {"HF_HUB_OFFLINE": "1"},
+            "HF_HUB_OFFLINE is set, so localspec will not download it",
+            "unset HF_HUB_OFFLINE",
+        ),
         ([], {}, "with no terminal to ask, localspec does not download", "add --yes to download it now"),
         (["--pair", DEFAULT], {}, f"{DEFAULT} (llama) is not downloaded yet (about 1.6 GB)", "add --yes"),
     ],
@@ -210,11 +223,11 @@ def test_models_and_doctor_mark_the_default_pair(capsys: pytest.CaptureFixture[s
 
 @pytest.mark.asyncio
 async def test_chat_picker_marks_and_offers_the_default_pair(tmp_path: Path) -> None:
+    from test_tui import SIZE, text_of, until
     from textual.widgets import OptionList, Static
 
     from localspec.tui.app import ChatApp
     from localspec.tui.models import BackendStatus
-    from test_tui import SIZE, text_of, until
 
     probe = lambda: [BackendStatus("llama", "llama.cpp", True, "CPU build")]  # noqa: E731
     app = ChatApp(probe=probe, save_dir=tmp_path, notice="the default pair is not downloaded")

@@ -7,8 +7,8 @@ import struct
 from pathlib import Path
 
 import pytest
-
 from fixture_models import fetch
+
 from localspec.errors import ModelFileError
 from localspec.gguf_meta import GGUF_MAGIC, NeedMoreBytes, UnreadArray, parse_header, read_gguf_header
 from localspec.vocab import VocabInfo
@@ -56,7 +56,9 @@ def test_agrees_with_the_gguf_package(smollm2: Path) -> None:
     assert h.metadata["tokenizer.ggml.token_type"] == ref.fields["tokenizer.ggml.token_type"].contents()
     # By default the merges are stepped over (only their count kept); everything after them still reads right.
     light = read_gguf_header(smollm2)
-    assert light.metadata["tokenizer.ggml.merges"] == UnreadArray(8, len(ref.fields["tokenizer.ggml.merges"].contents()))
+    assert light.metadata["tokenizer.ggml.merges"] == UnreadArray(
+        8, len(ref.fields["tokenizer.ggml.merges"].contents())
+    )
     assert {k: v for k, v in light.metadata.items() if k != "tokenizer.ggml.merges"} == {
         k: v for k, v in h.metadata.items() if k != "tokenizer.ggml.merges"
     }

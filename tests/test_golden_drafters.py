@@ -17,8 +17,8 @@ from golden_cases import CASES, PENDING, GoldenCase, load_golden, write_case
 
 from localspec.backends import llama_cpp as lb
 from localspec.backends import llama_ext
-from localspec.sampling import SamplingParams
 from localspec.pipeline import make_drafter
+from localspec.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -29,7 +29,9 @@ def _case_or_skip(name: str) -> tuple[GoldenCase, dict]:  # type: ignore[type-ar
     case = CASES[name]
     golden = load_golden(case)
     if golden is None:
-        pytest.skip(f"no {case.golden_path.name}: run tests/golden/make_goldens.py --case {name} (needs llama.cpp's tools)")
+        pytest.skip(
+            f"no {case.golden_path.name}: run tests/golden/make_goldens.py --case {name} (needs llama.cpp's tools)"
+        )
     status = llama_ext.family_status(case.family)
     if not status.available:
         pytest.skip(f"localspec's {case.family} drafter cannot run here: {status.reason}")

@@ -104,7 +104,9 @@ def test_bad_arguments_say_what_to_do(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, script, "--payload", str(tmp_path)], capture_output=True, text=True)
     assert proc.returncode == 2 and "gpu_prepare.py" in proc.stderr
     (tmp_path / "site").mkdir()
-    proc = subprocess.run([sys.executable, script, "--payload", str(tmp_path), "--shapes", "13b"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, script, "--payload", str(tmp_path), "--shapes", "13b"], capture_output=True, text=True
+    )
     assert proc.returncode == 2 and "unknown shape '13b'" in proc.stderr
     proc = subprocess.run([sys.executable, script, "--payload", str(tmp_path)], capture_output=True, text=True)
     assert proc.returncode == 2 and "--lib-dir" in proc.stderr

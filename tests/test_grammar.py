@@ -239,6 +239,7 @@ def test_unknown_kind_is_refused() -> None:
 
 def test_end_of_generation_only_where_the_grammar_accepts_and_a_complete_grammar_ends_the_answer() -> None:
     """A model that prefers ending keeps writing until the object is complete, then the answer ends ("eog")."""
+
     def eager_to_end(ctx: Sequence[int]) -> np.ndarray:
         out = hashed_logits(7)(ctx)
         out[256] = 50.0

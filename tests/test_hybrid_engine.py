@@ -6,15 +6,27 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from fakes import RecurrentFakeBackend, hashed_logits, noisy, without
+from test_verify import (
+    MODEL_PROMPT,
+    N_SAMPLES,
+    P_TABLE,
+    Q_TABLE,
+    WINDOW,
+    K,
+    V,
+    _draft_fn,
+    _expected_joint,
+    _target_fn,
+    joint_check,
+)
+
 from localspec.backends.base import rollback_route, sync_cache
 from localspec.decoding.auto import AutoDrafter, auto_ngram
 from localspec.decoding.calibrate import time_target
 from localspec.decoding.drafters import ModelDrafter, NgramDrafter, NoDrafter
 from localspec.decoding.engine import Done, GenerationConfig, generate
 from localspec.sampling import SamplingParams
-from test_verify import MODEL_PROMPT, N_SAMPLES, P_TABLE, Q_TABLE, V, WINDOW, K, _draft_fn, _expected_joint, _target_fn, joint_check
 
 TARGET = without(hashed_logits(1))
 PROMPT = list(b"The quick brown fox jumps over the lazy dog. The quick brown")

@@ -12,16 +12,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_verify import joint_check
 
 from localspec.backends import llama_cpp as lb
 from localspec.backends.base import ChatMessage, chat_prompt_tokens, sync_cache
 from localspec.decoding.drafters import ModelDrafter, NgramDrafter, NoDrafter
 from localspec.decoding.engine import Done, GenerationConfig, generate
-from localspec.sampling import SamplingParams, probabilities
 from localspec.errors import UnsupportedModelError
 from localspec.options import ModelOptions
 from localspec.pipeline import load_pipeline
-from test_verify import joint_check
+from localspec.sampling import SamplingParams, probabilities
 
 FAMILIES = ("mamba", "lfm2")
 PROMPT = "Write a Python function that returns the n-th Fibonacci number."
@@ -132,8 +132,12 @@ def test_mixed_pairs_of_hybrid_and_attention_models(hybrid_ggufs, tiny_ggufs, t_
 # -- the state after a partly accepted round -------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("fam", "max_draft", "route"), [("lfm2", 8, "snapshot"), ("lfm2", 0, "restore"), ("mamba", 8, "restore")])
-def test_after_a_partial_round_the_next_logits_equal_plain_decoding(hybrid_ggufs, fam: str, max_draft: int, route: str) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize(
+    ("fam", "max_draft", "route"), [("lfm2", 8, "snapshot"), ("lfm2", 0, "restore"), ("mamba", 8, "restore")]
+)
+def test_after_a_partial_round_the_next_logits_equal_plain_decoding(
+    hybrid_ggufs, fam: str, max_draft: int, route: str
+) -> None:  # type: ignore[no-untyped-def]
     backend = lb.load(hybrid_ggufs[fam][0], n_ctx=256, max_draft=max_draft)
     try:
         prompt = backend.tokenize(PROMPT)
@@ -187,7 +191,9 @@ def test_rollback_beyond_snapshots_and_checkpoint_is_refused_clearly(hybrid_gguf
         assert "recurrent layers" in e.value.message and f"saved at {len(prompt)} tokens" in e.value.message
         assert "--draft-method none" in e.value.hint
         # sync_cache (a new prompt that shares only part of the cache) starts over instead, and gets it right
-        n_cached, row = sync_cache(backend, [*prompt[:keep], *backend.tokenize(" other", add_special=False)], logits=True)
+        n_cached, row = sync_cache(
+            backend, [*prompt[:keep], *backend.tokenize(" other", add_special=False)], logits=True
+        )
         assert n_cached == 0 and row is not None
     finally:
         backend.close()
@@ -233,7 +239,10 @@ def test_exact_rule_is_distributed_as_the_hybrid_target(hybrid_ggufs, fam: str) 
 
         def draw(seed: int) -> tuple[int, ...]:
             config = GenerationConfig(
-                max_tokens=WINDOW, num_draft=K, rule="exact", sampling=SamplingParams(temperature=1.5, top_k=TOP_K, seed=seed)
+                max_tokens=WINDOW,
+                num_draft=K,
+                rule="exact",
+                sampling=SamplingParams(temperature=1.5, top_k=TOP_K, seed=seed),
             )
             return _run_config(target, drafter, prompt, config).tokens
 
@@ -294,6 +303,11 @@ def test_doctor_and_the_picker_say_a_model_is_hybrid(hybrid_ggufs) -> None:  # t
     r = _cli("doctor", "--target", str(t), "--draft", str(d), "--threads", "1", "--json")
     assert r.returncode in (0, 1), r.stderr
     messages = [f["message"] for f in json.loads(r.stdout)["findings"]]
-    assert any(m.startswith("the target is hybrid (lfm2): speculative decoding works; llama.cpp keeps snapshots") for m in messages)
+    assert any(
+        m.startswith("the target is hybrid (lfm2): speculative decoding works; llama.cpp keeps snapshots")
+        for m in messages
+    )
     ok, text = check_pair("llama", str(t), str(hybrid_ggufs["mamba"][1]), "model")
-    assert ok and "target hybrid (lfm2)" in text and "draft recurrent (mamba)" in text and "restores a saved state" in text
+    assert (
+        ok and "target hybrid (lfm2)" in text and "draft recurrent (mamba)" in text and "restores a saved state" in text
+    )

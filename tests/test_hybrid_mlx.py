@@ -1,6 +1,6 @@
 """Hybrid and recurrent models on the MLX backend: tiny random mlx-lm Qwen3.5 (Gated DeltaNet beside
 attention) and Mamba models. Their ArraysCache layers cannot be trimmed; the backend keeps their state
-before a batch and restores it, re-feeding the kept tokens (backends/mlx.py).
+before a batch and restores it, re-feeding the kept tokens (localspec/backends/mlx.py).
 
 MLX on the CPU computes in float32: batched and one-token passes agree to about 1e-5 here; TOL is far
 above that and far below what a stale recurrent state gives.
@@ -125,9 +125,10 @@ def test_rollback_before_the_saved_state_is_refused_clearly(hybrid_models) -> No
 
 @pytest.mark.slow  # about 4 minutes on a busy 2-core CPU
 def test_exact_rule_through_a_hybrid_target_keeps_its_distribution(hybrid_models) -> None:  # type: ignore[no-untyped-def]
+    from test_verify import joint_check
+
     from localspec.decoding.drafters import ModelDrafter
     from localspec.sampling import SamplingParams, probabilities
-    from test_verify import joint_check
 
     window, k = 3, 2
     target, draft = _load(hybrid_models["qwen3_5"][0]), _load(hybrid_models["qwen3_5"][1])

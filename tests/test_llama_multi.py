@@ -1,4 +1,4 @@
-"""Several sequences in one llama.cpp context (backends/llama_multi.py) on a real model (SmolLM2-135M):
+"""Several sequences in one llama.cpp context (localspec/backends/llama_multi.py) on a real model (SmolLM2-135M):
 each slot's cache is its own (rollback of one leaves the others), a prefix shared between slots answers as
 read and outlives the donor's cut, greedy answers decoded together through
 engine.CrowdDecoder equal each answered alone (near-ties aside), each sequence decoded together follows
@@ -169,8 +169,16 @@ def test_each_sequence_decoded_together_is_distributed_as_the_target(target, slo
         crowd = CrowdDecoder(slots, crowd_aware=False)
         seeded = [SamplingParams(temperature=1.0, top_k=TOP_K, seed=1000 + draw + 5000 * i) for i in range(2)]
         jobs = {
-            0: Job(0, slots.slots[0], drafter, prompt, GenerationConfig(max_tokens=WINDOW, num_draft=2, sampling=seeded[0])),
-            1: Job(1, slots.slots[1], NgramDrafter(), other, GenerationConfig(max_tokens=WINDOW, num_draft=1, sampling=seeded[1])),
+            0: Job(
+                0, slots.slots[0], drafter, prompt, GenerationConfig(max_tokens=WINDOW, num_draft=2, sampling=seeded[0])
+            ),
+            1: Job(
+                1,
+                slots.slots[1],
+                NgramDrafter(),
+                other,
+                GenerationConfig(max_tokens=WINDOW, num_draft=1, sampling=seeded[1]),
+            ),
         }
         done = _drive(crowd, jobs, sizes)
         samples.append(done[0].tokens)

@@ -19,9 +19,8 @@ PROMPT = "<|im_start|>user\nWrite a poem about the sea.<|im_end|>\n<|im_start|>a
 
 
 def test_missing_mlx_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    from localspec.backends import mlx as backend
-
     from localspec import pipeline
+    from localspec.backends import mlx as backend
     from localspec.options import ModelOptions
 
     monkeypatch.setitem(sys.modules, "mlx", None)  # makes `import mlx...` raise ImportError
@@ -79,8 +78,12 @@ def test_backend_basics(models: dict[str, Path]) -> None:
     assert b.eog_ids == frozenset({256, 257})  # <|im_end|> (eos) and <|endoftext|>
     ids = b.tokenize("a<|im_end|>")
     assert ids == [97, 256]
-    assert b.tokenize("a<|im_end|>", parse_special=False)[0] == 97 and 256 not in b.tokenize("<|im_end|>", parse_special=False)
-    assert b.apply_chat_template([ChatMessage("user", "hi")]) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert b.tokenize("a<|im_end|>", parse_special=False)[0] == 97 and 256 not in b.tokenize(
+        "<|im_end|>", parse_special=False
+    )
+    assert (
+        b.apply_chat_template([ChatMessage("user", "hi")]) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    )
     logits = b.forward(ids)
     assert logits.shape == (2, 272) and logits.dtype == np.float32
     assert b.forward([98], all_logits=False).shape == (1, 272)
@@ -104,7 +107,9 @@ def test_detokenizer_is_utf8_safe(models: dict[str, Path]) -> None:
     assert "".join(parts) + d.flush() == text  # the leading space survives, unlike mlx-lm's BPE detokenizer
     assert all("\ufffd" not in p for p in parts)
     assert parts[ids.index(0xF0)] == ""  # a 4-byte character waits for its last byte
-    assert b.detokenizer().add(b.tokenize("<|im_start|>x<|im_end|>")) == "x"  # control tokens render as nothing, as on llama.cpp
+    assert (
+        b.detokenizer().add(b.tokenize("<|im_start|>x<|im_end|>")) == "x"
+    )  # control tokens render as nothing, as on llama.cpp
 
 
 @pytest.mark.mlx
@@ -192,7 +197,12 @@ def test_equals_mlx_lm_stream_generate(models: dict[str, Path]) -> None:
     theirs = [
         r.token
         for r in stream_generate(
-            model, tokenizer, prompt, max_tokens=n, draft_model=draft_model, num_draft_tokens=k,
+            model,
+            tokenizer,
+            prompt,
+            max_tokens=n,
+            draft_model=draft_model,
+            num_draft_tokens=k,
             sampler=lambda x: mx.argmax(x, axis=-1),
         )
     ]
@@ -206,7 +216,6 @@ def test_equals_mlx_lm_stream_generate(models: dict[str, Path]) -> None:
 @pytest.mark.mlx
 def test_pair_with_different_vocabularies_is_refused(models: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     from localspec.backends import mlx as backend
-
     from localspec.errors import IncompatiblePairError
     from localspec.options import ModelOptions
     from localspec.pipeline import load_pipeline
@@ -261,6 +270,7 @@ def test_sliding_window_model_rolls_back_past_its_window(tmp_path: Path) -> None
 def test_unknown_sliding_window_model_caps_context(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("mlx_lm")
     import mlx_tiny
+
     from localspec.backends import mlx as backend
 
     monkeypatch.setattr(backend, "_WINDOW_IN_MASK", frozenset())  # as for a model not known to be exact

@@ -1,4 +1,4 @@
-"""DFlash and DSpark on MLX (backends/mlx_dflash.py), on the llama.cpp golden cases' tiny random models
+"""DFlash and DSpark on MLX (localspec/backends/mlx_dflash.py), on the llama.cpp golden cases' tiny random models
 converted to MLX (the target with localspec.convert_gguf, the drafters to their Hugging Face layout with
 tests/mlx_heads.py): every round's drafts equal llama.cpp's own; greedy speculative output equals plain greedy
 output; the exact rule's joint distribution matches the target's at temperature 1 through the real drafter
@@ -151,7 +151,9 @@ def test_after_rejected_rounds_the_next_proposal_equals_a_fresh_drafters(convert
                                  target.tokenize("def fibonacci(n):"), temperature, k=4, atol=1e-4)  # fmt: skip
 
 
-def test_the_wrong_method_and_unbuildable_drafters_are_refused(converted: dict[str, Path], target, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_the_wrong_method_and_unbuildable_drafters_are_refused(
+    converted: dict[str, Path], target, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
     from localspec.errors import ModelFileError
 
     with pytest.raises(UsageError, match="use --draft-method dspark"):

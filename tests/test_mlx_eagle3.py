@@ -1,5 +1,5 @@
-"""EAGLE-3 on MLX: hidden-state capture on mlx-lm targets (backends/mlx_capture.py) and the EAGLE-3 head in
-its Hugging Face layouts (backends/mlx_eagle3.py), on tiny random models.
+"""EAGLE-3 on MLX: hidden-state capture on mlx-lm targets (localspec/backends/mlx_capture.py) and the EAGLE-3 head in
+its Hugging Face layouts (localspec/backends/mlx_eagle3.py), on tiny random models.
 
 Capture must leave the target's logits bit-identical; greedy speculative output must equal plain greedy
 output (ours and mlx-lm's own generate_step); the exact rule's joint distribution must match the target's at
@@ -64,14 +64,25 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "target": target,
         "hybrid": hybrid,
         "head": mlx_heads.write_eagle3(root / "head", TARGET_CONFIG, seed=3, layer_ids=LAYERS),
-        "speculators": mlx_heads.write_eagle3(root / "spec", TARGET_CONFIG, seed=4, layer_ids=LAYERS,
-                                              layout=mlx_heads.SPECULATORS, norm_before_residual=True),  # fmt: skip
+        "speculators": mlx_heads.write_eagle3(
+            root / "spec",
+            TARGET_CONFIG,
+            seed=4,
+            layer_ids=LAYERS,
+            layout=mlx_heads.SPECULATORS,
+            norm_before_residual=True,
+        ),  # fmt: skip
         "near": mlx_heads.save_eagle3(
-            root / "near", _near_tensors(len(near)), _config(), layout=mlx_heads.ORIGINAL, layer_ids=LAYERS,
+            root / "near",
+            _near_tensors(len(near)),
+            _config(),
+            layout=mlx_heads.ORIGINAL,
+            layer_ids=LAYERS,
             d2t=np.array(near),
         ),
-        "hybrid_head": mlx_heads.write_eagle3(root / "hhead", mlx_tiny.QWEN35_CONFIG, seed=5, layer_ids=(0, 2, 4),
-                                              draft_vocab=16),  # fmt: skip
+        "hybrid_head": mlx_heads.write_eagle3(
+            root / "hhead", mlx_tiny.QWEN35_CONFIG, seed=5, layer_ids=(0, 2, 4), draft_vocab=16
+        ),  # fmt: skip
     }
 
 
@@ -81,7 +92,9 @@ def _config() -> dict:  # type: ignore[type-arg]
 
 def _near_tensors(n_out: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(6)
-    return mlx_heads.eagle3_tensors(rng, hidden=64, target_hidden=64, heads=4, kv_heads=2, ff=128, n_out=n_out, scale=1.0)
+    return mlx_heads.eagle3_tensors(
+        rng, hidden=64, target_hidden=64, heads=4, kv_heads=2, ff=128, n_out=n_out, scale=1.0
+    )
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +108,9 @@ def target(files: dict[str, Path]):  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.parametrize("which", ["target", "hybrid"])
-def test_capture_keeps_the_logits_bit_identical_and_the_features_follow_rollback(files: dict[str, Path], which: str) -> None:
+def test_capture_keeps_the_logits_bit_identical_and_the_features_follow_rollback(
+    files: dict[str, Path], which: str
+) -> None:
     import mlx.core as mx
 
     plain = mb.load(str(files[which]), n_ctx=256)
@@ -129,9 +144,8 @@ def test_capture_keeps_the_logits_bit_identical_and_the_features_follow_rollback
 @pytest.mark.parametrize("head", ["head", "speculators", "near"])
 @pytest.mark.parametrize("k", [1, 4])
 def test_greedy_speculative_equals_plain_greedy_and_mlx_lm(files: dict[str, Path], target, head: str, k: int) -> None:  # type: ignore[no-untyped-def]
-    from mlx_lm.generate import generate_step
-
     import mlx.core as mx
+    from mlx_lm.generate import generate_step
 
     prompt = target.tokenize(PROMPT)
     plain = run(target, NoDrafter(), prompt, max_tokens=24, num_draft=0, sampling=GREEDY)
@@ -231,7 +245,9 @@ def test_a_head_whose_q_is_misreported_fails_the_same_check(target, chi) -> None
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_after_rejected_rounds_the_next_proposal_equals_a_fresh_drafters(files: dict[str, Path], target, temperature: float) -> None:  # type: ignore[no-untyped-def]
+def test_after_rejected_rounds_the_next_proposal_equals_a_fresh_drafters(
+    files: dict[str, Path], target, temperature: float
+) -> None:  # type: ignore[no-untyped-def]
     check_fresh_after_rejections(target, lambda: Eagle3Drafter(target, files["head"]), target.tokenize(PROMPT),
                                  temperature, k=4, atol=1e-4)  # fmt: skip
 
@@ -270,7 +286,9 @@ def test_run_picks_the_head_from_its_directory_and_auto_drives_it(files: dict[st
     base = [sys.executable, "-m", "localspec.cli", "run", "--backend", "mlx", "--target", str(files["target"]),
             "--draft", str(files["near"]), "--max-tokens", "16", "--temperature", "0", "--json", PROMPT]  # fmt: skip
     for method, label in (("eagle3", "eagle3:near"), ("auto", "eagle3:near")):
-        out = subprocess.run([*base, "--draft-method", method], capture_output=True, text=True, timeout=300, check=False)
+        out = subprocess.run(
+            [*base, "--draft-method", method], capture_output=True, text=True, timeout=300, check=False
+        )
         assert out.returncode == 0, out.stderr
         stats = json.loads(out.stdout)["stats"]
         assert stats["draft_method"] == method and label in stats["draft"]
@@ -280,7 +298,9 @@ def test_run_picks_the_head_from_its_directory_and_auto_drives_it(files: dict[st
 
 
 @pytest.mark.parametrize("name", ["eagle3", "eagle3-d2t", "eagle3-near"])
-def test_drafts_per_round_equal_llama_cpps_on_the_converted_models(name: str, smollm2_path: Path, tmp_path: Path) -> None:
+def test_drafts_per_round_equal_llama_cpps_on_the_converted_models(
+    name: str, smollm2_path: Path, tmp_path: Path
+) -> None:
     from golden_cases import CASES, load_golden, write_case
     from test_golden_drafters import replay_rounds
 

@@ -1,4 +1,4 @@
-"""MTP on MLX (backends/mlx_mtp.py): a tiny hybrid Qwen3.5 target (Gated DeltaNet beside attention) whose
+"""MTP on MLX (localspec/backends/mlx_mtp.py): a tiny hybrid Qwen3.5 target (Gated DeltaNet beside attention) whose
 checkpoint keeps one MTP layer (tests/mlx_heads.add_mtp). Greedy speculative output equals plain greedy output
 (ours and mlx-lm's generate_step); the exact rule's joint distribution matches the target's at temperature 1
 through the layer (and fails for a misreported q); the layer's cache comes back right after rejected rounds;
@@ -129,10 +129,14 @@ def test_an_mtp_layer_whose_q_is_misreported_fails_the_same_check(target, chi) -
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_after_rejected_rounds_the_next_proposal_equals_a_fresh_drafters(target, temperature: float) -> None:  # type: ignore[no-untyped-def]
-    check_fresh_after_rejections(target, lambda: MtpDrafter(target), target.tokenize(PROMPT), temperature, k=3, atol=1e-4)
+    check_fresh_after_rejections(
+        target, lambda: MtpDrafter(target), target.tokenize(PROMPT), temperature, k=3, atol=1e-4
+    )
 
 
-def test_checkpoints_without_the_layer_and_other_architectures_are_refused(dirs: dict[str, Path], tmp_path: Path) -> None:
+def test_checkpoints_without_the_layer_and_other_architectures_are_refused(
+    dirs: dict[str, Path], tmp_path: Path
+) -> None:
     for name, says in (("plain", "declares no MTP layers"), ("declared", "hold no mtp")):
         t = mb.load(str(dirs[name]), n_ctx=128)
         try:
@@ -154,9 +158,13 @@ def test_an_original_checkpoint_is_told_by_its_unconverted_conv_weights(tmp_path
     """mlx-lm's rule (conv1d weights still (C, 1, K)), read from the headers: then the MTP norms get +1."""
     import mlx.core as mx
 
-    mx.save_safetensors(str(tmp_path / "a.safetensors"), {"model.layers.0.linear_attn.conv1d.weight": mx.zeros((8, 1, 4))})
+    mx.save_safetensors(
+        str(tmp_path / "a.safetensors"), {"model.layers.0.linear_attn.conv1d.weight": mx.zeros((8, 1, 4))}
+    )
     assert _unsanitized(safetensors_headers(tmp_path))
-    mx.save_safetensors(str(tmp_path / "a.safetensors"), {"model.layers.0.linear_attn.conv1d.weight": mx.zeros((8, 4, 1))})
+    mx.save_safetensors(
+        str(tmp_path / "a.safetensors"), {"model.layers.0.linear_attn.conv1d.weight": mx.zeros((8, 4, 1))}
+    )
     assert not _unsanitized(safetensors_headers(tmp_path))
 
 

@@ -1,4 +1,4 @@
-"""Several sequences of one MLX target in one batched forward (backends/mlx_multi.py), on tiny random mlx-lm
+"""Several sequences of one MLX target in one batched forward (localspec/backends/mlx_multi.py), on tiny random mlx-lm
 models (qwen2; a GLM-4.5-style MoE with partial RoPE; Gemma 3 with sliding windows in the mask): each
 row's logits equal the sequence decoded alone, through right padding, rows that are not one contiguous
 run, rollbacks of one slot and a prefix shared between slots; greedy answers decoded together through
@@ -149,7 +149,9 @@ def test_a_prompt_read_between_the_others_passes_answers_as_alone(loaded: Any) -
     assert events[-1].tokens == alone.tokens and events[-1].stats.n_prompt_cached == len(prompt) - 1
 
 
-def test_each_sequence_decoded_together_is_distributed_as_the_target(loaded: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_each_sequence_decoded_together_is_distributed_as_the_target(
+    loaded: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Two sequences share every pass: a model draft of 2 and a lookup draft of 1 (crowd lengths off)."""
     import head_chi
 

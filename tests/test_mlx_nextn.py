@@ -1,4 +1,4 @@
-"""MTP on MLX for the DeepSeek-V3 / GLM-4.5 "nextn" layout and MiMo's (backends/mlx_nextn.py): a tiny
+"""MTP on MLX for the DeepSeek-V3 / GLM-4.5 "nextn" layout and MiMo's (localspec/backends/mlx_nextn.py): a tiny
 GLM-4.5-style MoE target whose checkpoint keeps its nextn layer as `model.layers.{num_hidden_layers}.*`, and a
 tiny MiMo whose checkpoint keeps `model.mtp_layers.0.*` (tests/mlx_heads.add_nextn).
 Greedy speculative output equals plain greedy output; the exact rule's joint distribution matches the target's
@@ -52,7 +52,12 @@ def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     plain = mlx_tiny.build(root / "plain", seed=2, config=mlx_tiny.GLM4_MOE_CONFIG)
     mimo = mlx_tiny.build(root / "mimo-plain", seed=4, config=mlx_tiny.MIMO_CONFIG)
     out = {"plain": plain, "mimo-plain": mimo}
-    for name, base, echo in (("nextn", plain, False), ("echo", plain, True), ("mimo", mimo, False), ("mimo-echo", mimo, True)):
+    for name, base, echo in (
+        ("nextn", plain, False),
+        ("echo", plain, True),
+        ("mimo", mimo, False),
+        ("mimo-echo", mimo, True),
+    ):
         shutil.copytree(base, root / name)
         out[name] = mlx_heads.add_nextn(root / name, seed=3, echo=echo, mimo=name.startswith("mimo"))
     return out
@@ -152,7 +157,9 @@ def test_run_picks_the_nextn_layout_by_architecture(dirs: dict[str, Path]) -> No
 
 
 @pytest.mark.parametrize("name", ["mtp", "mtp-near", "mtp-norms"])
-def test_drafts_per_round_equal_llama_cpps_on_the_converted_model(name: str, smollm2_path: Path, tmp_path: Path) -> None:
+def test_drafts_per_round_equal_llama_cpps_on_the_converted_model(
+    name: str, smollm2_path: Path, tmp_path: Path
+) -> None:
     """localspec.convert_gguf keeps the MTP layer (Hugging Face names); the nextn drafter on the converted
     model proposes what llama.cpp's MTP drafted, round by round. "mtp-norms" spreads the norm weights, so a
     hidden state taken before instead of after a norm drafts differently."""

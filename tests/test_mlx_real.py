@@ -82,7 +82,9 @@ def test_qwen_05b_mlx_matches_llama_cpp() -> None:
     )
 
 
-@pytest.mark.skipif(not os.environ.get("LOCALSPEC_TEST_MLX_1_5B"), reason="set LOCALSPEC_TEST_MLX_1_5B=1 (6 GB, minutes)")
+@pytest.mark.skipif(
+    not os.environ.get("LOCALSPEC_TEST_MLX_1_5B"), reason="set LOCALSPEC_TEST_MLX_1_5B=1 (6 GB, minutes)"
+)
 def test_qwen_15b_with_05b_draft_on_mlx() -> None:
     pytest.importorskip("mlx.core")
     pytest.importorskip("llama_cpp")

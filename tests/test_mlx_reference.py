@@ -53,7 +53,9 @@ def _to_eog(draft: list[int], eog: frozenset[int]) -> list[int]:
     return draft if at is None else draft[: at + 1]
 
 
-def _assert_same_drafts(target_dir: Path, make: Any, contexts: list[list[int]], theirs: list[list[int]], k: int) -> None:
+def _assert_same_drafts(
+    target_dir: Path, make: Any, contexts: list[list[int]], theirs: list[list[int]], k: int
+) -> None:
     """localspec's drafter (`make(target)`) on each reference round's committed context, the target holding all
     of it but the last token: the reference's drafts, up to their first end-of-generation token."""
     from localspec.backends.base import sync_cache
@@ -88,7 +90,9 @@ def _replay(target: Any, drafter: Any, prompt: list[int], first: int, rounds: li
     for anchor, theirs in rounds:
         assert anchor == context[-1]
         if len(theirs) == k:
-            pairs.append((_to_eog(theirs, target.eog_ids), drafter.propose(context, k, GREEDY, np.random.default_rng(0)).tokens))
+            pairs.append(
+                (_to_eog(theirs, target.eog_ids), drafter.propose(context, k, GREEDY, np.random.default_rng(0)).tokens)
+            )
         accepted = 0
         while accepted < len(theirs) and done + accepted < len(final) and theirs[accepted] == final[done + accepted]:
             accepted += 1

@@ -29,11 +29,11 @@ from head_chi import (
     first_draft_q,
     run,
 )
+from test_verify import joint_check
+
 from localspec.backends import llama_cpp as lb
 from localspec.backends.base import sync_cache
 from localspec.backends.llama_mtp import MtpDrafter, check_target
-from test_verify import joint_check
-
 from localspec.decoding.drafters import NoDrafter
 from localspec.decoding.engine import Done, GenerationConfig
 from localspec.errors import Interrupted, UnsupportedModelError
@@ -168,7 +168,9 @@ def test_after_rejected_rounds_the_next_proposal_equals_a_fresh_drafters(target,
         assert a.tokens == b.tokens and len(a.tokens) == 4
         if temperature > 0:
             assert a.q is not None and b.q is not None
-            np.testing.assert_allclose(a.q, b.q, atol=2e-3)  # batched vs single-row passes differ in the last bits (seen: 4e-4); a wrong state moves q by far more
+            np.testing.assert_allclose(
+                a.q, b.q, atol=2e-3
+            )  # batched vs single-row passes differ in the last bits (seen: 4e-4); a wrong state moves q by far more
         # A second proposal on the same context (nothing accepted in between) is the same again.
         again = used.propose(context, 4, sampling, np.random.default_rng(3))
         assert again.tokens == a.tokens
@@ -253,7 +255,9 @@ def test_a_target_without_mtp_weights_is_refused_before_loading(files: dict[str,
     assert "--draft-method ngram" in info.value.hint
 
 
-def test_several_mtp_heads_are_refused_until_chaining_is_driven(files: dict[str, Path], smollm2_path: Path, tmp_path: Path) -> None:
+def test_several_mtp_heads_are_refused_until_chaining_is_driven(
+    files: dict[str, Path], smollm2_path: Path, tmp_path: Path
+) -> None:
     from gguf_factory import write_tiny_glm4moe
 
     two = tmp_path / "glm4moe-two-heads.gguf"
@@ -276,7 +280,9 @@ def test_a_target_loaded_without_its_mtp_layers_is_refused(files: dict[str, Path
 
 def _python(code: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env, timeout=120
+    )
 
 
 def test_a_target_without_mtp_is_a_clear_error_and_the_process_lives(files: dict[str, Path]) -> None:
@@ -331,7 +337,9 @@ def test_a_draft_file_given_with_mtp_is_said_to_be_unused(files: dict[str, Path]
     assert ignored_options(argparse.Namespace(draft=str(files["llama"])), eagle) == []
 
 
-def test_auto_drafts_with_the_targets_own_mtp_layers_given_as_its_draft(files: dict[str, Path], smollm2_path: Path) -> None:
+def test_auto_drafts_with_the_targets_own_mtp_layers_given_as_its_draft(
+    files: dict[str, Path], smollm2_path: Path
+) -> None:
     """A catalog MTP pair names the target file as its draft: auto then drafts with the MTP head in the draft
     model's place (costs measured and remembered); the same file without MTP layers is a self-draft."""
     from localspec.decoding.auto import AutoDrafter

@@ -318,7 +318,9 @@ def test_a_partial_blob_left_by_a_killed_pull_is_never_taken_for_the_model(
     result = pull_pair("tiny", "llama", endpoint=hub.url, log=logs.append)
     assert Path(result.target).read_bytes() == data
     assert result.models[0].bytes_downloaded == len(data)
-    full_gets = [r.body_bytes for r in hub.requests if r.method == "GET" and r.range is None and r.file == f"{T_REPO}/{T_FILE}"]
+    full_gets = [
+        r.body_bytes for r in hub.requests if r.method == "GET" and r.range is None and r.file == f"{T_REPO}/{T_FILE}"
+    ]
     assert full_gets == [len(data)]  # one whole transfer (the header check before it reads ranges)
     assert not any(p.exists() for p in partials)
     assert not any(p.name.endswith(".incomplete") for p in _files_under(hf_env))
@@ -468,7 +470,10 @@ def test_pull_fetches_the_drafter_sidecars_llama_cpp_would(
     assert {f: Path(p).name for f, p in pull_model(f"{SIDECAR_REPO}:Model-Q8_0.gguf", endpoint=hub.url)
             .models[0].sidecars.items()}["mtp"] == "mtp-Model-Q8_0.gguf"  # fmt: skip
     # A drafter pulled itself brings no second file of its own family.
-    assert set(pull_model(f"{SIDECAR_REPO}:dflash-Model-Q8_0.gguf", endpoint=hub.url).models[0].sidecars) == {"mtp", "eagle3"}
+    assert set(pull_model(f"{SIDECAR_REPO}:dflash-Model-Q8_0.gguf", endpoint=hub.url).models[0].sidecars) == {
+        "mtp",
+        "eagle3",
+    }
     # Sidecars are no models: the repo holds two, and the list offers only those.
     with pytest.raises(PullError, match="2 GGUF models") as ei:
         pull_model(SIDECAR_REPO, endpoint=hub.url)
@@ -492,7 +497,9 @@ def test_a_head_pair_pulls_its_head_and_runs_its_method(
     hub.add_repo("test-org/tiny-llama-GGUF", {"tiny-llama-F32.gguf": target.read_bytes()})
     hub.add_repo("test-org/tiny-llama-eagle3-GGUF", {head.name: head.read_bytes()})
     cat = tmp_path / "catalog.toml"
-    cat.write_text(USER_CATALOG + """
+    cat.write_text(
+        USER_CATALOG
+        + """
 [[pair]]
 name = "tiny-eagle3"
 method = "eagle3"
@@ -501,14 +508,17 @@ num_draft = 3
 hardware = "tests"
 [pair.llama]
 target = { repo = "test-org/tiny-llama-GGUF", file = "tiny-llama-F32.gguf" }
-draft = { repo = "test-org/tiny-llama-eagle3-GGUF", file = "%s" }
+draft = { repo = "test-org/tiny-llama-eagle3-GGUF", file = "HEAD" }
 size_gb = 0.01
-""" % head.name)  # noqa: UP031
+""".replace("HEAD", head.name)
+    )
     r = pull_pair("tiny-eagle3", "llama", endpoint=hub.url)
     assert r.compat_checked and Path(r.draft).read_bytes() == head.read_bytes()
     opts = model_options_from_args(build_parser().parse_args(["run", "--pair", "tiny-eagle3", "hi"]))
     assert (opts.draft_method, opts.draft) == ("eagle3", r.draft)
-    explicit = model_options_from_args(build_parser().parse_args(["run", "--pair", "tiny-eagle3", "--draft-method", "ngram", "hi"]))
+    explicit = model_options_from_args(
+        build_parser().parse_args(["run", "--pair", "tiny-eagle3", "--draft-method", "ngram", "hi"])
+    )
     assert explicit.draft_method == "ngram"
     from localspec.pipeline import check_pair
 
@@ -540,7 +550,9 @@ def test_an_mlx_head_pair_pulls_the_head_checked_against_its_target(hub: FakeHub
     hub.add_repo("test-org/tiny-qwen-eagle3", _dir_files(head))
     hub.add_repo("test-org/wide-eagle3", _dir_files(wide))
     cat = tmp_path / "catalog.toml"
-    cat.write_text(USER_CATALOG + """
+    cat.write_text(
+        USER_CATALOG
+        + """
 [[pair]]
 name = "tiny-mlx-eagle3"
 method = "eagle3"
@@ -562,11 +574,14 @@ hardware = "tests"
 target = { repo = "test-org/tiny-qwen-mlx" }
 draft = { repo = "test-org/wide-eagle3" }
 size_gb = 0.01
-""")
+"""
+    )
     r = pull_pair("tiny-mlx-eagle3", "mlx", endpoint=hub.url)
     assert r.compat_checked and (Path(r.draft) / "config.json").is_file()
     assert resolve_pair("tiny-mlx-eagle3", "mlx") == (r.target, r.draft)  # complete without a tokenizer
-    opts = model_options_from_args(build_parser().parse_args(["run", "--pair", "tiny-mlx-eagle3", "--backend", "mlx", "hi"]))
+    opts = model_options_from_args(
+        build_parser().parse_args(["run", "--pair", "tiny-mlx-eagle3", "--backend", "mlx", "hi"])
+    )
     assert (opts.draft_method, opts.draft) == ("eagle3", r.draft)
     hub.reset_stats()
     with pytest.raises(IncompatiblePairError, match="does not fit") as e:

@@ -97,7 +97,7 @@ def test_opened_in_prompt() -> None:
 THINKING_TEMPLATE = (  # ChatML, with Hermes' tool calls, and think blocks
     "{%- if tools -%}{{- '<|im_start|>system\\nYou may call these functions:\\n<tools>\\n' -}}"
     "{%- for tool in tools -%}{{- tool | tojson -}}{{- '\\n' -}}{%- endfor -%}"
-    "{{- '</tools>\\nCall one as <tool_call>\\n{\"name\": ..., \"arguments\": ...}\\n</tool_call><|im_end|>\\n' -}}"
+    '{{- \'</tools>\\nCall one as <tool_call>\\n{"name": ..., "arguments": ...}\\n</tool_call><|im_end|>\\n\' -}}'
     "{%- endif -%}"
     "{%- for message in messages -%}"
     "{%- if message.role == 'tool' -%}"
@@ -109,7 +109,7 @@ THINKING_TEMPLATE = (  # ChatML, with Hermes' tool calls, and think blocks
     "{%- endif -%}"
     "{{- message.content or '' -}}"
     "{%- for call in message.tool_calls or [] -%}"
-    "{{- '<tool_call>\\n{\"name\": \"' + call.function.name + '\", \"arguments\": ' -}}"
+    '{{- \'<tool_call>\\n{"name": "\' + call.function.name + \'", "arguments": \' -}}'
     "{{- call.function.arguments | tojson -}}{{- '}\\n</tool_call>' -}}"
     "{%- endfor -%}"
     "{{- '<|im_end|>\\n' -}}"
@@ -191,7 +191,7 @@ def test_reasoning_format_none_keeps_it_inline(thinking_server: InProcess) -> No
 
 
 def test_stop_strings_apply_to_the_content_only(thinking_server: InProcess) -> None:
-    """"37" is in the thinking: it does not stop the answer; "42" in the content does."""
+    """ "37" is in the thinking: it does not stop the answer; "42" in the content does."""
     r = thinking_server.post("/v1/chat/completions", {**KW, "stop": ["37", "42"]}).json()
     message = r["choices"][0]["message"]
     assert "37" in message["reasoning_content"] and "42" not in message["content"]
@@ -208,6 +208,7 @@ def test_a_grammar_from_the_first_token_leaves_no_room_to_think(thinking_server:
 
 def test_earlier_reasoning_goes_to_the_template_which_decides(thinking_server: InProcess, qwen_pair: Any) -> None:
     """This template writes an earlier answer's reasoning_content; Qwen2.5's own does not use the field."""
+
     def prompt_tokens(s: InProcess, with_reasoning: bool) -> int:
         history = CHAT if with_reasoning else [{k: v for k, v in m.items() if k != "reasoning_content"} for m in CHAT]
         r = s.post("/v1/chat/completions", {"messages": history, "max_tokens": 1})
@@ -220,8 +221,14 @@ def test_earlier_reasoning_goes_to_the_template_which_decides(thinking_server: I
         assert "reasoning_content" not in r["choices"][0]["message"]  # a model that does not think is unaffected
 
 
-WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
-           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 ASK = "What is the weather in Paris?"
 PLAN = "The user wants the weather in Paris, so I call get_weather."
 TOOL_TURN = [
@@ -236,8 +243,13 @@ TOOL_TURN = [
 
 def test_reasoning_comes_out_before_the_tool_calls_are_read(thinking_server: InProcess) -> None:
     client = _client(thinking_server)
-    kw: dict[str, Any] = {"model": thinking_server.name, "messages": TOOL_TURN, "tools": [WEATHER], "temperature": 0,
-                          "max_tokens": 80}
+    kw: dict[str, Any] = {
+        "model": thinking_server.name,
+        "messages": TOOL_TURN,
+        "tools": [WEATHER],
+        "temperature": 0,
+        "max_tokens": 80,
+    }
     r = client.chat.completions.create(**kw)
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
@@ -260,9 +272,14 @@ def test_anthropic_thinking_blocks_whole_and_streamed(thinking_server: InProcess
                {"role": "assistant", "content": [{"type": "thinking", "thinking": THOUGHT, "signature": ""},
                                                  {"type": "text", "text": ANSWER}]},
                {"role": "user", "content": QUESTION}]  # fmt: skip
-    kw: dict[str, Any] = {"model": thinking_server.name, "max_tokens": 1024, "messages": history,
-                          "thinking": {"type": "enabled", "budget_tokens": 1024}, "system": CHAT[0]["content"],
-                          "extra_body": {"temperature": 0}}  # (this SDK takes no `temperature` argument)
+    kw: dict[str, Any] = {
+        "model": thinking_server.name,
+        "max_tokens": 1024,
+        "messages": history,
+        "thinking": {"type": "enabled", "budget_tokens": 1024},
+        "system": CHAT[0]["content"],
+        "extra_body": {"temperature": 0},
+    }  # (this SDK takes no `temperature` argument)
     msg = client.messages.create(**kw)
     assert [b.type for b in msg.content] == ["thinking", "text"]
     assert "37" in msg.content[0].thinking and msg.content[0].signature == ""
@@ -273,7 +290,7 @@ def test_anthropic_thinking_blocks_whole_and_streamed(thinking_server: InProcess
     assert [b.model_dump() for b in final.content] == [b.model_dump() for b in msg.content]
     deltas = [e.delta.type for e in events if e.type == "content_block_delta"]
     at = deltas.index("signature_delta")  # the thinking block ends with its (empty) signature, then the text
-    assert set(deltas[:at]) == {"thinking_delta"} and set(deltas[at + 1:]) == {"text_delta"}
+    assert set(deltas[:at]) == {"thinking_delta"} and set(deltas[at + 1 :]) == {"text_delta"}
 
 
 def test_random_pieces_of_a_real_answer(thinking_server: InProcess) -> None:

@@ -12,10 +12,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from toy_family import TOY
 
 from localspec.cli import build_parser, main
 from localspec.families import registry
-from toy_family import TOY
 
 
 @pytest.fixture
@@ -54,9 +54,13 @@ def test_unknown_method_is_refused_with_the_choices() -> None:
         build_parser().parse_args(["run", "--draft-method", "toy", "hi"])
 
 
-def test_a_registered_family_runs_in_run(toy: str, tiny_ggufs: tuple[Path, Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_registered_family_runs_in_run(
+    toy: str, tiny_ggufs: tuple[Path, Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     target = str(tiny_ggufs[0])
-    rc = main(["run", "--target", target, "--draft-method", toy, "--max-tokens", "12", "--threads", "1", "--json", "Hi"])
+    rc = main(
+        ["run", "--target", target, "--draft-method", toy, "--max-tokens", "12", "--threads", "1", "--json", "Hi"]
+    )
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     plain = _plain_text(target)
@@ -70,11 +74,30 @@ def _plain_text(target: str) -> str:
 
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        assert main(["run", "--target", target, "--draft-method", "none", "--max-tokens", "12", "--threads", "1", "--json", "Hi"]) == 0
+        assert (
+            main(
+                [
+                    "run",
+                    "--target",
+                    target,
+                    "--draft-method",
+                    "none",
+                    "--max-tokens",
+                    "12",
+                    "--threads",
+                    "1",
+                    "--json",
+                    "Hi",
+                ]
+            )
+            == 0
+        )
     return str(json.loads(buf.getvalue())["text"])
 
 
-def test_a_registered_family_runs_in_bench(toy: str, tiny_ggufs: tuple[Path, Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_registered_family_runs_in_bench(
+    toy: str, tiny_ggufs: tuple[Path, Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     rc = main([
         "bench", "--target", str(tiny_ggufs[0]), "--methods", f"none,{toy}:2", "--suites", "chat", "--prompts", "1",
         "--reps", "1", "--max-tokens", "8", "--cost-reps", "1", "--threads", "1", "--json",
@@ -98,10 +121,12 @@ def test_a_registered_family_is_offered_by_the_picker(toy: str, tiny_ggufs: tupl
 def test_a_registered_family_is_served(toy: str, tiny_ggufs: tuple[Path, Path, Path]) -> None:
     import uvicorn
 
-    from localspec.commands.serve import build_server
     from localspec.commands.first_use import model_options_from_args
+    from localspec.commands.serve import build_server
 
-    args = build_parser().parse_args(["serve", "--target", str(tiny_ggufs[0]), "--threads", "1", "--draft-method", "none"])
+    args = build_parser().parse_args(
+        ["serve", "--target", str(tiny_ggufs[0]), "--threads", "1", "--draft-method", "none"]
+    )
     app, pipeline, name = build_server(args, model_options_from_args(args))
     port = _free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))

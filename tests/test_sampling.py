@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from localspec.errors import UsageError
 from localspec import sampling
+from localspec.errors import UsageError
 from localspec.sampling import SamplingParams, greedy, probabilities, sample
 
 

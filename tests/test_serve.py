@@ -77,7 +77,7 @@ def test_stop_matcher_holds_back_only_possible_stops(stops, pieces, sent, hit) -
     tail = m.flush()
     full = "".join(pieces)
     assert m.text == (full[: min(full.find(x) for x in stops if x in full)] if hit else full)
-    assert tail == ("" if hit else full[len("".join(sent)):])
+    assert tail == ("" if hit else full[len("".join(sent)) :])
 
 
 # -- chat and completion, streamed and not -----------------------------------------------------------
@@ -398,7 +398,7 @@ def test_disconnect_mid_stream_frees_the_server(tiny_ggufs) -> None:  # type: ig
         m = _wait_idle(s, timeout=5.0)
         generated = m["localspec:generation_tokens_total"] - before
         assert 0 < generated < 2000
-        assert m['localspec:request_success_total{finished_reason=abort}'] == 1
+        assert m["localspec:request_success_total{finished_reason=abort}"] == 1
         ok = httpx.post(f"{s.url}/v1/completions", json={"prompt": "hi", "max_tokens": 2, "temperature": 0})
         assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] >= 1
     finally:

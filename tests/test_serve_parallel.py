@@ -86,7 +86,9 @@ def _alone_prefix(smollm2_path: Path, prompt: str) -> tuple[str, str]:
         t.close()
 
 
-def test_four_clients_together_get_each_ones_greedy_text_and_interleave(server: ServeProcess, smollm2_path: Path) -> None:
+def test_four_clients_together_get_each_ones_greedy_text_and_interleave(
+    server: ServeProcess, smollm2_path: Path
+) -> None:
     alone = [_complete(server, p) for p in PROMPTS]
     t0 = time.perf_counter()
     times: list[dict[str, float]] = [{} for _ in PROMPTS]
@@ -127,7 +129,7 @@ def test_a_full_crowd_answers_503_and_a_client_that_leaves_frees_its_slot(server
     body = {"max_tokens": 400, "temperature": 0.8, "seed": 3, "stream": True}
     with contextlib.ExitStack() as stack:
         streams, readers = [], []  # a line iterator dropped unread closes its connection: keep them
-        for i in range(4):
+        for _ in range(4):
             r = stack.enter_context(httpx.stream("POST", f"{server.url}/v1/completions", timeout=120,
                                                  json={**body, "prompt": "Count: 1 2 3"}))  # fmt: skip
             lines = r.iter_lines()
@@ -192,7 +194,7 @@ def mlx_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.mark.mlx
 def test_mlx_serves_clients_together_each_as_alone(mlx_dirs: dict[str, Path]) -> None:
-    """--parallel on MLX (backends/mlx_multi.py): three streamed clients at once get the texts each got alone,
+    """--parallel on MLX (localspec/backends/mlx_multi.py): three streamed clients at once get the texts each got alone,
     and /metrics shows passes of several sequences."""
     s = ServeProcess("--backend", "mlx", "--target", str(mlx_dirs["qwen2"]), "--draft-method", "ngram", "-k", "3",
                      "--n-ctx", "512", "--parallel", "3")  # fmt: skip
@@ -230,7 +232,9 @@ def test_a_head_method_is_a_400_under_parallel(server: ServeProcess, method: str
 
 
 def test_parallel_on_a_hybrid_target_is_refused_with_the_reason(hybrid_ggufs) -> None:  # type: ignore[no-untyped-def]
-    r = _refusal("--target", str(hybrid_ggufs["lfm2"][0]), "--draft-method", "none", "--n-ctx", "256", "--parallel", "2")
+    r = _refusal(
+        "--target", str(hybrid_ggufs["lfm2"][0]), "--draft-method", "none", "--n-ctx", "256", "--parallel", "2"
+    )
     assert r.returncode != 0 and "recurrent" in r.stderr and "--parallel 1" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
 
@@ -268,7 +272,9 @@ def test_every_sequence_drafts_with_the_draft_model_in_its_own_slot(smollm2_path
         s.close()
 
 
-def test_each_sequence_that_read_the_suffix_memory_writes_its_answer_there(smollm2_path: Path, _private_cost_cache: Path) -> None:
+def test_each_sequence_that_read_the_suffix_memory_writes_its_answer_there(
+    smollm2_path: Path, _private_cost_cache: Path
+) -> None:
     """Two suffix-drafting requests decoded together: both answers are remembered (each keeps its own claim)."""
     from localspec.decoding.suffix_memory import list_docs
 

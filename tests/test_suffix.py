@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from fakes import FakeBackend, hashed_logits, scripted_tokens, without
+
 from localspec.decoding.auto import AutoDrafter, auto_lookup
 from localspec.decoding.drafters import NoDrafter
 from localspec.decoding.engine import Done, GenerationConfig, generate
 from localspec.decoding.policy import RESUMED, RESYNC, match_bucket
 from localspec.decoding.resync import MAX_EDIT, WINDOW
-from localspec.sampling import SamplingParams
 from localspec.decoding.stats import RoundStats
 from localspec.decoding.suffix import MAX_CANDIDATES, SuffixDrafter, SuffixIndex
+from localspec.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
 RNG = np.random.default_rng(0)
@@ -207,7 +207,9 @@ def test_an_insertion_resumes_the_copy_where_the_source_left_off() -> None:
 
 
 def test_a_learned_insertion_is_made_again_in_the_same_context_only() -> None:
-    source = [1019 if i == 40 else 1020 if i in (41, 51) else t for i, t in enumerate(SOURCE)]  # (1019, 1020) again at 40
+    source = [
+        1019 if i == 40 else 1020 if i in (41, 51) else t for i, t in enumerate(SOURCE)
+    ]  # (1019, 1020) again at 40
     d = SuffixDrafter(gate=False)
     d.prepare([*source, 1, 2], 32)
     d.lookup([*source, 1, 2, *source[:20]], 32)
@@ -281,7 +283,11 @@ def test_resync_keeps_greedy_output_equal_to_plain_decoding_through_renames() ->
     prompt = [*source, 1, 2]
     fn = without(scripted_tokens([*prompt, *edited], n_vocab=401, fallback=5), [])
     outs = {}
-    for name, drafter in (("plain", NoDrafter()), ("auto", AutoDrafter(ngram=auto_lookup())), ("suffix", SuffixDrafter())):
+    for name, drafter in (
+        ("plain", NoDrafter()),
+        ("auto", AutoDrafter(ngram=auto_lookup())),
+        ("suffix", SuffixDrafter()),
+    ):
         cfg = GenerationConfig(max_tokens=len(edited), num_draft=16, sampling=GREEDY)
         *_, done = generate(FakeBackend(fn, n_vocab=401), drafter, prompt, cfg)
         assert isinstance(done, Done)
@@ -337,7 +343,11 @@ REPEAT = scripted_tokens([5, 6, 7, 8, 9, 10, 11, 12] * 12)  # a target that repe
 def test_engine_greedy_output_equals_plain_with_suffix_drafts(fn, k: int) -> None:  # type: ignore[no-untyped-def]
     prompt = [5, 6, 7, 8, 9, 10, 11, 12, 1, 5, 6]
     plain = list(generate(FakeBackend(fn), NoDrafter(), prompt, GenerationConfig(max_tokens=60, sampling=GREEDY)))[-1]
-    spec = list(generate(FakeBackend(fn), SuffixDrafter(), prompt, GenerationConfig(max_tokens=60, num_draft=k, sampling=GREEDY)))[-1]
+    spec = list(
+        generate(
+            FakeBackend(fn), SuffixDrafter(), prompt, GenerationConfig(max_tokens=60, num_draft=k, sampling=GREEDY)
+        )
+    )[-1]
     assert isinstance(plain, Done) and isinstance(spec, Done)
     assert spec.tokens == plain.tokens
     if fn is REPEAT and k == 32:

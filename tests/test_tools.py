@@ -255,8 +255,14 @@ def test_mistral_conversations_get_the_nine_character_call_ids_its_templates_req
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The current weather in a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["C", "F"]}},
                           "required": ["city", "unit"], "additionalProperties": False}}}  # fmt: skip
-LOCAL_TIME = {"type": "function", "function": {"name": "get_time", "description": "The local time in a city",
-              "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+LOCAL_TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "The local time in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 # Finite arguments: a random tiny model under the grammar must end its call within a few tokens.
 SWITCH = {"type": "function", "function": {"name": "switch", "parameters": {"type": "object", "properties": {
     "on": {"type": "boolean"}, "room": {"enum": ["hall", "attic"]}}, "required": ["on", "room"],
@@ -449,8 +455,11 @@ def test_a_tool_round_trip(qwen_server: InProcess) -> None:
     args = json.loads(call.function.arguments)
     jsonschema.validate(args, WEATHER["function"]["parameters"])
     assert "paris" in args["city"].lower()
-    history = [*ASK, choice.message.model_dump(exclude_none=True),
-               {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temperature": 18, "sky": "sunny"})}]
+    history = [
+        *ASK,
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temperature": 18, "sky": "sunny"})},
+    ]
     final = client.chat.completions.create(messages=history, tool_choice="none", **kw).choices[0]
     assert final.finish_reason in ("stop", "length") and not final.message.tool_calls
     assert final.message.content and "18" in final.message.content

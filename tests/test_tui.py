@@ -508,7 +508,9 @@ def plain_auto_app(tmp_path: Path) -> ChatApp:
     remembered = CostModel(target={n: 0.01 * n for n in (1, 2, 4, 8, 16, 33)}, draft_token=0.01)
 
     def load(options: ModelOptions) -> Pipeline:
-        drafter = AutoDrafter(ngram=auto_lookup(), model=ModelDrafter(draft), target=target, clock=clock, costs=remembered)
+        drafter = AutoDrafter(
+            ngram=auto_lookup(), model=ModelDrafter(draft), target=target, clock=clock, costs=remembered
+        )
         return Pipeline(options, "fake", target, DraftSlot.holding(draft), drafter, clock=clock)
 
     return ChatApp(

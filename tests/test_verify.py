@@ -15,13 +15,13 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import pytest
-
 from fakes import FakeBackend
+
 from localspec.decoding import verify
 from localspec.decoding.drafters import ModelDrafter, NgramDrafter
 from localspec.decoding.engine import Done, GenerationConfig, generate
-from localspec.sampling import SamplingParams, probabilities, sample
 from localspec.decoding.verify import Verdict, verify_exact, verify_greedy, verify_match
+from localspec.sampling import SamplingParams, probabilities, sample
 
 # -- the toy pair -----------------------------------------------------------------------------------
 
@@ -116,9 +116,7 @@ def test_chi2_sf_matches_known_values() -> None:
     assert chi2_sf(0.0, 5) == 1.0
 
 
-def joint_check(
-    draw: Callable[[int], tuple[int, ...]], expected: dict[tuple[int, ...], float], n: int
-) -> str | None:
+def joint_check(draw: Callable[[int], tuple[int, ...]], expected: dict[tuple[int, ...], float], n: int) -> str | None:
     """Draw n samples; None if they fit `expected`, else why not. An impossible sample fails at once."""
     counts: Counter[tuple[int, ...]] = Counter()
     for i in range(n):
@@ -184,9 +182,7 @@ def test_toy_pair_exercises_every_branch() -> None:
     drafter = ModelDrafter(FakeBackend(_draft_fn(Q_TABLE), n_vocab=V, eog=frozenset()))
     kinds = Counter()
     for seed in range(300):
-        config = GenerationConfig(
-            max_tokens=WINDOW, num_draft=K, sampling=SamplingParams(temperature=1.0, seed=seed)
-        )
+        config = GenerationConfig(max_tokens=WINDOW, num_draft=K, sampling=SamplingParams(temperature=1.0, seed=seed))
         events = list(generate(target, drafter, MODEL_PROMPT, config))
         first_round = next(e.round for e in events if getattr(e, "round", None) is not None)
         assert first_round.k == K  # the first round drafts the full k inside the window

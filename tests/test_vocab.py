@@ -89,7 +89,7 @@ def test_token_text_from_id_5() -> None:
 
 def test_token_text_below_id_5_is_not_compared() -> None:
     tokens = list(BASE.tokens)
-    tokens[: CHECK_START_TOKEN_ID] = ["a", "b", "c", "d", "e"]
+    tokens[:CHECK_START_TOKEN_ID] = ["a", "b", "c", "d", "e"]
     assert incompatibilities(BASE, replace(BASE, tokens=tokens)) == []
 
 

@@ -25,29 +25,64 @@ no "rest unchanged" comments. Keep names, order and comments of everything you w
 exactly as they are: the user's tooling diffs your answer against the file on disk."""
 
 _TOOLS = [
-    ("read_file", "Read a text file of the repository, whole or a line range.",
-     {"path": ("string", "path relative to the repository root"),
-      "start_line": ("integer", "first line to read (1-based), optional"),
-      "end_line": ("integer", "last line to read (inclusive), optional")}),
-    ("write_file", "Create or overwrite a file with the given content.",
-     {"path": ("string", "path relative to the repository root"), "content": ("string", "the complete new content")}),
-    ("edit_file", "Replace an exact, unique snippet of a file with new text.",
-     {"path": ("string", "path relative to the repository root"),
-      "old_text": ("string", "the exact text to replace; must occur once"),
-      "new_text": ("string", "the replacement text")}),
-    ("list_dir", "List a directory's entries with their sizes.",
-     {"path": ("string", "directory relative to the repository root"),
-      "recursive": ("boolean", "descend into subdirectories")}),
-    ("grep", "Search the repository for a regular expression; returns matching lines with file and line number.",
-     {"pattern": ("string", "a Python regular expression"), "path": ("string", "directory or file to search, optional"),
-      "max_results": ("integer", "stop after this many matches")}),
-    ("run_tests", "Run pytest on the given paths and return its output.",
-     {"paths": ("array", "test files or directories"),
-      "keyword": ("string", "only tests matching this -k expression")}),
-    ("bash", "Run a shell command in the repository root (no network) and return stdout, stderr and the exit code.",
-     {"command": ("string", "the command line"), "timeout_s": ("integer", "seconds before it is killed")}),
-    ("git_diff", "Show the working tree's changes against HEAD.",
-     {"paths": ("array", "limit to these paths, optional")}),
+    (
+        "read_file",
+        "Read a text file of the repository, whole or a line range.",
+        {
+            "path": ("string", "path relative to the repository root"),
+            "start_line": ("integer", "first line to read (1-based), optional"),
+            "end_line": ("integer", "last line to read (inclusive), optional"),
+        },
+    ),
+    (
+        "write_file",
+        "Create or overwrite a file with the given content.",
+        {"path": ("string", "path relative to the repository root"), "content": ("string", "the complete new content")},
+    ),
+    (
+        "edit_file",
+        "Replace an exact, unique snippet of a file with new text.",
+        {
+            "path": ("string", "path relative to the repository root"),
+            "old_text": ("string", "the exact text to replace; must occur once"),
+            "new_text": ("string", "the replacement text"),
+        },
+    ),
+    (
+        "list_dir",
+        "List a directory's entries with their sizes.",
+        {
+            "path": ("string", "directory relative to the repository root"),
+            "recursive": ("boolean", "descend into subdirectories"),
+        },
+    ),
+    (
+        "grep",
+        "Search the repository for a regular expression; returns matching lines with file and line number.",
+        {
+            "pattern": ("string", "a Python regular expression"),
+            "path": ("string", "directory or file to search, optional"),
+            "max_results": ("integer", "stop after this many matches"),
+        },
+    ),
+    (
+        "run_tests",
+        "Run pytest on the given paths and return its output.",
+        {
+            "paths": ("array", "test files or directories"),
+            "keyword": ("string", "only tests matching this -k expression"),
+        },
+    ),
+    (
+        "bash",
+        "Run a shell command in the repository root (no network) and return stdout, stderr and the exit code.",
+        {"command": ("string", "the command line"), "timeout_s": ("integer", "seconds before it is killed")},
+    ),
+    (
+        "git_diff",
+        "Show the working tree's changes against HEAD.",
+        {"paths": ("array", "limit to these paths, optional")},
+    ),
 ]
 
 _ENTITIES = ["order", "customer", "invoice", "shipment", "product", "supplier", "payment", "refund", "warehouse",
@@ -79,8 +114,10 @@ def _entity_code(entity: str, i: int) -> str:
         f'    """A {entity} from one CSV row; raises ValueError on a missing or malformed field."""',
         "    try:",
         f"        return {cls}(",
-        *[f"            {f}={'float' if f == 'amount' else 'int' if f == 'id' else 'str'}(row[\"{f}\"]),"
-          for f in fields],  # fmt: skip
+        *[
+            f'            {f}={"float" if f == "amount" else "int" if f == "id" else "str"}(row["{f}"]),'
+            for f in fields
+        ],  # fmt: skip
         "        )",
         "    except (KeyError, ValueError) as e:",
         f'        raise ValueError(f"bad {entity} row {{row!r}}: {{e}}") from None',
@@ -146,8 +183,8 @@ def report_module() -> str:
         "",
         "def format_table(totals: dict[str, float]) -> str:",
         '    """Months and amounts as a two-column text table."""',
-        '    width = max((len(m) for m in totals), default=5)',
-        '    lines = [f"{\'month\':<{width}}  amount"]',
+        "    width = max((len(m) for m in totals), default=5)",
+        "    lines = [f\"{'month':<{width}}  amount\"]",
         "    for month, amount in totals.items():",
         '        lines.append(f"{month:<{width}}  {amount:>10.2f}")',
         '    return "\\n".join(lines)',

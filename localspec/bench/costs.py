@@ -135,9 +135,7 @@ class CostSamples:
 
     def model(self) -> CostModel:
         """The median of each cost."""
-        target = {
-            n: statistics.median(ts) for n, ts in sorted(self.target.items()) if ts
-        }
+        target = {n: statistics.median(ts) for n, ts in sorted(self.target.items()) if ts}
         draft = statistics.median(self.draft_token) if self.draft_token else None
         rollback = statistics.median(self.rollback) if self.rollback else 0.0
         return CostModel(target=target, draft_token=draft, rollback_round=rollback)
@@ -151,13 +149,8 @@ class CostSamples:
     def to_json(self) -> dict[str, Any]:
         draft = self.draft_spread()
         return {
-            "target_s": {
-                str(n): {**s.to_json(), "samples": self.target[n]}
-                for n, s in self.spreads().items()
-            },
-            "draft_token_s": None
-            if draft is None
-            else {**draft.to_json(), "samples": self.draft_token},
+            "target_s": {str(n): {**s.to_json(), "samples": self.target[n]} for n, s in self.spreads().items()},
+            "draft_token_s": None if draft is None else {**draft.to_json(), "samples": self.draft_token},
             "rollback_round_s": self.rollback,
         }
 
@@ -199,9 +192,7 @@ def judge(curve: dict[int, float], samples: CostSamples, loads: Sequence[Load] =
     notes = []
     if not counts or min(counts) < MIN_TIMINGS:
         n = min(counts, default=0)
-        notes.append(
-            f"{n} timing(s) of some batch size: too few to judge their spread (need {MIN_TIMINGS})"
-        )
+        notes.append(f"{n} timing(s) of some batch size: too few to judge their spread (need {MIN_TIMINGS})")
     return Verdict(tuple(reasons), tuple(notes))
 
 
@@ -221,9 +212,7 @@ def _curve_reasons(curve: dict[int, float]) -> list[str]:
         why = f"no batch costs under {MIN_BATCH_RATIO:g}x one token's pass"
         return [f"{_versus(curve, cheap[0], 1)}: {why}"]
     for n in sorted(curve):
-        for m in sorted(
-            k for k in curve if k > n and curve[n] > MAX_INVERSION * curve[k]
-        ):
+        for m in sorted(k for k in curve if k > n and curve[n] > MAX_INVERSION * curve[k]):
             why = f"no batch costs over {MAX_INVERSION:g}x a larger one"
             return [f"{_versus(curve, n, m)}: {why}"]
     return ["the curve cannot be this machine's"]
@@ -241,15 +230,9 @@ def _spread_reasons(samples: CostSamples) -> list[str]:
     draft = samples.draft_spread()
     if draft is not None:
         named.append(("draft", draft))
-    wide = [
-        (name, s)
-        for name, s in named
-        if s.count >= MIN_TIMINGS and s.iqr_ratio > MAX_SPREAD
-    ]
+    wide = [(name, s) for name, s in named if s.count >= MIN_TIMINGS and s.iqr_ratio > MAX_SPREAD]
     if not wide:
         return []
     wide.sort(key=lambda x: -x[1].iqr_ratio)
-    shown = ", ".join(f"{name} {s.iqr_ratio:.0%}" for name, s in wide[:3]) + (
-        ", ..." if len(wide) > 3 else ""
-    )
+    shown = ", ".join(f"{name} {s.iqr_ratio:.0%}" for name, s in wide[:3]) + (", ..." if len(wide) > 3 else "")
     return [f"timings spread over {MAX_SPREAD:.0%} (IQR/median): {shown}"]

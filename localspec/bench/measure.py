@@ -207,7 +207,9 @@ def measure_costs(
         time_rollback(target, max_batch - 1, reps=reps, clock=clock, stat=keeping(out.rollback))
     if draft is not None:
         tokens = max(2, min(max_batch, 4))
-        time_drafter(ModelDrafter(draft), prompt, tokens_per_draft=tokens, reps=reps, clock=clock, stat=keeping(out.draft_token))
+        time_drafter(
+            ModelDrafter(draft), prompt, tokens_per_draft=tokens, reps=reps, clock=clock, stat=keeping(out.draft_token)
+        )
     return out
 
 
@@ -305,7 +307,9 @@ def _measure_all(
                             for turn, message in enumerate(suite.prompts[pi]):
                                 history.append(message)
                                 run, text = _one_run(pipeline, drafter, pipeline.prompt_tokens(history), config)
-                                result.runs.append(replace(run, suite=suite.name, prompt=pi, method=m.label, rep=rep, turn=turn))
+                                result.runs.append(
+                                    replace(run, suite=suite.name, prompt=pi, method=m.label, rep=rep, turn=turn)
+                                )
                                 history.append(ChatMessage("assistant", text))
                         else:
                             run, _ = _one_run(pipeline, drafter, prompt, config)
@@ -314,7 +318,9 @@ def _measure_all(
                         drafter.close()
 
 
-def _one_run(pipeline: Pipeline, drafter: Drafter, prompt: list[int], config: GenerationConfig) -> tuple[RunResult, str]:
+def _one_run(
+    pipeline: Pipeline, drafter: Drafter, prompt: list[int], config: GenerationConfig
+) -> tuple[RunResult, str]:
     """One generation; the RunResult's labels are filled in by the caller."""
     per_round: Counter[int] = Counter()
     done: Done | None = None
@@ -386,7 +392,9 @@ def summarize(result: BenchResult) -> list[Row]:
                     tps_max=max(vals, default=0.0),
                     speedup=speedup,
                     acceptance=n_accepted / n_drafted if n_drafted else None,
-                    mean_accepted_length=sum(r.stats.decode_tokens for r in runs) / n_rounds if n_rounds else 0.0,  # as SpecStats
+                    mean_accepted_length=sum(r.stats.decode_tokens for r in runs) / n_rounds
+                    if n_rounds
+                    else 0.0,  # as SpecStats
                     acceptance_by_position=tuple(a / d if d else 0.0 for a, d in zip(by_a, by_d)),
                     bound_speedup=bound,
                     of_bound=speedup / bound if bound else None,

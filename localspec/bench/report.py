@@ -76,8 +76,20 @@ def _fmt_pct(x: float | None) -> str:
 def suite_table(result: BenchResult, suite: str, rows: list[Row]) -> list[str]:
     rows = [r for r in rows if r.suite == suite]
     grammar = any(r.grammar_ms is not None for r in rows)  # a structured suite: the matcher's cost per token too
-    head = ("method", "tok/s", "spread", "speedup", "accept", "len", "bound", "of bound", "verify/round", "rollback",
-            *(("grammar/tok",) if grammar else ()), "accept by position / auto chose")
+    head = (
+        "method",
+        "tok/s",
+        "spread",
+        "speedup",
+        "accept",
+        "len",
+        "bound",
+        "of bound",
+        "verify/round",
+        "rollback",
+        *(("grammar/tok",) if grammar else ()),
+        "accept by position / auto chose",
+    )
     body = []
     for r in rows:
         tail = r.decisions if r.method.startswith("auto") else " ".join(f"{a:.0%}" for a in r.acceptance_by_position)
@@ -99,12 +111,20 @@ def suite_table(result: BenchResult, suite: str, rows: list[Row]) -> list[str]:
         )
     widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)]
     last = len(head) - 1
-    fmt = lambda cells: "  ".join(c.ljust(w) if i in (0, last) else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+    fmt = lambda cells: "  ".join(
+        c.ljust(w) if i in (0, last) else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))
+    )
     sc = result.costs.get(suite)
     title = f"suite {suite}" + (f" ({sc.n_context} tokens of context in its first prompt)" if sc else "")
     why = bound_line(sc)
-    note = ["grammar/tok: the grammar matcher's time per generated token (masks of every verified row, consumes, "
-            "rollbacks), and its share of decode time"] if grammar else []
+    note = (
+        [
+            "grammar/tok: the grammar matcher's time per generated token (masks of every verified row, consumes, "
+            "rollbacks), and its share of decode time"
+        ]
+        if grammar
+        else []
+    )
     return [title, fmt(head), *(fmt(b) for b in body), *([why] if why else []), *note]
 
 

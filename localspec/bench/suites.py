@@ -23,7 +23,7 @@ from localspec.bench.agent_transcript import agent_messages
 from localspec.bench.structured import structured_prompts
 from localspec.decoding.grammar import GrammarSpec
 
-_EDIT_SOURCE = '''def load_orders(path):
+_EDIT_SOURCE = """def load_orders(path):
     data = []
     with open(path) as f:
         header = f.readline().strip().split(",")
@@ -50,9 +50,9 @@ def top_customers(data, n=3):
     totals = total_by_customer(data)
     ranked = sorted(totals.items(), key=lambda item: item[1], reverse=True)
     return ranked[:n]
-'''
+"""
 
-_EDIT_SOURCE_2 = '''class Inventory:
+_EDIT_SOURCE_2 = """class Inventory:
     def __init__(self):
         self.items = {}
 
@@ -74,7 +74,7 @@ _EDIT_SOURCE_2 = '''class Inventory:
         for name in sorted(self.items):
             lines.append(f"{name}: {self.items[name]}")
         return "\\n".join(lines)
-'''
+"""
 
 
 _TEST_OUTPUT = """$ pytest -q test_orders.py
@@ -171,7 +171,10 @@ def suites() -> dict[str, Suite]:
                         f"```python\n{_EDIT_SOURCE}```\n\n"
                         "Add a one-line docstring to every function. Reply with the whole file only.",
                     ),
-                    ChatMessage("user", "Rename the variable `data` to `rows` everywhere in orders.py. Reply with the whole file only."),
+                    ChatMessage(
+                        "user",
+                        "Rename the variable `data` to `rows` everywhere in orders.py. Reply with the whole file only.",
+                    ),
                     ChatMessage(
                         "user",
                         f"The tests fail:\n\n```\n{_TEST_OUTPUT}```\n\nFix orders.py so they pass. Reply with the whole file only.",
@@ -185,7 +188,8 @@ def suites() -> dict[str, Suite]:
                         "Make `remove` raise KeyError for a name that is not in stock. Reply with the whole file only.",
                     ),
                     ChatMessage(
-                        "user", "Rename the class to `Stock` and the attribute `items` to `counts`. Reply with the whole file only."
+                        "user",
+                        "Rename the class to `Stock` and the attribute `items` to `counts`. Reply with the whole file only.",
                     ),
                     ChatMessage("user", "Add type hints to every method. Reply with the whole file only."),
                 ),

@@ -27,9 +27,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     add_model_options(p, method=False, suffix_memory=False)  # bench runs every method itself (--methods)
     g = p.add_argument_group("benchmark")
-    g.add_argument("--suites", default="all", help="comma-separated: code-gen, code-edit, agentic, chat, long-summary, "
-                   "structured (answers held to a JSON schema; the grammar's time per token is shown), "
-                   "agent-long (a coding agent's 8.7k-token prompt; needs --n-ctx 10240) (default: all but agent-long)")
+    g.add_argument(
+        "--suites",
+        default="all",
+        help="comma-separated: code-gen, code-edit, agentic, chat, long-summary, "
+        "structured (answers held to a JSON schema; the grammar's time per token is shown), "
+        "agent-long (a coding agent's 8.7k-token prompt; needs --n-ctx 10240) (default: all but agent-long)",
+    )
     g.add_argument(
         "--methods",
         default=None,
@@ -79,7 +83,9 @@ def run(args: argparse.Namespace) -> int:
     # The pipeline loads the draft model, or none: a head's methods are built per run from --draft.
     opts = opts.with_method((MODEL if opts.draft and not family else NONE).name)
     default = HEAD_DEFAULT_METHODS.format(m=family) if family else DEFAULT_METHODS
-    methods = parse_methods(args.methods or default, has_draft=opts.uses_draft_model, explicit=bool(args.methods), heads=heads)
+    methods = parse_methods(
+        args.methods or default, has_draft=opts.uses_draft_model, explicit=bool(args.methods), heads=heads
+    )
     opts = replace(opts, max_draft=max([m.k for m in methods] + [0]))  # a recurrent target's snapshot window
     log = (lambda s: None) if args.json else (lambda s: print(s, file=sys.stderr, flush=True))
     _sigterm_interrupts()
@@ -123,7 +129,6 @@ def _heads(opts: ModelOptions) -> tuple[str | None, dict[str, str]]:
     if not any(f.runs_on(backend) for f in registry.head_families()):
         return None, {}
     return registry.head_for_draft(opts.draft, opts.target), registry.head_fits(opts.target, opts.draft, backend)
-
 
 
 def _sigterm_interrupts() -> None:

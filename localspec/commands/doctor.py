@@ -101,7 +101,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def gather(args: argparse.Namespace) -> Facts:
-    f = Facts(os=f"{platform.system()} {platform.release()}", machine=platform.machine(), python_arch=platform.machine())
+    f = Facts(
+        os=f"{platform.system()} {platform.release()}", machine=platform.machine(), python_arch=platform.machine()
+    )
     f.rosetta = _sysctl("sysctl.proc_translated") == "1"
     f.logical_cpus = os.cpu_count()
     f.physical_cores = _physical_cores()
@@ -116,7 +118,7 @@ def gather(args: argparse.Namespace) -> Facts:
     _llama_facts(f)
     _mlx_facts(f)
     f.threads_explicit = args.threads is not None
-    f.threads = args.threads or f.logical_cpus  # backends/llama_cpp.py: threads or os.cpu_count()
+    f.threads = args.threads or f.logical_cpus  # localspec/backends/llama_cpp.py: threads or os.cpu_count()
     paths = _model_paths(args, f)
     for role, path in paths:
         f.models.append(_model_facts(role, path))
@@ -237,8 +239,9 @@ def _mlx_facts(f: Facts) -> None:
     if not MLX.installed():
         return
     try:
-        import mlx.core as mx
         from importlib.metadata import version
+
+        import mlx.core as mx
 
         f.mlx_version = version("mlx")
         f.mlx_device = str(mx.default_device())
@@ -339,78 +342,154 @@ def _measure(args: argparse.Namespace, paths: dict[str, str]) -> dict[str, Any]:
 def findings(f: Facts) -> list[Finding]:
     out: list[Finding] = []
     if f.rosetta:
-        out.append(Finding("fix", "Python runs under Rosetta (x86_64 on Apple silicon): no Metal, slow CPU code",
-                           "install an arm64 Python (e.g. from python.org or `brew install python`) and reinstall localspec"))
+        out.append(
+            Finding(
+                "fix",
+                "Python runs under Rosetta (x86_64 on Apple silicon): no Metal, slow CPU code",
+                "install an arm64 Python (e.g. from python.org or `brew install python`) and reinstall localspec",
+            )
+        )
     if f.llama_error:
-        out.append(Finding("fix" if f.backend == LLAMA.name else "warn", f"llama-cpp-python does not load: {f.llama_error}",
-                           "pip install -U llama-cpp-python"))
+        out.append(
+            Finding(
+                "fix" if f.backend == LLAMA.name else "warn",
+                f"llama-cpp-python does not load: {f.llama_error}",
+                "pip install -U llama-cpp-python",
+            )
+        )
     elif f.llama_gpu is None and f.gpu_hardware and f.backend == LLAMA.name:
         hw = ", ".join(f.gpu_hardware)
         flag = "-DGGML_METAL=on" if "Metal" in hw else "-DGGML_HIPBLAS=on" if "ROCm" in hw else "-DGGML_CUDA=on"
-        out.append(Finding("fix", f"this machine has {hw} but llama-cpp-python was built for the CPU only",
-                           f'reinstall it with the GPU backend: CMAKE_ARGS="{flag}" pip install --force-reinstall '
-                           "--no-cache-dir llama-cpp-python"))
+        out.append(
+            Finding(
+                "fix",
+                f"this machine has {hw} but llama-cpp-python was built for the CPU only",
+                f'reinstall it with the GPU backend: CMAKE_ARGS="{flag}" pip install --force-reinstall '
+                "--no-cache-dir llama-cpp-python",
+            )
+        )
     if f.llama_gpu is not None and f.n_gpu_layers >= 0 and f.backend == LLAMA.name:
         for m in f.models:
             layers = m.get("layers")
             if layers and f.n_gpu_layers < int(layers) + 1:
-                out.append(Finding("fix", f"--n-gpu-layers {f.n_gpu_layers} leaves layers of the {m['role']} "
-                                   f"({layers} + output) on the CPU: every token waits for the slowest device",
-                                   "use --n-gpu-layers -1 (all) if it fits in GPU memory; otherwise a smaller quant or model"))
+                out.append(
+                    Finding(
+                        "fix",
+                        f"--n-gpu-layers {f.n_gpu_layers} leaves layers of the {m['role']} "
+                        f"({layers} + output) on the CPU: every token waits for the slowest device",
+                        "use --n-gpu-layers -1 (all) if it fits in GPU memory; otherwise a smaller quant or model",
+                    )
+                )
     usable = f.usable_cpus
     if f.threads and usable and f.threads > usable + 1e-9 and f.llama_gpu is None:
         why = "an explicit --threads" if f.threads_explicit else "localspec's default (all logical CPUs)"
-        out.append(Finding("fix", f"{f.threads} threads ({why}) but this process may use only {usable:g} CPUs "
-                           "(affinity or container quota): threads wait on each other",
-                           f"pass --threads {max(1, int(usable))}"))
+        out.append(
+            Finding(
+                "fix",
+                f"{f.threads} threads ({why}) but this process may use only {usable:g} CPUs "
+                "(affinity or container quota): threads wait on each other",
+                f"pass --threads {max(1, int(usable))}",
+            )
+        )
     elif f.threads and f.physical_cores and f.threads > f.physical_cores and f.llama_gpu is None:
-        out.append(Finding("warn", f"{f.threads} threads on {f.physical_cores} physical cores: SMT siblings "
-                           "rarely help llama.cpp and often slow it",
-                           f"try --threads {f.physical_cores}"))
+        out.append(
+            Finding(
+                "warn",
+                f"{f.threads} threads on {f.physical_cores} physical cores: SMT siblings "
+                "rarely help llama.cpp and often slow it",
+                f"try --threads {f.physical_cores}",
+            )
+        )
     cpus = usable or f.logical_cpus
     if f.load_avg is not None and cpus and f.load_avg > 0.75 * cpus and f.llama_gpu is None:
-        out.append(Finding("warn", f"the CPUs are busy (load average {f.load_avg:.1f} on {cpus:g} CPUs): llama.cpp's "
-                           "threads wait for each other when one is descheduled, and every timing is noisy",
-                           "close other CPU-heavy programs before measuring or decoding; or try fewer --threads"))
+        out.append(
+            Finding(
+                "warn",
+                f"the CPUs are busy (load average {f.load_avg:.1f} on {cpus:g} CPUs): llama.cpp's "
+                "threads wait for each other when one is descheduled, and every timing is noisy",
+                "close other CPU-heavy programs before measuring or decoding; or try fewer --threads",
+            )
+        )
     if f.performance_cores and f.threads and f.threads > f.performance_cores and f.llama_gpu is None:
-        out.append(Finding("warn", f"{f.threads} threads but {f.performance_cores} performance cores: "
-                           "efficiency cores hold the others back", f"try --threads {f.performance_cores}"))
+        out.append(
+            Finding(
+                "warn",
+                f"{f.threads} threads but {f.performance_cores} performance cores: "
+                "efficiency cores hold the others back",
+                f"try --threads {f.performance_cores}",
+            )
+        )
     total_size = sum(int(m.get("size") or 0) for m in f.models)
     kv = sum(int(m.get("kv_bytes_per_token") or 0) for m in f.models) * f.n_ctx
     need = total_size + kv
     if f.models and f.mem_available:
         if need > f.mem_available:
-            out.append(Finding("fix", f"the models ({format_bytes(total_size)}) and their KV caches at --n-ctx {f.n_ctx} "
-                               f"({format_bytes(kv)}) need more than the {format_bytes(f.mem_available)} of free memory: "
-                               "the system will page, far slower than any speculation gains",
-                               "close other programs, lower --n-ctx, or pick a smaller quantization"))
+            out.append(
+                Finding(
+                    "fix",
+                    f"the models ({format_bytes(total_size)}) and their KV caches at --n-ctx {f.n_ctx} "
+                    f"({format_bytes(kv)}) need more than the {format_bytes(f.mem_available)} of free memory: "
+                    "the system will page, far slower than any speculation gains",
+                    "close other programs, lower --n-ctx, or pick a smaller quantization",
+                )
+            )
         elif need > 0.8 * f.mem_available:
-            out.append(Finding("warn", f"the pair needs {format_bytes(need)} of the {format_bytes(f.mem_available)} free",
-                               "little headroom: other programs may push it into paging"))
+            out.append(
+                Finding(
+                    "warn",
+                    f"the pair needs {format_bytes(need)} of the {format_bytes(f.mem_available)} free",
+                    "little headroom: other programs may push it into paging",
+                )
+            )
     for m in f.models:
         ctx = m.get("ctx_train")
         if ctx and f.n_ctx > int(ctx):
-            out.append(Finding("warn", f"--n-ctx {f.n_ctx} exceeds the {m['role']}'s trained context ({ctx})",
-                               f"use --n-ctx {ctx} or less"))
+            out.append(
+                Finding(
+                    "warn",
+                    f"--n-ctx {f.n_ctx} exceeds the {m['role']}'s trained context ({ctx})",
+                    f"use --n-ctx {ctx} or less",
+                )
+            )
         if m.get("error"):
             out.append(Finding("fix", f"cannot read the {m['role']} model: {m['error']}", "check the path"))
         if m.get("recurrent"):
-            out.append(Finding("info", f"the {m['role']} is {m['recurrent']}",
-                               "`localspec bench` shows the rollback cost per round next to the verify cost"))
+            out.append(
+                Finding(
+                    "info",
+                    f"the {m['role']} is {m['recurrent']}",
+                    "`localspec bench` shows the rollback cost per round next to the verify cost",
+                )
+            )
     if f.pair and not f.models:
-        out.append(Finding("info", f"no model given, and the default pair {f.pair} is not downloaded",
-                           f"`localspec pull {f.pair}` (or `localspec run --yes \"...\"`) downloads it; "
-                           "then doctor checks its memory needs"))
+        out.append(
+            Finding(
+                "info",
+                f"no model given, and the default pair {f.pair} is not downloaded",
+                f'`localspec pull {f.pair}` (or `localspec run --yes "..."`) downloads it; '
+                "then doctor checks its memory needs",
+            )
+        )
     if sys.platform == "darwin" and f.machine == "arm64" and f.mlx_version is None:
-        out.append(Finding("info", "MLX is not installed: on Apple silicon it is often the fastest backend",
-                           "pip install 'localspec[mlx]'"))
+        out.append(
+            Finding(
+                "info",
+                "MLX is not installed: on Apple silicon it is often the fastest backend",
+                "pip install 'localspec[mlx]'",
+            )
+        )
     if f.measured:
         out.extend(_measured_findings(f.measured))
     elif f.llama_gpu is None and f.backend == LLAMA.name and not f.llama_error:
-        out.append(Finding("info", "CPU decoding: a batch of k+1 tokens costs much more than one, so a model draft "
-                           "roughly breaks even; n-gram drafts (free) win on text that repeats its input",
-                           "`--draft-method auto` measures this and falls back to plain decoding; "
-                           "`localspec doctor --measure` shows the numbers"))
+        out.append(
+            Finding(
+                "info",
+                "CPU decoding: a batch of k+1 tokens costs much more than one, so a model draft "
+                "roughly breaks even; n-gram drafts (free) win on text that repeats its input",
+                "`--draft-method auto` measures this and falls back to plain decoding; "
+                "`localspec doctor --measure` shows the numbers",
+            )
+        )
     return out
 
 
@@ -429,10 +508,15 @@ def _measured_findings(m: dict[str, Any]) -> list[Finding]:
         best = max(((j + 1) / (j * d + t.get(j + 1, t[max(t)])), j) for j in range(1, max(t)))
         ceiling = best[0] * t1
         sev: Severity = "warn" if ceiling < 1.2 else "info"
-        out.append(Finding(sev, f"with every draft token accepted, a model draft could reach at most {ceiling:.2f}x "
-                           f"here (k={best[1]}; draft {d / t1:.2f}x of a target token, target batch of "
-                           f"{best[1] + 1} {t.get(best[1] + 1, 0) / t1:.2f}x of one)",
-                           "below ~1.2x a model draft is not worth it on this device: use ngram or auto" if ceiling < 1.2 else ""))
+        out.append(
+            Finding(
+                sev,
+                f"with every draft token accepted, a model draft could reach at most {ceiling:.2f}x "
+                f"here (k={best[1]}; draft {d / t1:.2f}x of a target token, target batch of "
+                f"{best[1] + 1} {t.get(best[1] + 1, 0) / t1:.2f}x of one)",
+                "below ~1.2x a model draft is not worth it on this device: use ngram or auto" if ceiling < 1.2 else "",
+            )
+        )
     if 5 in t:
         out.append(Finding("info", f"target: {t1 * 1e3:.1f} ms per token; a batch of 5 costs {t[5] / t1:.2f}x one"))
     return out
@@ -446,18 +530,24 @@ def report_lines(f: Facts, found: list[Finding]) -> list[str]:
         + (f", {f.usable_cpus:g} usable by this process" if f.usable_cpus else "")
         + (f", load average {f.load_avg:.1f}" if f.load_avg is not None else ""),
         f"memory     {format_bytes(f.mem_available)} free of {format_bytes(f.mem_total)}"
-        if f.mem_available and f.mem_total else "memory     unknown",
+        if f.mem_available and f.mem_total
+        else "memory     unknown",
         f"gpu        {', '.join(f.gpu_hardware) or 'none found'}",
-        f"llama.cpp  "
-        + (f"not loadable: {f.llama_error}" if f.llama_error
-           else f"llama-cpp-python {f.llama_version}, {'GPU: ' + f.llama_gpu if f.llama_gpu else 'CPU-only build'}"),
+        "llama.cpp  "
+        + (
+            f"not loadable: {f.llama_error}"
+            if f.llama_error
+            else f"llama-cpp-python {f.llama_version}, {'GPU: ' + f.llama_gpu if f.llama_gpu else 'CPU-only build'}"
+        ),
     ]
     if f.llama_system_info:
         feats = [p.split("=")[0].strip() for p in f.llama_system_info.replace("CPU :", "").split("|") if "= 1" in p]
         lines.append(f"           features: {' '.join(feats)}")
     for family, reason in f.llama_drafters.items():
         lines.append(f"           --draft-method {family}: {reason}")
-    lines.append(f"mlx        {('mlx ' + f.mlx_version + ', device ' + str(f.mlx_device)) if f.mlx_version else 'not installed'}")
+    lines.append(
+        f"mlx        {('mlx ' + f.mlx_version + ', device ' + str(f.mlx_device)) if f.mlx_version else 'not installed'}"
+    )
     if f.mlx_heads:
         lines.append(f"           head drafters: {', '.join(f.mlx_heads)} (their Hugging Face directories as --draft)")
     lines.append(
@@ -467,9 +557,7 @@ def report_lines(f: Facts, found: list[Finding]) -> list[str]:
     if f.pair:
         lines.append(f"pair       {f.pair}" + (f" ({f.pair_note})" if f.pair_note else ""))
     for m in f.models:
-        extra = ", ".join(
-            f"{k} {m[k]}" for k in ("layers", "ctx_train") if m.get(k) is not None
-        )
+        extra = ", ".join(f"{k} {m[k]}" for k in ("layers", "ctx_train") if m.get(k) is not None)
         size = format_bytes(m["size"]) if m.get("size") else "?"
         lines.append(f"{m['role']:<10} {m['path']} ({size}{', ' + extra if extra else ''})")
     if f.measured:

@@ -1,17 +1,17 @@
 """First use of a catalog pair: pulled when it is not downloaded yet, after saying what and how much.
 
-    FirstUse(yes=False, no_pull=False, interactive=None)    what the user allowed (-y/--yes, --no-pull)
-    ensure_pair(name, backend, policy, *, default=False, out=sys.stderr, answer=None) -> LocalPair
-        The pair's concrete backend and local paths. When it is not in the Hugging Face cache: with --no-pull, under
-        HF_HUB_OFFLINE, or with no terminal to ask and no --yes, NotDownloadedError (no request is
-        made); otherwise the pair's file listing is fetched (metadata only), the files and sizes are
-        shown, the user is asked (unless --yes), and the pair is pulled with `localspec pull`'s display,
-        resume and errors.
+FirstUse(yes=False, no_pull=False, interactive=None)    what the user allowed (-y/--yes, --no-pull)
+ensure_pair(name, backend, policy, *, default=False, out=sys.stderr, answer=None) -> LocalPair
+    The pair's concrete backend and local paths. When it is not in the Hugging Face cache: with --no-pull, under
+    HF_HUB_OFFLINE, or with no terminal to ask and no --yes, NotDownloadedError (no request is
+    made); otherwise the pair's file listing is fetched (metadata only), the files and sizes are
+    shown, the user is asked (unless --yes), and the pair is pulled with `localspec pull`'s display,
+    resume and errors.
 
-    model_options_from_args(args) -> ModelOptions
-        The flags' models: the catalog pair they name (--pair, or the default when no model is given)
-        made local by ensure_pair, then localspec.options.model_options. Every command that turns flags
-        into models (run, chat, bench, serve) goes through it: parsing options never downloads.
+model_options_from_args(args) -> ModelOptions
+    The flags' models: the catalog pair they name (--pair, or the default when no model is given)
+    made local by ensure_pair, then localspec.options.model_options. Every command that turns flags
+    into models (run, chat, bench, serve) goes through it: parsing options never downloads.
 """
 
 from __future__ import annotations
@@ -98,7 +98,9 @@ def _refuse_download(
     about = f" (about {bp.size_gb:g} GB)" if bp.size_gb else ""
     pull = f"`{pull_command(name, backend)}`"
     if policy.no_pull:
-        raise NotDownloadedError(missing.message, f"run {pull}{about}, or leave out --no-pull to download it on first use")
+        raise NotDownloadedError(
+            missing.message, f"run {pull}{about}, or leave out --no-pull to download it on first use"
+        )
     if offline():
         raise NotDownloadedError(
             f"{label} is not downloaded, and HF_HUB_OFFLINE is set, so localspec will not download it",

@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     out.write(
         f"\ncache: {hub_cache_dir()}\n"
         f"your pairs: {user_catalog_path()}\n"
-        "download:  localspec pull NAME --backend llama|mlx   run: localspec run \"PROMPT\" --pair NAME "
+        'download:  localspec pull NAME --backend llama|mlx   run: localspec run "PROMPT" --pair NAME '
         "(no --pair: the default, pulled on first use)\n"
     )
     return 0

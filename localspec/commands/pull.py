@@ -1,9 +1,9 @@
 """`localspec pull`: download a catalog pair, a custom pair, or one model into the Hugging Face cache.
 
-    localspec pull NAME [--backend auto|llama|mlx]         a pair from `localspec models`
-    localspec pull REPO[:FILE][@REV]                       one model (a GGUF file, or an mlx-lm repo)
-    localspec pull --target REPO:FILE --draft REPO:FILE    your own pair, checked from headers first
-    localspec pull --check-only --target T --draft D       the header check alone (Hub files or local paths)
+localspec pull NAME [--backend auto|llama|mlx]         a pair from `localspec models`
+localspec pull REPO[:FILE][@REV]                       one model (a GGUF file, or an mlx-lm repo)
+localspec pull --target REPO:FILE --draft REPO:FILE    your own pair, checked from headers first
+localspec pull --check-only --target T --draft D       the header check alone (Hub files or local paths)
 """
 
 from __future__ import annotations

@@ -15,9 +15,9 @@ import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from localspec.commands.first_use import model_options_from_args
 from localspec.errors import UsageError
 from localspec.families import registry
-from localspec.commands.first_use import model_options_from_args
 from localspec.options import (
     ModelOptions,
     add_generation_options,
@@ -54,7 +54,9 @@ def ignored_options(args: argparse.Namespace, opts: ModelOptions) -> list[str]:
     """Options given that the chosen draft method does not use (said, not silently dropped)."""
     if args.draft and not opts.family.reads_draft_file:
         readers = [f.name for f in registry.families() if f.reads_draft_file]
-        return [f"--draft is not used by --draft-method {opts.draft_method} (only {', '.join(readers)} read a --draft file)"]
+        return [
+            f"--draft is not used by --draft-method {opts.draft_method} (only {', '.join(readers)} read a --draft file)"
+        ]
     return []
 
 
@@ -168,7 +170,9 @@ class _RunJob:
         if args.raw:
             prompt: Any = self.prompt_text
         else:
-            prompt = ([ChatMessage("system", args.system)] if args.system else []) + [ChatMessage("user", self.prompt_text)]
+            prompt = ([ChatMessage("system", args.system)] if args.system else []) + [
+                ChatMessage("user", self.prompt_text)
+            ]
         tokens = pipeline.prompt_tokens(prompt, raw=args.raw)
         phases = {"prompt": f"reading the prompt ({len(tokens):,} tokens)", "drafter": "preparing the drafter"}
         events = pipeline.generate(tokens, self.config, stop=self.stop, on_phase=lambda p: self._say(phases[p]))

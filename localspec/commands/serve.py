@@ -13,8 +13,6 @@ from typing import TYPE_CHECKING
 
 from localspec.commands.first_use import model_options_from_args
 from localspec.errors import UsageError
-from localspec.server.reasoning import DEFAULT_FORMAT as DEFAULT_REASONING_FORMAT
-from localspec.server.reasoning import FORMATS as REASONING_FORMATS
 from localspec.options import (
     DEFAULT_MAX_TOKENS,
     GenerationSettings,
@@ -22,6 +20,8 @@ from localspec.options import (
     add_generation_options,
     add_model_options,
 )
+from localspec.server.reasoning import DEFAULT_FORMAT as DEFAULT_REASONING_FORMAT
+from localspec.server.reasoning import FORMATS as REASONING_FORMATS
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
@@ -29,7 +29,9 @@ DEFAULT_MAX_QUEUE = 16
 # A GPU verifies a few sequences' tokens in about the time of one (its T(n) is flat at first), so several
 # requests share its passes nearly for free; a CPU's T(n) grows with every token, so one at a time is the default.
 GPU_PARALLEL = 4
-DEFAULT_MAX_BODY = 8 * 1024 * 1024  # the same as localspec.server.app.DEFAULT_MAX_BODY (not imported: no fastapi at parse time)
+DEFAULT_MAX_BODY = (
+    8 * 1024 * 1024
+)  # the same as localspec.server.app.DEFAULT_MAX_BODY (not imported: no fastapi at parse time)
 API_KEY_ENV = "LOCALSPEC_API_KEY"
 
 if TYPE_CHECKING:
@@ -55,7 +57,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     for action in p._actions:  # a server's answers run to the end of the context unless asked otherwise
         if action.dest == "max_tokens":
             action.default = None
-            action.help = "most tokens per answer when a request gives no max_tokens (default: until the context is full)"
+            action.help = (
+                "most tokens per answer when a request gives no max_tokens (default: until the context is full)"
+            )
         if action.dest == "system":
             action.help = "system prompt for chat requests that bring none"
     g = p.add_argument_group("server")
@@ -95,7 +99,9 @@ def serve(args: argparse.Namespace) -> int:
                            model_name=args.model_name))  # fmt: skip
         return 0
     if args.max_tokens is not None and args.max_tokens < 1:
-        raise UsageError(f"--max-tokens must be at least 1, got {args.max_tokens}", "leave it out: answers end with the context")
+        raise UsageError(
+            f"--max-tokens must be at least 1, got {args.max_tokens}", "leave it out: answers end with the context"
+        )
     GenerationSettings.from_args(args).config(room=DEFAULT_MAX_TOKENS)  # refuse bad flags before any model loads
     opts = model_options_from_args(args)
     if not is_loopback(args.host) and not args.api_key:
@@ -104,7 +110,11 @@ def serve(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    print(f"loading {opts.target}" + (f" and {opts.draft}" if opts.uses_draft_model else "") + " …", file=sys.stderr, flush=True)
+    print(
+        f"loading {opts.target}" + (f" and {opts.draft}" if opts.uses_draft_model else "") + " …",
+        file=sys.stderr,
+        flush=True,
+    )
     app, pipeline, name = build_server(args, opts)
     try:
         for note in pipeline.notes:
@@ -234,7 +244,9 @@ def check_server_args(args: argparse.Namespace) -> None:
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port {args.port} is not a port number", "use 1..65535, e.g. --port 8080")
     if args.max_queue < 0:
-        raise UsageError(f"--max-queue must be 0 or more, got {args.max_queue}", f"e.g. --max-queue {DEFAULT_MAX_QUEUE}")
+        raise UsageError(
+            f"--max-queue must be 0 or more, got {args.max_queue}", f"e.g. --max-queue {DEFAULT_MAX_QUEUE}"
+        )
     if args.max_body_bytes < 1024:
         raise UsageError(f"--max-body-bytes {args.max_body_bytes} is too small for any request", "use at least 1024")
 
@@ -250,4 +262,3 @@ def is_loopback(host: str) -> bool:
 
 def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
-

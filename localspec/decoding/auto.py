@@ -37,13 +37,13 @@ from localspec.decoding.calibrate import PairedRun
 from localspec.decoding.cost_cache import CHECK_PAIRS, CONTRADICTION, CostStore, CurveCheck
 from localspec.decoding.drafters import Drafter, LazyModelDrafter, NgramDrafter
 from localspec.decoding.live_costs import LiveCurve, context_bucket
-from localspec.draft import EMPTY_DRAFT, Draft
-from localspec.decoding.policy import DRAFT_RATIO, EXPLORE, MAX_BACKOFF, CostModel, Controller, Plan
+from localspec.decoding.policy import DRAFT_RATIO, EXPLORE, MAX_BACKOFF, Controller, CostModel, Plan
+from localspec.decoding.stats import RoundStats
 from localspec.decoding.suffix import SuffixDrafter
 from localspec.decoding.suffix_memory import SuffixMemory
-from localspec.sampling import SamplingParams
-from localspec.decoding.stats import RoundStats
+from localspec.draft import EMPTY_DRAFT, Draft
 from localspec.errors import Interrupted, LocalspecError
+from localspec.sampling import SamplingParams
 
 SHADOWS = 8  # lookup proposals graded against the text that followed, at most this many pending
 SHADOW_SPAN = 4  # ... each on its first tokens only
@@ -262,7 +262,13 @@ class AutoDrafter:
         return self.ngram.propose(context, k, sampling, rng)
 
     def propose(
-        self, context: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator, *, min_confidence: float = 0.0
+        self,
+        context: Sequence[int],
+        k: int,
+        sampling: SamplingParams,
+        rng: np.random.Generator,
+        *,
+        min_confidence: float = 0.0,
     ) -> Draft:
         ng = EMPTY_DRAFT
         self._order = 0
@@ -308,7 +314,9 @@ class AutoDrafter:
             self._catch_up_s = self._catch_up(context) if gap > 0 else 0.0
             if gap > 0:
                 self.controller.costs.observe_catch_up(gap, self._catch_up_s)
-            d = self.model.propose(context, plan.k, sampling, rng, min_confidence=max(min_confidence, plan.min_confidence))
+            d = self.model.propose(
+                context, plan.k, sampling, rng, min_confidence=max(min_confidence, plan.min_confidence)
+            )
             note = _join(said, plan.note() + (f"; {d.note}" if d.note else ""))
             return Draft(d.tokens, d.q, note, d.source if d.source != "none" else "model")  # a head says its family
         if self._checking:

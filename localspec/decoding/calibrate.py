@@ -259,5 +259,7 @@ def measure(
         costs.rollback_round = time_rollback(target, max_batch - 1, reps=reps, clock=clock, stat=stat) or 0.0
     if drafter is not None:
         ctx = list(context if context is not None else target.cached_tokens)
-        costs.draft_token = time_drafter(drafter, ctx, tokens_per_draft=max(2, min(max_batch, 4)), reps=draft_reps or reps, clock=clock, stat=stat)
+        costs.draft_token = time_drafter(
+            drafter, ctx, tokens_per_draft=max(2, min(max_batch, 4)), reps=draft_reps or reps, clock=clock, stat=stat
+        )
     return Calibration(costs, timings)

@@ -79,7 +79,9 @@ def plan_crowd(
     best = CrowdPlan((0,) * n, float(n), t_plain, plain_rate)
     plans = _walk(_token_order(candidates, target_s), candidates, t, pass_size, plain_rate)
     if padded:
-        plans += [_even(candidates, m, t, pass_size, plain_rate) for m in range(1, max(len(c.alphas) for c in candidates) + 1)]
+        plans += [
+            _even(candidates, m, t, pass_size, plain_rate) for m in range(1, max(len(c.alphas) for c in candidates) + 1)
+        ]
     top = max(plans, key=lambda p: p.rate, default=best)
     return top if top.rate > plain_rate * (1.0 + MARGIN) else best  # as auto: a gain within timing noise is none
 
@@ -108,7 +110,9 @@ def _walk(
         lengths[i] += 1
         expected += held
         draft_cost += candidates[i].draft_s
-        plans.append(CrowdPlan(tuple(lengths), expected, draft_cost + t(pass_size([1 + j for j in lengths])), plain_rate))
+        plans.append(
+            CrowdPlan(tuple(lengths), expected, draft_cost + t(pass_size([1 + j for j in lengths])), plain_rate)
+        )
     return plans
 
 

@@ -13,11 +13,9 @@ from typing import Protocol
 import numpy as np
 
 from localspec.backends.base import Backend, common_prefix, sync_cache
+from localspec.decoding.stats import RoundStats
 from localspec.draft import EMPTY_DRAFT, Draft, sample_draft
 from localspec.sampling import SamplingParams
-from localspec.decoding.stats import RoundStats
-
-
 
 
 class Drafter(Protocol):
@@ -29,7 +27,13 @@ class Drafter(Protocol):
         ...
 
     def propose(
-        self, context: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator, *, min_confidence: float = 0.0
+        self,
+        context: Sequence[int],
+        k: int,
+        sampling: SamplingParams,
+        rng: np.random.Generator,
+        *,
+        min_confidence: float = 0.0,
     ) -> Draft:
         """Up to k tokens continuing `context` (every token committed so far). Drafters that sample stop
         before a token whose own probability is below min_confidence (llama.cpp's p_min)."""
@@ -78,7 +82,13 @@ class NoDrafter(Stateless):
         pass
 
     def propose(
-        self, context: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator, *, min_confidence: float = 0.0
+        self,
+        context: Sequence[int],
+        k: int,
+        sampling: SamplingParams,
+        rng: np.random.Generator,
+        *,
+        min_confidence: float = 0.0,
     ) -> Draft:
         return EMPTY_DRAFT
 
@@ -119,7 +129,13 @@ class NgramDrafter(Stateless):
         self._n_indexed = 0
 
     def propose(
-        self, context: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator, *, min_confidence: float = 0.0
+        self,
+        context: Sequence[int],
+        k: int,
+        sampling: SamplingParams,
+        rng: np.random.Generator,
+        *,
+        min_confidence: float = 0.0,
     ) -> Draft:
         if k <= 0 or len(context) < 2:
             return EMPTY_DRAFT
@@ -198,7 +214,13 @@ class ModelDrafter:
         sync_cache(self.backend, context[:-1], logits=False)
 
     def propose(
-        self, context: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator, *, min_confidence: float = 0.0
+        self,
+        context: Sequence[int],
+        k: int,
+        sampling: SamplingParams,
+        rng: np.random.Generator,
+        *,
+        min_confidence: float = 0.0,
     ) -> Draft:
         # The draft's window may be smaller than the target's (e.g. a capped sliding-window cache): the
         # cache ends holding context + k - 1 tokens, so draft less, then nothing, rather than overflow.
@@ -257,7 +279,13 @@ class LazyModelDrafter:
         self.load().catch_up(context)
 
     def propose(
-        self, context: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator, *, min_confidence: float = 0.0
+        self,
+        context: Sequence[int],
+        k: int,
+        sampling: SamplingParams,
+        rng: np.random.Generator,
+        *,
+        min_confidence: float = 0.0,
     ) -> Draft:
         return self.load().propose(context, k, sampling, rng, min_confidence=min_confidence)
 

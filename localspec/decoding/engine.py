@@ -10,23 +10,23 @@ from __future__ import annotations
 
 import threading
 import time
-from contextlib import suppress
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
 import numpy as np
 
 from localspec.backends.base import Backend, Detokenizer, sync_cache
-from localspec.errors import ContextOverflowError, Interrupted, UsageError
 from localspec.decoding import verify
-from localspec.decoding.grammar import Constraint, GrammarSpec, apply_mask, mask_q
 from localspec.decoding.crowd import Candidate, plan_crowd
 from localspec.decoding.drafters import Drafter
+from localspec.decoding.grammar import Constraint, GrammarSpec, apply_mask, mask_q
 from localspec.decoding.policy import MODEL_PRIOR, Acceptance, CostModel
-from localspec.draft import Draft
-from localspec.sampling import SamplingParams, greedy, probabilities, runner_up_gaps, sample
 from localspec.decoding.stats import NEAR_TIE_GAP, NearTie, RoundStats, SpecStats, StatsCollector, StopReason
+from localspec.draft import Draft
+from localspec.errors import ContextOverflowError, Interrupted, UsageError
+from localspec.sampling import SamplingParams, greedy, probabilities, runner_up_gaps, sample
 
 Origin = Literal["draft", "target"]  # accepted draft token, or a token the target chose itself
 Segment = tuple[str, Origin]  # a run of text whose tokens share one origin
@@ -298,9 +298,7 @@ class _Run:
             p, q = _same_width(p, q)
         return verify.RULES[self.config.rule](draft.tokens, q, p, self.rng)
 
-    def _emit(
-        self, tokens: list[int], origins: list[Origin], stats: RoundStats | None
-    ) -> Iterator[Event]:
+    def _emit(self, tokens: list[int], origins: list[Origin], stats: RoundStats | None) -> Iterator[Event]:
         """Commit tokens up to the first end-of-generation token or the token limit; yield them."""
         reason: StopReason | None = None
         cut = len(tokens)
@@ -326,7 +324,9 @@ class _Run:
         self.context += tokens
         segments = self._segments(tokens, origins)
         self.text_parts += [s for s, _ in segments]
-        yield Step(segments, tuple(tokens), tuple(origins), stats, self._stats(None, self.clock() - (self.t_decode or 0.0)))
+        yield Step(
+            segments, tuple(tokens), tuple(origins), stats, self._stats(None, self.clock() - (self.t_decode or 0.0))
+        )
         return reason
 
     def _segments(self, tokens: list[int], origins: list[Origin]) -> tuple[Segment, ...]:
@@ -397,7 +397,7 @@ class _Run:
 
 
 class BatchTarget(Protocol):
-    """A target holding several sequences (backends/llama_multi.LlamaSlots, backends/mlx_multi.MLXSlots): one
+    """A target holding several sequences (localspec/backends/llama_multi.LlamaSlots, localspec/backends/mlx_multi.MLXSlots): one
     pass appends each (slot, tokens) to its slot and returns every position's logits rows per part.
     `pass_size(lengths)`: positions a pass over parts of these lengths computes (the sum, or rows x the
     longest for a right-padded batch, `pass_padded`); `prefill_apart`: prompt chunks are read in a forward of
@@ -565,7 +565,9 @@ class CrowdDecoder:
         member.accept.update(stats.n_accepted, stats.n_drafted)
         if member.run.drafter.method not in ("ngram", "suffix"):  # lookups cost ~nothing per token
             per = stats.draft_s / stats.n_drafted
-            member.draft_token_s = per if not member.draft_token_s else member.draft_token_s + 0.3 * (per - member.draft_token_s)
+            member.draft_token_s = (
+                per if not member.draft_token_s else member.draft_token_s + 0.3 * (per - member.draft_token_s)
+            )
 
 
 def _collect(events: Iterator[Event]) -> tuple[list[Event], StopReason | None]:

@@ -28,7 +28,7 @@ matcher back to the accepted prefix and consumes the emitted token. End-of-gener
 exactly when the grammar accepts; once the grammar can take nothing more, only they are (`finished`).
 
 Compiled tokenizers are cached per backend object (one per loaded vocabulary), compiled grammars per
-(vocabulary, spec). Backends describe their vocabulary with `token_table()` (backends/base.TokenTable).
+(vocabulary, spec). Backends describe their vocabulary with `token_table()` (localspec/backends/base.TokenTable).
 """
 
 from __future__ import annotations

@@ -347,9 +347,7 @@ class Controller:
         """Whether the draft model's cost rests on DRAFT_REPS timings (or was remembered)."""
         return self.draft_timings >= DRAFT_REPS
 
-    def plan(
-        self, k_max: int, *, model: bool, ngram_avail: int = 0, ngram_order: int = 0, model_gap: int = 0
-    ) -> Plan:
+    def plan(self, k_max: int, *, model: bool, ngram_avail: int = 0, ngram_order: int = 0, model_gap: int = 0) -> Plan:
         """This round's plan: the best of plain, n-gram (when a match of ngram_avail tokens exists), model.
 
         model_gap: tokens the draft model would first have to catch up on (after plain or n-gram rounds).
@@ -448,4 +446,3 @@ class Controller:
         for a in self.ngram_accept.values():
             a.soften(0.25)
         self.probe_credit, self.probe_fails = 0.0, 0
-

@@ -42,12 +42,12 @@ import numpy as np
 
 from localspec.backends.base import common_prefix
 from localspec.decoding.drafters import Stateless
-from localspec.draft import EMPTY_DRAFT, Draft
 from localspec.decoding.policy import NGRAM_PRIOR, RESYNC, Acceptance, match_bucket
 from localspec.decoding.resync import ANCHOR_MIN, WINDOW, Anchor, Edits, Resync, follow
-from localspec.sampling import SamplingParams
 from localspec.decoding.stats import RoundStats
 from localspec.decoding.suffix_memory import SuffixMemory
+from localspec.draft import EMPTY_DRAFT, Draft
+from localspec.sampling import SamplingParams
 
 KEY_LENGTHS = (2, 8)  # index key lengths; a match shorter than the shortest is no match
 MAX_MATCH = 64  # longest suffix compared
@@ -342,7 +342,13 @@ class SuffixDrafter(Stateless):
         return r
 
     def propose(
-        self, context: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator, *, min_confidence: float = 0.0
+        self,
+        context: Sequence[int],
+        k: int,
+        sampling: SamplingParams,
+        rng: np.random.Generator,
+        *,
+        min_confidence: float = 0.0,
     ) -> Draft:
         self._last_bucket = 0
         if self.gate:

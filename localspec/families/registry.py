@@ -188,7 +188,7 @@ def _check_runnable(fam: DrafterFamily, backend: str) -> None:
 
 
 def fit(name: str, target: str, draft: str | None, backend: str) -> str:
-    """"" when family `name` can run on these files here, else the reason. From headers only."""
+    """ "" when family `name` can run on these files here, else the reason. From headers only."""
     try:
         module = backend_spec(backend).module()
         check_family(name, target=target, draft=draft or None, backend=backend, module=module)

@@ -173,6 +173,7 @@ __all__ = [
     "PullCancelled",
     "PullResult",
     "PulledModel",
+    "Tracker",
     "check_remote_pair",
     "pair_backend_for",
     "plan_pair",

@@ -109,7 +109,9 @@ class Hub:
     # -- planning: what to download ----------------------------------------------------------
 
     def plan(self, ref: ModelRef, role: str, backend: str | None) -> ModelPlan:
-        self.log(f"asking {self.endpoint} for the files of {ref.repo} (waiting up to {hub_timeout():g} s for an answer)")
+        self.log(
+            f"asking {self.endpoint} for the files of {ref.repo} (waiting up to {hub_timeout():g} s for an answer)"
+        )
         with hub_errors(self, ref):
             info = self.api.model_info(ref.repo, revision=ref.revision)
             commit = info.sha
@@ -291,9 +293,7 @@ class Hub:
             files = tuple(split_gguf_parts(ref.file)) if b == FILE_BACKEND and ref.file else ()
             size = sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file()) if b == REPO_BACKEND else 0
             if b == FILE_BACKEND:
-                size = sum(
-                    os.path.getsize(os.path.join(os.path.dirname(path), os.path.basename(p))) for p in files
-                )
+                size = sum(os.path.getsize(os.path.join(os.path.dirname(path), os.path.basename(p))) for p in files)
             for f in files or (ref.repo,):
                 self._emit(ProgressEvent(f, ref.repo, role, size, size, None, None, True, True))
             models.append(PulledModel(role, ref.repo, ref.revision, None, files, path, 0, size))

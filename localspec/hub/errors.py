@@ -100,7 +100,14 @@ def map_error(e: BaseException, hub: Hub, ref: ModelRef, file: str | None, *, si
             f"the download of {what} was interrupted ({type(e).__name__})",
             "run the same command again: finished files are kept and not downloaded twice",
         )
-    unreachable = {"ConnectError", "ConnectTimeout", "TimeoutException", "NetworkError", "ProxyError", "ConnectionError"}
+    unreachable = {
+        "ConnectError",
+        "ConnectTimeout",
+        "TimeoutException",
+        "NetworkError",
+        "ProxyError",
+        "ConnectionError",
+    }
     if names & unreachable or isinstance(e, LocalEntryNotFoundError):
         return PullError(
             f"cannot reach {endpoint} to fetch {what}",

@@ -55,12 +55,13 @@ class ModelPlan:
         return sum(f.size or 0 for f in self.files)
 
 
-
 def select_files(ref: ModelRef, backend: str | None, sizes: dict[str, int | None]) -> tuple[str, list[str]]:
     ggufs = sorted(p for p in sizes if p.endswith(".gguf"))
     if ref.file:
         if backend == REPO_BACKEND:
-            raise PullError(f"{ref}: a {REPO_BACKEND} model is a whole repo, not one file", f"pull {ref.repo} without :FILE")
+            raise PullError(
+                f"{ref}: a {REPO_BACKEND} model is a whole repo, not one file", f"pull {ref.repo} without :FILE"
+            )
         parts = split_gguf_parts(ref.file)
         missing = [p for p in parts if p not in sizes]
         if missing:
@@ -75,7 +76,9 @@ def select_files(ref: ModelRef, backend: str | None, sizes: dict[str, int | None
         if not models:
             raise PullError(
                 f"{ref.repo} has no GGUF model files",
-                f"it looks like a safetensors repo: use --backend {REPO_BACKEND}" if has_weights else "check the repo id",
+                f"it looks like a safetensors repo: use --backend {REPO_BACKEND}"
+                if has_weights
+                else "check the repo id",
             )
         if len(models) > 1:
             raise PullError(
@@ -172,7 +175,9 @@ def gguf_choice_hint(repo: str, ggufs: list[str], sizes: dict[str, int | None]) 
 
 
 def pair_backend(t: ModelRef, d: ModelRef) -> str:
-    kinds = {FILE_BACKEND if (r.file or "").endswith(".gguf") else (REPO_BACKEND if not r.file else "?") for r in (t, d)}
+    kinds = {
+        FILE_BACKEND if (r.file or "").endswith(".gguf") else (REPO_BACKEND if not r.file else "?") for r in (t, d)
+    }
     if len(kinds) == 1 and "?" not in kinds:
         return kinds.pop()
     raise PullError(
@@ -193,4 +198,3 @@ def as_ref(spec: str | ModelRef) -> ModelRef:
 
 def pinned(plan: ModelPlan) -> ModelRef:
     return ModelRef(plan.ref.repo, plan.main_file, plan.commit or plan.ref.revision)
-

@@ -135,4 +135,3 @@ class Tracker:
 
 def _avg(n: int, seconds: float) -> float | None:
     return n / seconds if seconds > 0 else None
-

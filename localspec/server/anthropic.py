@@ -38,9 +38,9 @@ from localspec.server.anthropic_schemas import (
     Conversation,
     MessageParam,
     MessagesRequest,
-    ToolParam,
     TextBlock,
     ThinkingBlock,
+    ToolParam,
     ToolResultBlock,
     ToolUseBlock,
 )

@@ -1,6 +1,6 @@
 """The ASGI app: OpenAI's routes over one Scheduler, the API key, the body limit and CORS.
 
-    create_app(pipeline, settings) -> FastAPI      the scheduler starts with the app and stops with it
+create_app(pipeline, settings) -> FastAPI      the scheduler starts with the app and stops with it
 """
 
 from __future__ import annotations
@@ -79,8 +79,13 @@ def create_app(
     """`slots` (serve --parallel N > 1): the requests decode together in them (crowd_scheduler.py); `draft_slots`:
     the draft model's, one per sequence (or why there are none)."""
     metrics = Metrics()
-    served = Served(pipeline, settings.defaults, (settings.model_name, *settings.model_aliases),
-                    reasoning_format=settings.reasoning_format, crowd=slots is not None)
+    served = Served(
+        pipeline,
+        settings.defaults,
+        (settings.model_name, *settings.model_aliases),
+        reasoning_format=settings.reasoning_format,
+        crowd=slots is not None,
+    )
     state: dict[str, Scheduler] = {}
 
     @asynccontextmanager
@@ -116,7 +121,9 @@ def create_app(
 
     @app.exception_handler(404)
     async def not_found(request: Request, e: Exception) -> JSONResponse:
-        return await api_error(request, APIError(404, f"no route {request.method} {request.url.path}", None, "not_found"))
+        return await api_error(
+            request, APIError(404, f"no route {request.method} {request.url.path}", None, "not_found")
+        )
 
     @app.exception_handler(405)
     async def not_allowed(request: Request, e: Exception) -> JSONResponse:
@@ -218,7 +225,9 @@ def create_app(
             watcher.cancel()
             scheduler.cancel(job)  # a no-op once it has finished
 
-    async def stream(job: Job, ids: ResponseIds, scheduler: Scheduler, watcher: asyncio.Task[None]) -> AsyncIterator[bytes]:
+    async def stream(
+        job: Job, ids: ResponseIds, scheduler: Scheduler, watcher: asyncio.Task[None]
+    ) -> AsyncIterator[bytes]:
         usage = job.request.include_usage
         reader = job.request.tools.parser() if job.request.tools else None
         try:

@@ -1,6 +1,6 @@
 """Several generations at once (`serve --parallel N`, N > 1): up to N requests decode together in one
 engine.CrowdDecoder over the target's slots, one slot per request: a LlamaSlots context on llama.cpp
-(backends/llama_multi.py), an MLXSlots batch on MLX (backends/mlx_multi.py).
+(localspec/backends/llama_multi.py), an MLXSlots batch on MLX (localspec/backends/mlx_multi.py).
 
 Each engine step is one shared target pass: every running sequence's next token and draft (lengths from the
 crowd-aware policy, decoding/crowd.py, on the measured T(n) of the whole batch), and chunks of the prompts of
@@ -104,8 +104,10 @@ class CrowdScheduler(Scheduler):
         self.crowd = CrowdDecoder(slots, costs=_prior_costs(pipeline))
         self._head_unused = bool(pipeline.options.auto_head) and not pipeline.draft_note
         if self._head_unused:
-            log(f"note: auto drafts without its {pipeline.options.auto_head} head here: a head reads the target's "
-                "hidden states, which the slots of --parallel do not capture (serve with --parallel 1 to use it)")
+            log(
+                f"note: auto drafts without its {pipeline.options.auto_head} head here: a head reads the target's "
+                "hidden states, which the slots of --parallel do not capture (serve with --parallel 1 to use it)"
+            )
         self._seats: dict[Job, _Seat] = {}
         self._lent: set[str] = set()
         self._prefill_budget = max(1, slots.n_batch // 2)
@@ -327,4 +329,3 @@ def _prior_costs(pipeline: Pipeline) -> CostModel:
         return pipeline.cost_store.load() or CostModel()
     except (OSError, ValueError):
         return CostModel()
-

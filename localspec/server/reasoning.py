@@ -52,7 +52,7 @@ class ReasoningPlan:
 def opened_in_prompt(prompt_tail: str) -> str:
     """The opening tag and what follows it when the prompt ends inside a think block ("<think>\\n"), else ""."""
     at = prompt_tail.rfind(OPEN)
-    if at < 0 or prompt_tail[at + len(OPEN):].strip():
+    if at < 0 or prompt_tail[at + len(OPEN) :].strip():
         return ""
     return prompt_tail[at:]
 
@@ -101,7 +101,7 @@ class ReasoningSplitter:
         """Nothing but whitespace yet: the answer may still open a block."""
         head = self._buf.lstrip()
         if head.startswith(OPEN):
-            self._buf, self._state = head[len(OPEN):], "thinking"
+            self._buf, self._state = head[len(OPEN) :], "thinking"
             return self._on_thinking()
         if OPEN.startswith(head):
             return Split()  # "", "  <thi": wait for more
@@ -112,10 +112,10 @@ class ReasoningSplitter:
         at = self._buf.find(CLOSE)
         if at >= 0:
             reasoning = self._reason(self._buf[:at].rstrip())
-            self._buf, self._state, self._ws = self._buf[at + len(CLOSE):], "after", ""
+            self._buf, self._state, self._ws = self._buf[at + len(CLOSE) :], "after", ""
             return self._out(reasoning, self._content_start())
         keep = _partial_tail(self._buf, CLOSE)
-        text, self._buf = self._buf[: len(self._buf) - keep], self._buf[len(self._buf) - keep:]
+        text, self._buf = self._buf[: len(self._buf) - keep], self._buf[len(self._buf) - keep :]
         return self._out(self._reason(text), "")
 
     def _on_after(self) -> Split:
@@ -142,7 +142,7 @@ class ReasoningSplitter:
             self._ws += text if self._reasoned else ""
             return ""
         body = text.rstrip()
-        out, self._ws = self._ws + body, text[len(body):]
+        out, self._ws = self._ws + body, text[len(body) :]
         self._reasoned = True
         return out
 

@@ -24,14 +24,16 @@ from localspec.server.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     Endpoint,
-    Speculative,
     SamplingFields,
+    Speculative,
 )
 from localspec.server.tool_requests import message_tool_fields, read_tools, with_tools
 from localspec.server.tools import ToolPlan, ToolTemplate, tool_template
 
-HEAD_IN_CROWD = ("a head reads the target's hidden states, which the slots of --parallel do not capture "
-                 "(start the server with --parallel 1)")
+HEAD_IN_CROWD = (
+    "a head reads the target's hidden states, which the slots of --parallel do not capture "
+    "(start the server with --parallel 1)"
+)
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 
 

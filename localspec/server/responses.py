@@ -82,7 +82,11 @@ class ResponseIds:
 
 
 def full_response(
-    ids: ResponseIds, text: str, finish_reason: str, stats: SpecStats, calls: Sequence[ToolCall] = (),
+    ids: ResponseIds,
+    text: str,
+    finish_reason: str,
+    stats: SpecStats,
+    calls: Sequence[ToolCall] = (),
     reasoning: str = "",
 ) -> dict[str, Any]:
     if ids.endpoint == "chat":

@@ -29,8 +29,8 @@ from localspec.server.tools import (
     ToolFormat,
     ToolPlan,
     ToolTemplate,
-    lazy_call_grammar,
     call_grammar,
+    lazy_call_grammar,
     mistral_id,
 )
 

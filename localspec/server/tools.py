@@ -242,12 +242,12 @@ class ToolStreamParser:
         if hit is not None:
             i, marker = hit
             self._content(buf[:i])
-            self._buf = buf[i + len(marker):]
+            self._buf = buf[i + len(marker) :]
             self._state, self._close, self._marker = "block", self.fmt.close, marker
             return True
         keep = _partial_tail(buf, self.fmt.opens)
         self._content(buf[: len(buf) - keep])
-        self._buf = buf[len(buf) - keep:]
+        self._buf = buf[len(buf) - keep :]
         return False
 
     def _on_block(self) -> bool:
@@ -311,7 +311,7 @@ class ToolStreamParser:
             return True
         if self._close:
             if rest.startswith(self._close):
-                self._buf, self._state = rest[len(self._close):], "content"
+                self._buf, self._state = rest[len(self._close) :], "content"
                 return True
             if self._close.startswith(rest):
                 self._buf = rest
@@ -397,7 +397,7 @@ class ToolStreamParser:
             return
         self._at_start = False
         body = (self._ws + text).rstrip()
-        self._ws = (self._ws + text)[len(body):]
+        self._ws = (self._ws + text)[len(body) :]
         if body:
             self._emit(ContentDelta(body))
 
@@ -474,7 +474,7 @@ class _CallScan:
         offset = len(self.text) - len(self.text.lstrip())
         self.name = name
         self.args_at = offset + m.end()
-        first = self.text[self.args_at:self.args_at + 1]
+        first = self.text[self.args_at : self.args_at + 1]
         self.args_kind = first if first in '{["' else "="
 
     def take_arguments(self) -> str:
@@ -485,17 +485,17 @@ class _CallScan:
             if self.args_end < 0 or self.string_sent:
                 return ""
             try:
-                value = json.loads(self.text[self.args_at:self.args_end])
+                value = json.loads(self.text[self.args_at : self.args_end])
             except ValueError:
-                value = self.text[self.args_at:self.args_end]
+                value = self.text[self.args_at : self.args_end]
             self.args_sent = value if isinstance(value, str) else json.dumps(value)
             self.string_sent = True
             return self.args_sent
         end = self.args_end if self.args_end >= 0 else len(self.text)
-        text = self.text[self.args_at:end]
+        text = self.text[self.args_at : end]
         if self.args_kind == "=":
             text = text.rstrip()
-        new = text[len(self.args_sent):] if text.startswith(self.args_sent) else ""
+        new = text[len(self.args_sent) :] if text.startswith(self.args_sent) else ""
         self.args_sent += new
         return new
 

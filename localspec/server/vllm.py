@@ -32,7 +32,7 @@ def vllm_command(
     if pair.base is None:
         raise UsageError(
             f"pair {pair_name!r} names no original models for vLLM",
-            "add `base = { target = \"OWNER/REPO\", draft = \"OWNER/REPO\" }` to the pair in your models.toml",
+            'add `base = { target = "OWNER/REPO", draft = "OWNER/REPO" }` to the pair in your models.toml',
         )
     n = min(k if k is not None else (pair.num_draft or FIXED_K), MAX_K)
     args = ["vllm", "serve", pair.base.target]

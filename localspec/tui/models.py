@@ -7,10 +7,10 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from localspec.errors import IncompatiblePairError, LocalspecError, error_text
-from localspec.formatting import format_bytes
 from localspec.backends.registry import BACKENDS
+from localspec.errors import IncompatiblePairError, LocalspecError, error_text
 from localspec.families import registry
+from localspec.formatting import format_bytes
 from localspec.options import ModelOptions
 
 

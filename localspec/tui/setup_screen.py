@@ -20,12 +20,12 @@ from localspec.errors import error_text
 from localspec.options import DEFAULT_DRAFT_METHOD, ModelOptions
 from localspec.tui import messages as msg
 from localspec.tui.models import (
-    plain_methods,
     BackendStatus,
     PairEntry,
     catalog_entries,
     check_pair,
     method_choices,
+    plain_methods,
     pull_pair_with_progress,
 )
 
@@ -71,7 +71,12 @@ class SetupScreen(Screen[None]):
                 yield Input(placeholder="draft model path (same tokenizer as the target)", id="draft")
                 with Horizontal(classes="field"):
                     yield Label("draft method")
-                    yield Select([(m, m) for m in self._initial_methods()], value=DEFAULT_DRAFT_METHOD, allow_blank=False, id="method")
+                    yield Select(
+                        [(m, m) for m in self._initial_methods()],
+                        value=DEFAULT_DRAFT_METHOD,
+                        allow_blank=False,
+                        id="method",
+                    )
                 yield Static("", id="method-note", markup=False)
                 yield Static("", id="pair-status", markup=False)
                 yield ProgressBar(total=None, show_eta=False, id="pull-progress")

@@ -53,7 +53,16 @@ class Transcript:
         if self.system.strip():
             lines += ["**System:** " + self.system, ""]
         for turn in self.turns:
-            lines += ["## You", "", close_fences(turn.user), "", "## Assistant", "", close_fences(turn.reply) or "_(no text)_", ""]
+            lines += [
+                "## You",
+                "",
+                close_fences(turn.user),
+                "",
+                "## Assistant",
+                "",
+                close_fences(turn.reply) or "_(no text)_",
+                "",
+            ]
             if turn.stats is not None:
                 lines += ["> " + reply_summary(turn.stats), ""]
             if turn.error is not None:

@@ -191,7 +191,14 @@ class StatsPanel(Vertical):
         self.stats, self.live = None, False
         put = self._put
         put("#stats-title", title)
-        for name in ("#stat-choices", "#stat-histogram", "#stat-positions", "#stat-shares", "#stat-advice", "#stat-run"):
+        for name in (
+            "#stat-choices",
+            "#stat-histogram",
+            "#stat-positions",
+            "#stat-shares",
+            "#stat-advice",
+            "#stat-run",
+        ):
             put(name, "")
         put("#stat-tps", "decode –")
         put("#stat-acceptance", "acceptance –")

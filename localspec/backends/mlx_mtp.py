@@ -11,7 +11,7 @@ attention, MLP or MoE and norms are mlx-lm's. Per position, as these checkpoints
     logits = the target's lm_head(out)
 
 h is the target's hidden state after its final norm (post-norm, unlike DeepSeek-V3 / GLM "nextn", which read
-it before; those, and MiMo's hidden-first order, are backends/mlx_nextn.py). Pairs (mlx_head.py): pair P is (token
+it before; those, and MiMo's hidden-first order, are localspec/backends/mlx_nextn.py). Pairs (mlx_head.py): pair P is (token
 P+1, h at P), so the cache holds positions 0..N-2 of a context of N tokens; drafting goes on with the layer's
 own `out` in h's place. Norm shifts: an original checkpoint stores these norms as offsets from one (mlx-lm adds
 1.0 to the target's when it loads one, found by its unconverted conv1d weights); the MTP norms get the same.
@@ -65,10 +65,13 @@ def check_target(model_dir: str | Path, config: dict[str, Any]) -> int:
     if arch not in ARCHITECTURES:
         raise UnsupportedModelError(
             f"{name} is a {arch!r} model: localspec runs MTP on MLX for {', '.join(ARCHITECTURES)} and the "
-            "DeepSeek-V3 / GLM-4.5 / MiMo layouts only", "on llama.cpp, MTP runs for more families; or use another --draft-method",
+            "DeepSeek-V3 / GLM-4.5 / MiMo layouts only",
+            "on llama.cpp, MTP runs for more families; or use another --draft-method",
         )
     declared = int(text.get("mtp_num_hidden_layers") or config.get("mtp_num_hidden_layers") or 0)
-    have = {n.split(".")[1] for k in safetensors_headers(Path(model_dir)) if (n := _mtp_name(k)) and n.startswith("layers.")}
+    have = {
+        n.split(".")[1] for k in safetensors_headers(Path(model_dir)) if (n := _mtp_name(k)) and n.startswith("layers.")
+    }
     if not declared or not have:
         what = "declares no MTP layers" if not declared else "declares MTP layers but its files hold no mtp.* weights"
         raise ModelFileError(f"{name} {what} (mlx-lm's conversion drops them)", MTP_HINT)

@@ -40,7 +40,7 @@ MTP_ARCHITECTURES = frozenset({
 })  # fmt: skip
 
 _MTP_HINT = (
-    "--draft-method mtp needs a target GGUF that keeps its MTP layers (often released as \"...-MTP-GGUF\"), "
+    '--draft-method mtp needs a target GGUF that keeps its MTP layers (often released as "...-MTP-GGUF"), '
     "e.g. GLM-4.5-Air, Qwen3.5 or DeepSeek-V3 converted with them; otherwise use --draft-method ngram or model"
 )
 

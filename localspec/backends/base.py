@@ -86,7 +86,7 @@ class ChatMessage:
 
 @dataclass(frozen=True)
 class ModelInfo:
-    backend: str  # the backend's name in backends/registry.py
+    backend: str  # the backend's name in localspec/backends/registry.py
     path: str
     name: str
     architecture: str
@@ -197,8 +197,13 @@ class Backend(Protocol):
         ...
 
     def apply_chat_template(
-        self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True, template: str | None = None,
-        tools: Sequence[dict[str, Any]] | None = None, variables: Mapping[str, Any] | None = None,
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        add_generation_prompt: bool = True,
+        template: str | None = None,
+        tools: Sequence[dict[str, Any]] | None = None,
+        variables: Mapping[str, Any] | None = None,
     ) -> str:
         """The prompt text for a conversation, rendered with `template` or else the model's own (which
         must exist: chat_template.choose_chat_format decides what a model without one gets); `tools`
@@ -237,7 +242,7 @@ class Backend(Protocol):
 class BackendModule(Protocol):
     """What the pipeline needs of a backend module."""
 
-    NAME: str  # its name in backends/registry.py
+    NAME: str  # its name in localspec/backends/registry.py
 
     def probe(self) -> tuple[bool, str]:
         """Whether it can run here, and the device it runs on or why not. Loads no model."""
@@ -386,8 +391,11 @@ def sync_cache(backend: Backend, tokens: Sequence[int], *, logits: bool) -> tupl
 
 
 def chat_prompt_tokens(
-    backend: Backend, messages: Sequence[ChatMessage], fmt: ChatFormat | None = None,
-    tools: Sequence[dict[str, Any]] | None = None, variables: Mapping[str, Any] | None = None,
+    backend: Backend,
+    messages: Sequence[ChatMessage],
+    fmt: ChatFormat | None = None,
+    tools: Sequence[dict[str, Any]] | None = None,
+    variables: Mapping[str, Any] | None = None,
 ) -> list[int]:
     """Render a conversation in `fmt` (default: chosen for the model, see choose_chat_format), with
     `tools` offered to the template when given, and tokenize it, specials included.

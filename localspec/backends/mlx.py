@@ -146,7 +146,7 @@ def load(
 ) -> MLXBackend:
     """Load a model for speculative decoding. `threads`, `n_gpu_layers` and `max_draft` do not apply to MLX
     (a recurrent state is kept by reference, whatever the draft length), nor `load_mtp` (the MTP drafter reads
-    the mtp.* weights from the checkpoint itself, backends/mlx_mtp.py).
+    the mtp.* weights from the checkpoint itself, localspec/backends/mlx_mtp.py).
     `cancel` is checked before the weights are materialized (the one long step)."""
     _require_mlx()
     import mlx.core as mx
@@ -160,7 +160,9 @@ def load(
     except FileNotFoundError as e:
         raise ModelFileError(f"{path}: not a complete mlx-lm model directory ({e})", _MODEL_DIR_HINT) from None
     except ValueError as e:
-        raise UnsupportedModelError(f"mlx-lm cannot build the model in {path}: {e}", "check that mlx-lm is up to date") from None
+        raise UnsupportedModelError(
+            f"mlx-lm cannot build the model in {path}: {e}", "check that mlx-lm is up to date"
+        ) from None
     n_ctx, cache_note = _check_cache(model, config, path, n_ctx)
     if cancel is not None and cancel.is_set():
         raise Interrupted(f"loading {path} was cancelled")
@@ -191,7 +193,9 @@ def resolve(path: str, *, tokenizer_only: bool = False) -> Path:
     from mlx_lm.utils import DEFAULT_ALLOW_PATTERNS
 
     try:
-        return Path(snapshot_download(path, allow_patterns=_TOKENIZER_PATTERNS if tokenizer_only else DEFAULT_ALLOW_PATTERNS))
+        return Path(
+            snapshot_download(path, allow_patterns=_TOKENIZER_PATTERNS if tokenizer_only else DEFAULT_ALLOW_PATTERNS)
+        )
     except Exception as e:  # huggingface_hub raises many kinds; all mean "could not get it"
         raise ModelFileError(
             f"cannot get {path} from the Hugging Face Hub: {type(e).__name__}: {e}",
@@ -237,7 +241,7 @@ def _leaves(cache: Sequence[Any]) -> list[Any]:
 
 
 def recurrent_kind(cache: Sequence[Any]) -> str:
-    """"recurrent" (every layer keeps a state), "hybrid" (some do) or "" (attention only)."""
+    """ "recurrent" (every layer keeps a state), "hybrid" (some do) or "" (attention only)."""
     leaves = _leaves(cache)
     n = sum(_is_recurrent(c) for c in leaves)
     return "" if n == 0 else "recurrent" if n == len(leaves) else "hybrid"
@@ -404,8 +408,13 @@ class MLXBackend(CachedModel):
         return self.tokenizer.chat_template if self.tokenizer.has_chat_template else None
 
     def apply_chat_template(
-        self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True, template: str | None = None,
-        tools: Sequence[dict[str, Any]] | None = None, variables: Mapping[str, Any] | None = None,
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        add_generation_prompt: bool = True,
+        template: str | None = None,
+        tools: Sequence[dict[str, Any]] | None = None,
+        variables: Mapping[str, Any] | None = None,
     ) -> str:
         if template is not None:  # a family's or the user's template, rendered as for llama.cpp
             from localspec.backends.chat_template import render_chat
@@ -416,7 +425,9 @@ class MLXBackend(CachedModel):
                 bos_token=tok.bos_token or "", eos_token=tok.eos_token or "", tools=tools, variables=variables,
             )  # fmt: skip
         if not self.tokenizer.has_chat_template:
-            raise GenerationError(f"{self.info.name} ships no chat template", "give one with --chat-template, or use --raw")
+            raise GenerationError(
+                f"{self.info.name} ships no chat template", "give one with --chat-template, or use --raw"
+            )
         from localspec.backends.chat_template import check_variables
 
         msgs = [m.template_dict() for m in messages]
@@ -548,7 +559,7 @@ class MLXBackend(CachedModel):
         for start in range(0, len(replay), self.CHUNK):
             self.forward_device(replay[start : start + self.CHUNK], all_logits=False)
 
-    # -- hidden states for a head drafter (backends/mlx_capture.py) -------------------------------------
+    # -- hidden states for a head drafter (localspec/backends/mlx_capture.py) -------------------------------------
 
     def capture_layers(self, layers: Sequence[int]) -> None:
         """From the next forward on, keep the inputs of `layers` (id n_layers: the last layer's output) for every

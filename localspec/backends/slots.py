@@ -9,8 +9,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from localspec.backends.base import ByteDetokenizer, CachedModel, ChatMessage, Detokenizer, RollbackRoute, TokenTable
-from localspec.backends.base import rollback_route
+from localspec.backends.base import (
+    ByteDetokenizer,
+    CachedModel,
+    ChatMessage,
+    Detokenizer,
+    RollbackRoute,
+    TokenTable,
+    rollback_route,
+)
 from localspec.vocab import VocabInfo
 
 ROOM_HINT = "raise --n-ctx (memory permitting), or lower --max-tokens"

@@ -184,7 +184,9 @@ class LlamaSlots:
 
     def remove(self, slot: int, n_keep: int) -> None:
         if not llama_cpp.llama_memory_seq_rm(self._memory, slot, n_keep, -1):
-            raise UnsupportedModelError(f"llama.cpp could not cut slot {slot} back to {n_keep} tokens", "use --parallel 1")
+            raise UnsupportedModelError(
+                f"llama.cpp could not cut slot {slot} back to {n_keep} tokens", "use --parallel 1"
+            )
 
     def close(self) -> None:
         if getattr(self, "_batch", None) is not None:  # __init__ may have failed before making it

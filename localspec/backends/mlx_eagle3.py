@@ -1,5 +1,5 @@
 """EAGLE-3 drafting on MLX: a one-layer head, in its published Hugging Face layout, that reads three of an
-mlx-lm target's layers (captured by backends/mlx_capture.py).
+mlx-lm target's layers (captured by localspec/backends/mlx_capture.py).
 
 The head is built from mlx-lm's own llama classes (Attention, MLP, RMSNorm), its attention widened to the
 concatenation it reads. Per position, as llama.cpp's eagle3 graph (and vLLM's) computes it:
@@ -103,7 +103,9 @@ def check_head(head_path: str | Path, target_hidden: int | None, target_vocab: i
     try:
         raw = json.loads(p.read_text())
     except (OSError, ValueError):
-        raise ModelFileError(f"{head_path}: no readable config.json", "pass the head's Hugging Face directory") from None
+        raise ModelFileError(
+            f"{head_path}: no readable config.json", "pass the head's Hugging Face directory"
+        ) from None
     if not is_eagle3_config(raw):
         raise ModelFileError(
             f"{head_path} is not an EAGLE-3 head (its config names {raw.get('architectures') or 'no architecture'})",
@@ -255,4 +257,3 @@ class Eagle3Drafter(MLXHeadDrafter):
         extra = self._cache.offset - n
         if extra > 0:
             self._cache.trim(extra)
-

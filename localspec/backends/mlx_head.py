@@ -94,11 +94,17 @@ class MLXHeadDrafter(ABC):
     def catch_up(self, context: Sequence[int]) -> None:
         self._sync(context)
 
-    def observe(self, stats: object) -> None:
+    def observe(self, stats: object) -> None:  # noqa: B027 (a head learns nothing from the round's stats)
         pass
 
     def propose(
-        self, context: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator, *, min_confidence: float = 0.0
+        self,
+        context: Sequence[int],
+        k: int,
+        sampling: SamplingParams,
+        rng: np.random.Generator,
+        *,
+        min_confidence: float = 0.0,
     ) -> Draft:
         pos = len(context) - self.LOOKAHEAD  # the first draft token's position: past the last pair
         k = min(k, self.target.n_ctx - len(context) + 1)

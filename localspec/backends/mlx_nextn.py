@@ -1,6 +1,6 @@
 """MTP on MLX for the layouts that keep the multi-token-prediction layer as one more decoder layer beside two
 input norms and a projection; mlx-lm drops it when it loads (its sanitize), so it is read from the checkpoint's
-safetensors, as backends/mlx_mtp.py does for Qwen3.5's `mtp.*`. Per position:
+safetensors, as localspec/backends/mlx_mtp.py does for Qwen3.5's `mtp.*`. Per position:
 
     DeepSeek-V3 / GLM-4.5 "nextn" (`model.layers.{num_hidden_layers}.*`), as llama.cpp's nextn graph runs it:
         x = eh_proj([enorm(embed(token)), hnorm(h)])   # embedding first; h after the target's final norm
@@ -49,7 +49,9 @@ class Layout:
         return self.prefix.format(n=n_layers)
 
 
-NEXTN = Layout("model.layers.{n}.", "enorm", "hnorm", "eh_proj", hidden_first=False, post_norm=True, out_norm="shared_head.norm")
+NEXTN = Layout(
+    "model.layers.{n}.", "enorm", "hnorm", "eh_proj", hidden_first=False, post_norm=True, out_norm="shared_head.norm"
+)
 MIMO = Layout("model.mtp_layers.0.", "token_layernorm", "hidden_layernorm", "input_proj", hidden_first=True,
               post_norm=True, out_norm="final_layernorm")  # fmt: skip
 LAYOUTS = {"glm4_moe": NEXTN, "deepseek_v3": NEXTN, "mimo": MIMO}
@@ -102,7 +104,9 @@ def _build(target: MLXBackend, layout: Layout, weights: dict[str, Any]) -> Any:
             self.embed_norm = nn.RMSNorm(e, eps=eps)
             self.hidden_norm = nn.RMSNorm(e, eps=eps)
             self.proj = nn.Linear(2 * e, e, bias=False)
-            self.decoder = layer_class(args, n) if "layer_idx" in layer_class.__init__.__code__.co_varnames else layer_class(args)
+            self.decoder = (
+                layer_class(args, n) if "layer_idx" in layer_class.__init__.__code__.co_varnames else layer_class(args)
+            )
             self.out_norm = nn.RMSNorm(e, eps=eps)
             if "shared_head.head.weight" in weights:
                 self.head = nn.Linear(e, args.vocab_size, bias=False)
@@ -122,7 +126,7 @@ def _build(target: MLXBackend, layout: Layout, weights: dict[str, Any]) -> Any:
     decoder = {f"model.layers.{n - 1}.{k}": v for k, v in weights.items() if k.startswith(_DECODER_PARTS)}
     if hasattr(inner, "sanitize"):
         decoder = inner.sanitize(decoder)
-    named = {f"decoder.{k[len(f'model.layers.{n - 1}.'):]}": v for k, v in decoder.items()}
+    named = {f"decoder.{k[len(f'model.layers.{n - 1}.') :]}": v for k, v in decoder.items()}
     own = {layout.embed_norm: "embed_norm", layout.hidden_norm: "hidden_norm", layout.proj: "proj",
            layout.out_norm: "out_norm", "shared_head.head": "head"}  # fmt: skip
     named |= {own[k.rsplit(".", 1)[0]] + "." + k.rsplit(".", 1)[1]: v for k, v in weights.items()
@@ -155,7 +159,9 @@ class NextnDrafter(MLXHeadDrafter):
 
     def _run(self, context: Sequence[int], start: int, stop: int) -> tuple[np.ndarray, Any]:
         h = self.target.features(start, stop)
-        return self._forward(list(context[start + 1 : stop + 1]), (self._final_norm(h) if self._layout.post_norm else h)[None])
+        return self._forward(
+            list(context[start + 1 : stop + 1]), (self._final_norm(h) if self._layout.post_norm else h)[None]
+        )
 
     def _step(self, token: int, state: Any, position: int) -> tuple[np.ndarray, Any]:
         return self._forward([token], state)

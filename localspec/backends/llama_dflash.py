@@ -90,7 +90,11 @@ def check_head(method: str, head_path: str | Path, target_path: str | Path) -> B
         )
     head = read_block_head(head_path)
     if head.method != method:
-        has = "has a Markov head (markov_w1), so it is a DSpark" if head.dspark else "has no Markov head, so it is a DFlash"
+        has = (
+            "has a Markov head (markov_w1), so it is a DSpark"
+            if head.dspark
+            else "has no Markov head, so it is a DFlash"
+        )
         raise UsageError(f"{name} {has} drafter", f"use --draft-method {head.method} with it")
     if head.mask_token is None:
         raise ModelFileError(
@@ -122,7 +126,9 @@ class BlockDrafter(HeadDrafter):
 
     LOOKAHEAD = 0  # the feature at P reads context[0..P]
 
-    def __init__(self, target: LlamaCppBackend, head_path: str | Path, *, method: str = "dflash", n_gpu_layers: int = -1) -> None:
+    def __init__(
+        self, target: LlamaCppBackend, head_path: str | Path, *, method: str = "dflash", n_gpu_layers: int = -1
+    ) -> None:
         if method not in METHODS:
             raise ValueError(f"not a block draft method: {method!r}")
         llama_ext.require_family(method)
@@ -149,7 +155,13 @@ class BlockDrafter(HeadDrafter):
         super().prepare(context, max_k)
 
     def propose(
-        self, context: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator, *, min_confidence: float = 0.0
+        self,
+        context: Sequence[int],
+        k: int,
+        sampling: SamplingParams,
+        rng: np.random.Generator,
+        *,
+        min_confidence: float = 0.0,
     ) -> Draft:
         pos = len(context) - 1  # the block's anchor (the last committed token) goes here
         k = min(k, self._n_draft)
@@ -168,13 +180,17 @@ class BlockDrafter(HeadDrafter):
             low = np.flatnonzero(conf < min_confidence)
             if len(low):
                 rows = rows[: low[0]]
-                note = f"draft stopped at position {low[0] + 1}: confidence head {conf[low[0]]:.2f} < {min_confidence:.2f}"
+                note = (
+                    f"draft stopped at position {low[0] + 1}: confidence head {conf[low[0]]:.2f} < {min_confidence:.2f}"
+                )
             min_confidence = 0.0  # the confidence head is DSpark's stopping rule (llama.cpp's p_min)
         # Without one (llama.cpp refuses p_min there), the draft's own probability decides, as for DFlash.
         if len(rows) == 0:
             return Draft([], None, note, source=self.method)
         at = iter(rows[1:])
-        tokens, q, stop = sample_draft(rows[0], lambda _token: next(at), len(rows), sampling, rng, min_confidence, self.target.eog_ids)
+        tokens, q, stop = sample_draft(
+            rows[0], lambda _token: next(at), len(rows), sampling, rng, min_confidence, self.target.eog_ids
+        )
         return Draft(tokens, q, note or stop, source=self.method)
 
     # -- the drafter's cache ----------------------------------------------------------------------

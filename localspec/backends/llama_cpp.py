@@ -162,7 +162,12 @@ def load(
     load_mtp: bool = False,
 ) -> LlamaCppBackend:
     return LlamaCppBackend(
-        path, n_ctx=n_ctx, threads=threads, n_gpu_layers=n_gpu_layers, cancel=cancel, max_draft=max_draft,
+        path,
+        n_ctx=n_ctx,
+        threads=threads,
+        n_gpu_layers=n_gpu_layers,
+        cancel=cancel,
+        max_draft=max_draft,
         load_mtp=load_mtp,
     )
 
@@ -256,7 +261,7 @@ class LlamaCppBackend(CachedModel):
         return model
 
     def _recurrent_kind(self) -> str:
-        """"recurrent" (Mamba, RWKV), "hybrid" (recurrent beside attention layers) or "" (KV cache only)."""
+        """ "recurrent" (Mamba, RWKV), "hybrid" (recurrent beside attention layers) or "" (KV cache only)."""
         if llama_cpp.llama_model_is_recurrent(self._model):
             return "recurrent"
         return "hybrid" if llama_cpp.llama_model_is_hybrid(self._model) else ""
@@ -377,12 +382,19 @@ class LlamaCppBackend(CachedModel):
         return self._meta.get("tokenizer.chat_template") or None
 
     def apply_chat_template(
-        self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True, template: str | None = None,
-        tools: Sequence[dict[str, Any]] | None = None, variables: Mapping[str, Any] | None = None,
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        add_generation_prompt: bool = True,
+        template: str | None = None,
+        tools: Sequence[dict[str, Any]] | None = None,
+        variables: Mapping[str, Any] | None = None,
     ) -> str:
         template = template or self.chat_template()
         if template is None:
-            raise GenerationError(f"{self.info.name} ships no chat template", "give one with --chat-template, or use --raw")
+            raise GenerationError(
+                f"{self.info.name} ships no chat template", "give one with --chat-template, or use --raw"
+            )
         return render_chat(
             template,
             messages,
@@ -614,7 +626,9 @@ class LlamaCppBackend(CachedModel):
         buf = self._ckpt.data if self._ckpt is not None and len(self._ckpt.data) >= size else (ctypes.c_uint8 * size)()
         written = llama_cpp.llama_state_seq_get_data_ext(self._ctx, buf, size, 0, flags)
         if written == 0:
-            raise GenerationError(f"llama.cpp could not save the recurrent state of {self._info.name}", "see the message above")
+            raise GenerationError(
+                f"llama.cpp could not save the recurrent state of {self._info.name}", "see the message above"
+            )
         self._ckpt = _Checkpoint(n, buf, int(written))
 
     def _restore_checkpoint(self, n_keep: int) -> None:
@@ -623,7 +637,9 @@ class LlamaCppBackend(CachedModel):
         assert ckpt is not None
         flags = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
         if llama_cpp.llama_state_seq_set_data_ext(self._ctx, ckpt.data, ckpt.size, 0, flags) == 0:
-            raise GenerationError(f"llama.cpp could not restore the recurrent state of {self._info.name}", "see the message above")
+            raise GenerationError(
+                f"llama.cpp could not restore the recurrent state of {self._info.name}", "see the message above"
+            )
         llama_cpp.llama_memory_seq_rm(self._memory, 0, ckpt.pos, -1)  # the attention layers' KV beyond it
         replay = self._tokens[ckpt.pos : n_keep]
         del self._tokens[ckpt.pos :]

@@ -36,7 +36,7 @@ CHATML_TOOLS = (
     "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}"
     "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
     "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments "
-    "within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\"name\": <function-name>, \"arguments\": "
+    'within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{"name": <function-name>, "arguments": '
     "<args-json-object>}\\n</tool_call><|im_end|>\\n' }}"
     "{%- elif messages[0].role == 'system' %}{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
     "{%- endif %}"
@@ -48,7 +48,7 @@ CHATML_TOOLS = (
     "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
     "{%- elif m.role == 'assistant' and m.tool_calls %}{{- '<|im_start|>assistant' }}"
     "{%- if m.content %}{{- '\\n' + m.content }}{%- endif %}"
-    "{%- for c in m.tool_calls %}{{- '\\n<tool_call>\\n{\"name\": \"' + c.function.name + '\", \"arguments\": ' }}"
+    '{%- for c in m.tool_calls %}{{- \'\\n<tool_call>\\n{"name": "\' + c.function.name + \'", "arguments": \' }}'
     "{{- (c.function.arguments | tojson) + '}\\n</tool_call>' }}{%- endfor %}{{- '<|im_end|>\\n' }}"
     "{%- else %}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endif %}"
     "{%- endfor %}"
@@ -60,8 +60,8 @@ LLAMA3_TOOLS = (
     "{%- if messages[0].role == 'system' %}{{- messages[0].content }}{%- if tools %}{{- '\\n\\n' }}{%- endif %}"
     "{%- endif %}"
     "{%- if tools %}{{- 'Given the following functions, respond with a JSON for a function call with its proper "
-    "arguments that best answers the given prompt.\\n\\nRespond in the format {\"name\": function name, "
-    "\"parameters\": dictionary of argument name and its value}. Do not use variables.\\n\\n' }}"
+    'arguments that best answers the given prompt.\\n\\nRespond in the format {"name": function name, '
+    '"parameters": dictionary of argument name and its value}. Do not use variables.\\n\\n\' }}'
     "{%- for tool in tools %}{{- (tool | tojson(indent=4)) + '\\n\\n' }}{%- endfor %}{%- endif %}"
     "{{- '<|eot_id|>' }}{%- endif %}"
     "{%- for m in messages %}"
@@ -183,7 +183,10 @@ def _is_special_token(backend: Backend, text: str) -> bool:
 
 
 def conversation_text(
-    backend: Backend, messages: Sequence[ChatMessage], fmt: ChatFormat, tools: Sequence[dict[str, Any]] | None = None,
+    backend: Backend,
+    messages: Sequence[ChatMessage],
+    fmt: ChatFormat,
+    tools: Sequence[dict[str, Any]] | None = None,
     variables: Mapping[str, Any] | None = None,
 ) -> str:
     """The prompt text for a conversation in format `fmt`, with `tools` offered when given and `variables` handed

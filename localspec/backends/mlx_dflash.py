@@ -1,6 +1,6 @@
 """DFlash and DSpark block drafting on MLX: one non-causal pass of a small Qwen3-style drafter, in its
 published Hugging Face layout (`dflash_config`: block_size, mask_token_id, target_layer_ids), drafts a block
-from an mlx-lm target's hidden states (captured by backends/mlx_capture.py).
+from an mlx-lm target's hidden states (captured by localspec/backends/mlx_capture.py).
 
 As llama.cpp's dflash graph (and z-lab's DFlash) computes it:
 - context: the target layers' outputs at each position P, side by side, become g = hidden_norm(fc(features));
@@ -91,7 +91,9 @@ def read_config(head_path: str | Path) -> BlockConfig:
     try:
         raw = json.loads(p.read_text())
     except (OSError, ValueError):
-        raise ModelFileError(f"{head_path}: no readable config.json", "pass the drafter's Hugging Face directory") from None
+        raise ModelFileError(
+            f"{head_path}: no readable config.json", "pass the drafter's Hugging Face directory"
+        ) from None
     if not isinstance(raw, dict) or not is_block_config(raw):
         raise ModelFileError(
             f"{head_path} is not a DFlash or DSpark drafter (its config has no dflash_config)",
@@ -126,7 +128,9 @@ def read_config(head_path: str | Path) -> BlockConfig:
         raise ModelFileError(f"{head_path}: not a usable DFlash config ({e})", "download the drafter again") from None
 
 
-def check_head(method: str, head_path: str | Path, target_hidden: int | None = None, target_layers: int | None = None) -> BlockConfig:
+def check_head(
+    method: str, head_path: str | Path, target_hidden: int | None = None, target_layers: int | None = None
+) -> BlockConfig:
     """From config.json alone: a block drafter of this method, for a target of this width and depth."""
     cfg = read_config(head_path)
     name = Path(head_path).name
@@ -182,7 +186,9 @@ def _build(cfg: BlockConfig, weights: Mapping[str, Any]) -> Any:
                 self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
             if cfg.dspark:
                 rank = weights["markov_head.markov_w1.weight"].shape[-1]
-                self.markov_head = _Markov(cfg.vocab_size, cfg.draft_vocab_size, rank, "confidence_head.proj.weight" in weights)
+                self.markov_head = _Markov(
+                    cfg.vocab_size, cfg.draft_vocab_size, rank, "confidence_head.proj.weight" in weights
+                )
             if cfg.dflash2:
                 for layer in self.layers:
                     layer.attention_conv = _DynamicConv()
@@ -222,7 +228,11 @@ def _build(cfg: BlockConfig, weights: Mapping[str, Any]) -> Any:
         dynamic = dynamic.reshape(batch, length, base.shape[0], groups, 1)
         out = mx.zeros_like(blocks)
         for offset in range(base.shape[0]):
-            values = blocks if offset == 0 else mx.concatenate((mx.zeros_like(blocks[:, :offset]), blocks[:, :-offset]), axis=1)
+            values = (
+                blocks
+                if offset == 0
+                else mx.concatenate((mx.zeros_like(blocks[:, :offset]), blocks[:, :-offset]), axis=1)
+            )
             out = out + base[offset].reshape(1, 1, groups, cfg.conv_group_size).astype(hidden.dtype) * values
             out = out + dynamic[:, :, offset] * values
         return out.reshape(hidden.shape)
@@ -276,9 +286,13 @@ class BlockDrafter(MLXHeadDrafter):
         named = {k: v for k, v in weights.items() if k not in ("d2t", "t2d")}
         named = {("markov_head.proj." + k.split("confidence_head.proj.", 1)[1] if k.startswith("confidence_head.proj.") else k): v
                  for k, v in named.items()}  # fmt: skip
-        named = {(k + ".weight" if k.endswith("_codebook") else k): v for k, v in named.items()}  # DFlash2's published names
+        named = {
+            (k + ".weight" if k.endswith("_codebook") else k): v for k, v in named.items()
+        }  # DFlash2's published names
         head = _build(cfg, weights)
-        load_head_weights(head, named, f"{head_path}: its weights (as a {_LABEL[method]} drafter's)", "download the drafter again")
+        load_head_weights(
+            head, named, f"{head_path}: its weights (as a {_LABEL[method]} drafter's)", "download the drafter again"
+        )
         self.method = method
         self.cfg = cfg
         self._head = head
@@ -300,7 +314,13 @@ class BlockDrafter(MLXHeadDrafter):
         super().prepare(context, max_k)
 
     def propose(
-        self, context: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator, *, min_confidence: float = 0.0
+        self,
+        context: Sequence[int],
+        k: int,
+        sampling: SamplingParams,
+        rng: np.random.Generator,
+        *,
+        min_confidence: float = 0.0,
     ) -> Draft:
         pos = len(context) - 1  # the block's anchor (the last committed token) goes here
         k = min(k, self._n_draft, self.target.n_ctx - len(context) + 1)
@@ -323,7 +343,9 @@ class BlockDrafter(MLXHeadDrafter):
         if len(rows) == 0:
             return Draft([], None, note, source=self.method)
         at = iter(rows[1:])
-        tokens, q, stop = sample_draft(rows[0], lambda _t: next(at), len(rows), sampling, rng, min_confidence, self.target.eog_ids)
+        tokens, q, stop = sample_draft(
+            rows[0], lambda _t: next(at), len(rows), sampling, rng, min_confidence, self.target.eog_ids
+        )
         return Draft(tokens, q, note or stop, source=self.method)
 
     # -- the drafter's cache ----------------------------------------------------------------------

@@ -161,8 +161,9 @@ class MLXSlots:
             rows = [logits[b, lo:hi].astype(mx.float32) for b, (lo, hi) in enumerate(spans)]
             mx.eval(rows, *[(c.keys, c.values) for c in self.layers])
         except Exception as e:
-            raise GenerationError(f"MLX batched forward failed: {type(e).__name__}: {e}", "see the message above") \
-                from e
+            raise GenerationError(
+                f"MLX batched forward failed: {type(e).__name__}: {e}", "see the message above"
+            ) from e
         finally:
             self.current = None  # type: ignore[assignment]
         by_slot: dict[int, np.ndarray] = {}
