@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from localspec.sampling import SamplingParams, probabilities, sample
+from localspec.sampling import SamplingParams, row_probabilities, sample
 
 
 @dataclass(frozen=True)
@@ -45,26 +45,28 @@ def sample_draft(
     (drafting past the end of the answer is wasted work).
     """
     tokens: list[int] = []
-    rows: list[np.ndarray] = []
+    # The sampled rows are processed in place in one [k, V] buffer: stacking k rows of a 150k vocabulary
+    # afterwards copied megabytes a round.
+    rows = None if sampling.greedy else np.empty((k, np.shape(logits)[-1]), dtype=np.float64)
     note = ""
     while True:
-        if sampling.greedy:
+        if rows is None:
             tok = int(np.argmax(logits))
             conf = _top_probability(logits, tok) if min_confidence > 0 else 1.0
         else:
-            q = probabilities(logits, sampling)
+            q = rows[len(tokens)]
+            np.copyto(q, logits)
+            row_probabilities(q, sampling)
             tok = sample(q, rng)
             conf = float(q[tok]) if min_confidence > 0 else 1.0
         if conf < min_confidence:
             note = f"draft stopped at position {len(tokens) + 1}: confidence {conf:.2f} < {min_confidence:.2f}"
             break
-        if not sampling.greedy:
-            rows.append(q)
         tokens.append(tok)
         if len(tokens) >= k or tok in eog:
             break
         logits = step(tok)
-    return tokens, (np.stack(rows) if rows else None), note
+    return tokens, (rows[: len(tokens)] if rows is not None and tokens else None), note
 
 
 _TOP_SPAN = 16.0  # logits further below the top add at most V e^-16 (1.7% at 150k tokens) to softmax's sum

@@ -85,6 +85,12 @@ class LazyProbabilities:
         return len(self._rows)
 
 
+def row_probabilities(z: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """One row [V] of float64 logits turned into probabilities in place (the buffer is returned): probabilities()
+    for a caller that keeps its rows in a buffer of its own."""
+    return _row_probs(z, params)
+
+
 def _row_probs(z: np.ndarray, params: SamplingParams) -> np.ndarray:
     """One row [V] of float64 logits, turned into probabilities in place (and returned).
 
@@ -186,21 +192,23 @@ def greedy(logits: np.ndarray) -> np.ndarray:
 
 def near_ties(rows: np.ndarray, best: np.ndarray, limit: float) -> list[tuple[int, int, int, float]]:
     """(row, best, runner-up, logit gap) for each row of [n, V] logits whose runner-up is within `limit` of its
-    best (`best`: each row's argmax, already known). One vectorized comparison finds the close rows; only those
-    are searched for their runner-up (a greedy round used to spend two arg-max passes a row on it)."""
+    best (`best`: each row's arg-max, already known from the verdict). One max pass over the rows with each best
+    masked (in place, restored) gives every gap; only the close rows are searched for their runner-up's id. A
+    greedy round used to spend two arg-max passes a row on this."""
     rows = np.atleast_2d(rows)
     n = rows.shape[0]
     if n == 0:
         return []
-    top = rows[np.arange(n), best[:n]]
-    close = np.count_nonzero(rows >= (top - limit)[:, None], axis=1)
-    out = []
-    for i in np.flatnonzero(close > 1):
-        b = int(best[i])
-        _, second, gap = _runner_up(rows[i], b)
-        if gap < limit:
-            out.append((int(i), b, second, gap))
-    return out
+    idx, b = np.arange(n), np.asarray(best[:n])
+    top = rows[idx, b].copy()
+    rows[idx, b] = -np.inf
+    try:
+        gaps = top - rows.max(axis=1)
+        close = np.flatnonzero(gaps < limit)
+        seconds = [int(np.argmax(rows[i])) for i in close]
+    finally:
+        rows[idx, b] = top
+    return [(int(i), int(b[i]), s, float(gaps[i])) for i, s in zip(close, seconds)]
 
 
 def _runner_up(row: np.ndarray, best: int) -> tuple[int, int, float]:

@@ -315,3 +315,25 @@ def test_the_reference_agrees_with_the_full_sort_reference() -> None:
     for kw in ({"t": 0.6}, {"t": 0.6, "top_k": 30}, {"t": 1.3, "top_p": 0.7}, {"t": 0.9, "min_p": 0.05},
                {"t": 0.8, "top_k": 100, "top_p": 0.9, "min_p": 0.01}):  # fmt: skip
         np.testing.assert_allclose(reference_probs(z, **kw), _reference(z, **kw), rtol=1e-12, atol=1e-300)
+
+
+def test_near_ties_are_the_rows_whose_runner_up_is_close_and_leave_the_rows_as_they_were() -> None:
+    """The greedy round's near-tie check (one max pass with each row's best masked) agrees with the two-pass
+    reference on every row, finds the runner-up's id, and restores the logits it masked."""
+    from localspec.sampling import greedy, near_ties, runner_up_gaps
+
+    rng = np.random.default_rng(5)
+    rows = (rng.standard_normal((6, 5000)) * 2).astype(np.float32)
+    rows[1, 17] = rows[1].max() + 0.05  # a runner-up 0.05 below: a near-tie
+    rows[3, 99] = rows[3].max()  # an exact tie: the first index wins, the other is the runner-up at gap 0
+    rows[4] = -np.inf  # a row the grammar forbade whole: no runner-up can be close
+    rows[4, 3] = 0.0
+    before = rows.copy()
+    best = greedy(rows)
+    expected = [(i, b, s, g) for i, (b, s, g) in enumerate(runner_up_gaps(rows.copy())) if g < 0.1]
+    got = near_ties(rows, best, 0.1)
+    assert [(i, b, s) for i, b, s, _ in got] == [(i, b, s) for i, b, s, _ in expected]
+    assert [g for *_, g in got] == pytest.approx([g for *_, g in expected])
+    assert {1, 3} <= {i for i, *_ in got} and 4 not in {i for i, *_ in got}
+    assert np.array_equal(rows, before)
+    assert near_ties(rows[:0], best[:0], 0.1) == []
