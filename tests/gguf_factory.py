@@ -38,12 +38,17 @@ def write_tiny_llama(
     noise: float = 0.0,
     chatless: bool = False,
     arch: str = "llama",
+    added: tuple[str, ...] = (),
 ) -> dict[str, np.ndarray]:
     """Write a random model to `path`; return its tensors (pass them as `base` with `noise` for a
     similar "draft" model). Weights are float32, so batched and single-token passes agree closely.
     `chatless`: no chat template, and no special token but token 0 as BOS and EOS (a base model of
-    an unknown family). `arch`: "llama" or another architecture with the same tensors (e.g. "qwen2")."""
+    an unknown family). `arch`: "llama" or another architecture with the same tensors (e.g. "qwen2").
+    `added`: control tokens with these texts after the vocabulary's own (e.g. a family's FIM tokens)."""
     meta = dict(read_gguf_header(tokenizer_source, full=True).metadata)
+    if added:
+        meta["tokenizer.ggml.tokens"] = [*meta["tokenizer.ggml.tokens"], *added]
+        meta["tokenizer.ggml.token_type"] = [*meta["tokenizer.ggml.token_type"], *(3 for _ in added)]  # CONTROL
     if chatless:
         meta.pop("tokenizer.chat_template", None)
         meta["tokenizer.ggml.bos_token_id"] = meta["tokenizer.ggml.eos_token_id"] = 0  # <|endoftext|> in SmolLM2's

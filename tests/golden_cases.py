@@ -140,7 +140,8 @@ CASES: dict[str, GoldenCase] = {
 # Families with no case yet, and why (the test reports each as a skip with this reason).
 PENDING: dict[str, str] = {
     "dflash2": "llama.cpp logs no draft candidates for a DFlash2 (selector lattice) drafter, so its drafts "
-    "cannot be read from llama-speculative-simple -v (tests/test_dflash.py runs localspec's lattice walk, with no llama.cpp reference)",
+    "cannot be read from llama-speculative-simple -v (tests/test_mlx_dflash.py checks localspec's llama.cpp drafts "
+    "against the MLX drafter's, which tests/test_mlx_reference.py checks against z-lab's reference)",
 }
 
 

@@ -160,7 +160,7 @@ def _gguf(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
 
 
 def from_gguf_dflash(gguf_path: Path, out: Path) -> Path:
-    """A tiny DFlash / DSpark GGUF (tests/gguf_factory.py) as the Hugging Face directory it converts from
+    """A tiny DFlash / DSpark / DFlash2 GGUF (tests/gguf_factory.py) as the Hugging Face directory it converts from
     (llama.cpp's converter in reverse: target layer ids minus one, d2t as offsets; NeoX RoPE, so q/k as they are)."""
     import mlx.core as mx
 
@@ -177,6 +177,12 @@ def from_gguf_dflash(gguf_path: Path, out: Path) -> Path:
              "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}  # fmt: skip
     for i in range(n_layer):
         names |= {f"blk.{i}.{g}.weight": f"layers.{i}.{h}.weight" for g, h in parts.items()}
+        for g, h in (("attn", "attention_conv"), ("ffn", "mlp_conv")):  # DFlash2's dynamic convolutions
+            names |= {f"blk.{i}.{g}_conv_base": f"layers.{i}.{h}.base_kernel",
+                      f"blk.{i}.{g}_conv_proj.weight": f"layers.{i}.{h}.kernel_projection.weight"}  # fmt: skip
+    names |= {"selector_predecessor.weight": "candidate_selector.predecessor_codebook",
+              "selector_successor.weight": "candidate_selector.successor_codebook",
+              "selector_hidden.weight": "candidate_selector.hidden_projection.weight"}  # fmt: skip
     weights = {hf: mx.array(t[g].astype(np.float32)) for g, hf in names.items() if g in t}
     vocab = len(meta["tokenizer.ggml.tokens"])
     dspark = "markov_w1.weight" in t
@@ -197,6 +203,10 @@ def from_gguf_dflash(gguf_path: Path, out: Path) -> Path:
     }  # fmt: skip
     if dspark:
         config["sample_from_anchor"] = bool(meta.get(f"{a}.sample_from_anchor", True))
+    if f"{a}.selector_top_k" in meta:  # DFlash2
+        config["architectures"] = ["DFlash2DraftModel"]
+        config["dflash_config"] |= {k: int(meta[f"{a}.{k}"]) for k in (
+            "conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")}  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     mx.save_safetensors(str(out / "model.safetensors"), weights)
     (out / "config.json").write_text(json.dumps(config, indent=1))

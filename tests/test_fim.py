@@ -14,7 +14,15 @@ openai = pytest.importorskip("openai")
 
 from serve_process import ServeProcess, httpx
 
-from localspec.fim import FIM_END_TEXTS, FimTokens, fim_prompt, find_fim_tokens
+from localspec.fim import (
+    FIM_END_TEXTS,
+    MIDDLE_TEXTS,
+    PREFIX_TEXTS,
+    SUFFIX_TEXTS,
+    FimTokens,
+    fim_prompt,
+    find_fim_tokens,
+)
 from localspec.gguf_meta import read_gguf_header
 
 # (prefix, suffix, what the middle must hold): each middle follows from the suffix, not from the prefix
@@ -117,6 +125,36 @@ def test_fim_tokens_by_llama_cpp_and_by_their_texts_agree(name: str, has_fim: bo
         if has_fim:
             assert by_text == FimTokens(prefix=151659, suffix=151661, middle=151660)
             assert ends == {151662, 151663, 151664}  # <|fim_pad|>, <|repo_name|>, <|file_sep|>
+    finally:
+        model.close()
+
+
+@pytest.mark.parametrize("family", range(len(PREFIX_TEXTS)), ids=PREFIX_TEXTS)
+def test_the_served_fim_prompt_is_prefix_suffix_middle_for_every_known_family(
+    family: int, smollm2_path: Path, tmp_path: Path
+) -> None:
+    """Fast (a tiny GGUF per FIM token family the code knows, no generation): the tokens llama.cpp finds by their
+    texts are the ones the known-text table (the MLX backend's) finds, and the prompt /v1/completions builds
+    with `suffix` is [BOS] <prefix token> prefix <suffix token> suffix <middle token>. That order (PSM) is what
+    llama-server's /infill sends by default and the only one localspec builds (no SPM variant anywhere)."""
+    from gguf_factory import write_tiny_llama
+
+    from localspec.backends.llama_cpp import LlamaCppBackend
+    from localspec.server.completion_prompt import middle_prompt, plain_tokens
+
+    texts = (PREFIX_TEXTS[family], SUFFIX_TEXTS[family], MIDDLE_TEXTS[family])
+    path = tmp_path / "fim.gguf"
+    write_tiny_llama(path, smollm2_path, n_embd=16, n_layer=1, n_head=2, n_ff=32, added=texts)
+    model = LlamaCppBackend(path, n_ctx=64, threads=1, n_gpu_layers=0)
+    try:
+        pre, suf, mid = (model.n_vocab - 3 + i for i in range(3))  # the added tokens, in the order written
+        assert model.fim_tokens() == find_fim_tokens(dict(zip(texts, (pre, suf, mid)))) == FimTokens(pre, suf, mid)
+        prefix, suffix = "def add(a, b):\n    ", "\n\nprint(add(1, 2))\n"
+        head, tail = plain_tokens(prefix, model), plain_tokens(suffix, model)
+        assert head and tail and head != tail
+        want = [pre, *head, suf, *tail, mid]  # SmolLM2's vocabulary adds no BOS
+        assert middle_prompt(prefix, suffix, model, model.fim_tokens()) == want
+        assert middle_prompt(head, suffix, model, model.fim_tokens()) == want  # a prefix sent as token ids
     finally:
         model.close()
 

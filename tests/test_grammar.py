@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fakes import FakeBackend, hashed_logits, without
+from fakes import FakeBackend, hashed_logits, scripted_tokens, without
 from test_verify import joint_check
 
 from localspec.backends.base import TokenTable
@@ -263,6 +263,28 @@ def test_a_grammar_that_completes_stops_without_an_end_token() -> None:
     done = [e for e in events if isinstance(e, Done)]
     assert done[0].text in ("yes", "no")
     assert done[0].stats.stop_reason == "eog"
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("drafter_kind", ["model", "ngram"])
+def test_accepted_drafts_that_complete_the_grammar_end_the_answer_as_plain_decoding_does(
+    drafter_kind: str, temperature: float
+) -> None:
+    """A target that never ends (its end token impossible, also where the grammar completes): plain decoding stops
+    after the token that completes the grammar. Drafts that complete it and are accepted end the answer there too,
+    with no token drawn from the row after them (masked to end tokens only, it holds no possible token)."""
+    prompt = list(b"Answer: yes. Answer: ")
+    target_fn = without(scripted_tokens([*prompt, *b"yes!!!!"]))  # after "yes" only "!" (the grammar forbids it)
+    spec = GrammarSpec("lark", 'start: "yes" | "no"')
+    sampling = SamplingParams(temperature, seed=5)
+    config = GenerationConfig(max_tokens=20, num_draft=4, sampling=sampling, grammar=spec)
+    plain = [e for e in generate(FakeBackend(target_fn), NoDrafter(), prompt, config) if isinstance(e, Done)][0]
+    assert (plain.text, plain.stats.stop_reason) == ("yes", "eog")
+    drafter = ModelDrafter(FakeBackend(target_fn)) if drafter_kind == "model" else NgramDrafter(max_ngram=2)
+    with np.errstate(invalid="raise"):  # sampling from a row with no possible token divides 0 by 0
+        done = [e for e in generate(FakeBackend(target_fn), drafter, prompt, config) if isinstance(e, Done)][0]
+    assert (done.text, done.tokens, done.stats.stop_reason) == (plain.text, plain.tokens, "eog")
+    assert done.stats.n_accepted == 2  # "es" drafted after the first token, accepted: they completed the grammar
 
 
 # -- real models: greedy constrained speculation equals greedy constrained plain decoding ------------------

@@ -3,7 +3,8 @@ converted to MLX (the target with localspec.convert_gguf, the drafters to their 
 tests/mlx_heads.py): every round's drafts equal llama.cpp's own; greedy speculative output equals plain greedy
 output; the exact rule's joint distribution matches the target's at temperature 1 through the real drafter
 (and fails for a misreported q); the drafter's cache comes back right after rejected rounds; refusals.
-DFlash2's drafts are checked against z-lab's reference in tests/test_mlx_reference.py.
+DFlash2's drafts are checked against z-lab's reference in tests/test_mlx_reference.py, and llama.cpp's DFlash2
+drafter, which has no llama.cpp golden, against the MLX one here, every round.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -88,6 +90,51 @@ def test_drafts_per_round_equal_llama_cpps_on_the_converted_models(name: str, co
         drafter.close()
         target.close()
     assert ours == [r["draft"] for r in golden["rounds"]]
+
+
+def test_dflash2_on_llama_cpp_drafts_what_the_mlx_drafter_drafts_every_round(
+    converted: dict[str, Path], target, smollm2_path: Path, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """DFlash2 has no llama.cpp golden (llama.cpp logs no lattice drafts), so its llama.cpp drafter is checked here
+    against the MLX one, which tests/test_mlx_reference.py checks against z-lab's reference: in every round of a
+    greedy run on llama.cpp, the MLX drafter on the converted files drafts the same tokens from the same context.
+    An anchor one token off on llama.cpp (its position, its token, its slot in the block) fails at the first round."""
+    from gguf_factory import write_tiny_dflash
+
+    from localspec.backends import llama_cpp as lb
+    from localspec.backends.base import sync_cache
+    from localspec.backends.llama_dflash import BlockDrafter as LlamaBlockDrafter
+
+    gguf = tmp_path / "dflash2.gguf"  # seed 25: drafts that change with the context (some seeds draft one token)
+    write_tiny_dflash(gguf, smollm2_path, target_layers=DFLASH_LAYERS, block_size=8, selector_top_k=4, seed=25)
+    rounds: list[tuple[list[int], int, list[int]]] = []  # (context, k, draft)
+
+    class Recorded(LlamaBlockDrafter):
+        def propose(self, context, k, sampling, rng, **kw):  # type: ignore[no-untyped-def]
+            draft = super().propose(context, k, sampling, rng, **kw)
+            rounds.append((list(context), k, list(draft.tokens)))
+            return draft
+
+    llama_target = lb.load(converted["target.gguf"], n_ctx=512, threads=1)
+    drafter = Recorded(llama_target, gguf, method="dflash")
+    try:
+        for text in ("def fibonacci(n):", "Once upon a time, in a small village"):
+            run(llama_target, drafter, llama_target.tokenize(text), max_tokens=16, num_draft=7, sampling=GREEDY)
+    finally:
+        drafter.close()
+        llama_target.close()
+    assert len(rounds) > 10 and len({tuple(d) for *_, d in rounds}) > 3  # drafts that tell contexts apart
+    mlx_drafter = BlockDrafter(target, mlx_heads.from_gguf_dflash(gguf, tmp_path / "dflash2"), method="dflash")
+    try:
+        ours = []
+        for context, k, _ in rounds:
+            sync_cache(target, context[:-1], logits=False)
+            mlx_drafter.prepare(context, 7)  # the block holds 7 drafts as on llama.cpp; k (less near the end) cuts it
+            ours.append(mlx_drafter.propose(context, k, GREEDY, np.random.default_rng(0)).tokens)
+    finally:
+        mlx_drafter.close()
+    differ = [i for i, (mine, (*_, theirs)) in enumerate(zip(ours, rounds)) if mine != theirs]
+    assert not differ, f"rounds {differ} differ; first: llama.cpp {rounds[differ[0]][2]}, MLX {ours[differ[0]]}"
 
 
 @pytest.mark.parametrize("name", ["dflash-near", "dspark-near", "dspark-bonus"])

@@ -70,7 +70,8 @@ def _alone(target: mb.MLXBackend, tokens: list[int]) -> np.ndarray:
 @pytest.mark.parametrize("arch", list(CONFIGS))
 def test_each_rows_logits_are_the_sequence_read_alone(loaded: Any, arch: str) -> None:
     """Prompts of different lengths (the longest past Gemma's window of 8), then a pass of parts of 1 to 4
-    tokens over slots 0, 2 and 3 (padded, not one contiguous run), a rollback of one slot, another pass."""
+    tokens over slots 0, 2 and 3 (padded, not one contiguous run), a rollback of slot 0, another pass, a rollback
+    of slot 2, another pass: every row is its own sequence read alone (a cut reaches its own slot and no other)."""
     target = loaded(arch)
     slots = MLXSlots(target, 4, 256)
     prompts = [target.tokenize(t) for t in TEXTS]
@@ -88,6 +89,11 @@ def test_each_rows_logits_are_the_sequence_read_alone(loaded: Any, arch: str) ->
     rows = slots.forward_many([(0, [11, 12]), (3, [13])])
     np.testing.assert_allclose(rows[0], _alone(target, prompts[0] + [11, 12])[-2:], atol=1e-4)
     np.testing.assert_allclose(rows[1], _alone(target, prompts[3] + [9, 13])[-1:], atol=1e-4)
+    slots.slots[2].rollback(len(prompts[2]) - 2)  # a slot past the first: its own row goes back, no other
+    rows = slots.forward_many([(2, [14, 15]), (0, [16]), (3, [17])])
+    np.testing.assert_allclose(rows[0], _alone(target, prompts[2][:-2] + [14, 15])[-2:], atol=1e-4, err_msg="slot 2")
+    np.testing.assert_allclose(rows[1], _alone(target, prompts[0] + [11, 12, 16])[-1:], atol=1e-4, err_msg="slot 0")
+    np.testing.assert_allclose(rows[2], _alone(target, prompts[3] + [9, 13, 17])[-1:], atol=1e-4, err_msg="slot 3")
     untouched = slots.slots[1].forward(prompts[1][-1:])
     np.testing.assert_allclose(untouched, _alone(target, prompts[1])[-1:], atol=1e-4)
 

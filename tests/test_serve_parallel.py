@@ -42,7 +42,7 @@ def server(smollm2_path: Path) -> Iterator[ServeProcess]:
     s.close()
 
 
-def _complete(s: ServeProcess, prompt: str, **kw: Any) -> str:
+def _complete(s: ServeProcess, prompt: str | list[int], **kw: Any) -> str:
     body = {"prompt": prompt, "max_tokens": N_TOKENS, "temperature": 0, **kw}
     r = httpx.post(f"{s.url}/v1/completions", json=body, timeout=120)
     assert r.status_code == 200, r.text
@@ -275,23 +275,34 @@ def test_every_sequence_drafts_with_the_draft_model_in_its_own_slot(smollm2_path
 def test_each_sequence_that_read_the_suffix_memory_writes_its_answer_there(
     smollm2_path: Path, _private_cost_cache: Path
 ) -> None:
-    """Two suffix-drafting requests decoded together: both answers are remembered (each keeps its own claim)."""
-    from localspec.decoding.suffix_memory import list_docs
+    """Two suffix-drafting requests decoded together: both are remembered (each keeps its own claim), each
+    document its request's prompt followed by its answer (a document without its prompt would teach the next
+    request nothing about where the answer came from)."""
+    from localspec.decoding.suffix_memory import decode, list_docs
 
     s = ServeProcess("--target", str(smollm2_path), "--draft-method", "suffix", "--n-ctx", "512", "--parallel", "2")
     try:
+        prompts = [httpx.post(f"{s.url}/tokenize", json={"content": PROMPTS[i], "add_special": True}).json()["tokens"]
+                   for i in range(2)]  # fmt: skip
         texts: dict[int, str] = {}
-        threads = [threading.Thread(target=lambda i=i: texts.__setitem__(i, _complete(s, PROMPTS[i], max_tokens=40)))
+        threads = [threading.Thread(target=lambda i=i: texts.__setitem__(i, _complete(s, prompts[i], max_tokens=40)))
                    for i in range(2)]  # fmt: skip
         for th in threads:
             th.start()
         for th in threads:
             th.join(120)
         assert len(texts) == 2
+        dirs = [sub for sub in (_private_cost_cache / "suffix").iterdir() if sub.is_dir()]
+        docs = [decode((d / doc.name).read_bytes()) for d in dirs for doc in list_docs(d)]  # written before the reply
+        assert len(docs) == 2 and all(doc is not None for doc in docs), docs
+        for i, prompt in enumerate(prompts):
+            mine = [doc for doc in docs if doc is not None and doc[: len(prompt)].tolist() == prompt]
+            assert len(mine) == 1, f"no stored document starts with request {i}'s prompt"
+            answer = mine[0][len(prompt) :].tolist()
+            said = httpx.post(f"{s.url}/detokenize", json={"tokens": answer}).json()["content"]
+            assert said == texts[i], (said, texts[i])
     finally:
         s.close()
-    docs = [d for sub in (_private_cost_cache / "suffix").iterdir() if sub.is_dir() for d in list_docs(sub)]
-    assert len(docs) == 2, docs
 
 
 def test_a_draft_model_without_slots_is_lent_to_one_sequence_at_a_time(smollm2_path: Path) -> None:

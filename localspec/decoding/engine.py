@@ -84,6 +84,7 @@ class _Pending:
     t1: float  # drafting ended
     n_before: int  # tokens the target's cache held before the verify batch
     batch: list[int]  # [last, d1..dk] (see _verify_batch)
+    ends: bool = False  # the draft completes the grammar: accepted whole, the answer ends after it
 
 
 def generate(
@@ -228,8 +229,10 @@ class _Run:
         masks = None
         if self.constraint is not None:
             draft, masks = self._constrain(draft)
+        ends = self.constraint is not None and self.constraint.finished  # the walk stopped after the kept draft
         t1 = self.clock()
-        return _Pending(draft, masks, k, t0, t1, len(self.target.cached_tokens), self._verify_batch(draft.tokens))
+        n_before = len(self.target.cached_tokens)
+        return _Pending(draft, masks, k, t0, t1, n_before, self._verify_batch(draft.tokens), ends)
 
     def settle(
         self, pending: _Pending, logits: np.ndarray, t_verify: float
@@ -239,6 +242,8 @@ class _Run:
         draft, masks = pending.draft, pending.masks
         if masks is not None:
             logits = apply_mask(logits, masks)
+        if pending.ends and len(logits) > len(draft.tokens):
+            logits[len(draft.tokens)] = self._end_row(logits.shape[1])
         verdict = self._verify(draft, logits, masks)  # greedy: notes the emitted rows' near-ties too
         if self.constraint is not None:
             self.constraint.commit(verdict.n_accepted, verdict.token)
@@ -285,6 +290,14 @@ class _Run:
             note = draft.note or f"grammar cut the draft at position {m + 1}"
             draft = replace(draft, tokens=draft.tokens[:m], q=q, note=note)
         return draft, masks
+
+    def _end_row(self, width: int) -> np.ndarray:
+        """The row after drafts that complete the grammar: an end token, surely. Plain decoding draws nothing after
+        the token that completes it; here the rule's bonus (all accepted) is that end, which _emit cuts, never a
+        draw from the masked row, which holds no possible token when the target gives its end tokens none."""
+        row = np.full(width, -np.inf, dtype=np.float32)
+        row[min(self.eog)] = 0.0
+        return row
 
     def _verify(self, draft: Draft, logits: np.ndarray, masks: np.ndarray | None = None) -> verify.Verdict:
         if self.sampling.greedy:

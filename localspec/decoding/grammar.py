@@ -23,9 +23,12 @@ speculative decoding is then the target's *masked and renormalised* one. Kinds:
 
 How the engine uses a `Constraint` (one per generation, a copy of a cached compiled matcher):
 `walk(draft)` computes the mask of every verified row (row i after draft[:i]) and consumes the draft up to
-its first forbidden token, which ends the draft there; after verification `commit(n_back, token)` rolls the
-matcher back to the accepted prefix and consumes the emitted token. End-of-generation tokens are allowed
-exactly when the grammar accepts; once the grammar can take nothing more, only they are (`finished`).
+its first forbidden token, which ends the draft there (as does a token that completes the grammar); after
+verification `commit(n_back, token)` rolls the matcher back to the accepted prefix and consumes the emitted token.
+End-of-generation tokens are allowed exactly when the grammar accepts; once the grammar can take nothing more, only
+they are (`finished`), and the answer ends there: plain decoding draws nothing after the token that completed it,
+and the engine draws nothing after accepted drafts that completed it (the row after them may hold no possible
+token, when the target gives its end tokens no probability there).
 
 Compiled tokenizers are cached per backend object (one per loaded vocabulary), compiled grammars per
 (vocabulary, spec). Backends describe their vocabulary with `token_table()` (localspec/backends/base.TokenTable).
@@ -250,7 +253,8 @@ class Constraint:
 
     def walk(self, draft: Sequence[int]) -> tuple[np.ndarray, int]:
         """Masks [m+1, n_vocab] for the rows grading draft[:m] and the one after, where m is the length of the
-        draft's allowed prefix; the matcher is left after draft[:m] (commit rolls it back)."""
+        draft's allowed prefix, which ends at a token that completes the grammar (nothing may follow it: then
+        `finished`); the matcher is left after draft[:m] (commit rolls it back)."""
         rows = [self.mask()]
         self._walked = 0
         for d in draft:
@@ -262,6 +266,8 @@ class Constraint:
             self._consume(d)
             self._walked += 1
             rows.append(self.mask())
+            if self.finished:
+                break
         return np.stack(rows), len(rows) - 1
 
     def commit(self, n_accepted: int, token: int) -> None:
