@@ -1,4 +1,4 @@
-"""`localspec serve`: an OpenAI- and Anthropic-compatible HTTP server over one loaded pipeline: one generation
+"""`localspec serve`: an OpenAI- (Chat Completions, Responses) and Anthropic-compatible HTTP server over one loaded pipeline: one generation
 core, one thin adapter per protocol (parse its request into a GenerationRequest, render the core's events).
 
 core.py      the generation core: start a job, read it as typed events (text, reasoning, tool calls, the end)
@@ -9,6 +9,9 @@ schemas.py   their request bodies (pydantic, strict types; unknown fields ignore
 responses.py their response and chunk bodies, with the run's speculative `timings`
 anthropic.py Anthropic's Messages API (/v1/messages, count_tokens) translated onto the chat path
 anthropic_schemas.py  its request bodies
+responses_api.py  OpenAI's Responses API (/v1/responses) translated onto the chat path, its output items and events
+responses_schemas.py  its request bodies
+response_store.py  the stored responses (store, previous_response_id), the most recent in memory
 tools/       tool calls: the call formats, reading calls out of an answer as it streams, the call grammars
 tool_requests.py  a chat request's tools, read and checked
 stops.py     stop strings over a text stream, holding back what could still become one
