@@ -179,12 +179,13 @@ def test_a_named_function_and_a_function_call_output_follow_up(server: InProcess
     first, _ = create(server, input="Turn the hall light on.", tools=[SWITCH], max_output_tokens=60,
                       tool_choice={"type": "function", "name": "switch"})  # fmt: skip
     call = next(item for item in first.output if item.type == "function_call")
+    output = "The hall light is on (id 4711)."
     follow = [{"role": "user", "content": "Turn the hall light on."},
               {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
-              {"type": "function_call_output", "call_id": call.call_id, "output": "The hall light is on (id 4711)."}]  # fmt: skip
+              {"type": "function_call_output", "call_id": call.call_id, "output": output}]  # fmt: skip
     r, _ = create(server, input=follow, tools=[SWITCH], max_output_tokens=8)
     assert r.status in ("completed", "incomplete") and r.usage.input_tokens > first.usage.input_tokens
-    assert "The hall light is on (id 4711)." in prompts[-1]  # the tool's output, as the template renders it
+    assert output in prompts[-1]  # the tool's output, as the template renders it
 
 
 def test_text_format_json_schema_validates(server: InProcess) -> None:

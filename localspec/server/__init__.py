@@ -1,5 +1,6 @@
-"""`localspec serve`: an OpenAI- (Chat Completions, Responses) and Anthropic-compatible HTTP server over one loaded pipeline: one generation
-core, one thin adapter per protocol (parse its request into a GenerationRequest, render the core's events).
+"""`localspec serve`: an OpenAI- (Chat Completions, Responses) and Anthropic-compatible HTTP server over one
+loaded pipeline: one generation core, one thin adapter per protocol (parse its request into a
+GenerationRequest, render the core's events).
 
 core.py      the generation core: start a job, read it as typed events (text, reasoning, tool calls, the end)
 requests.py  a request body -> prompt tokens, GenerationConfig, drafter method, stop strings

@@ -74,8 +74,8 @@ def validation_error(errors: Sequence[Any], names: frozenset[str], *, deepest: b
     first = max(errors, key=lambda err: len(err.get("loc", ()))) if deepest else errors[0]
     param = field_path(first.get("loc", ()), names)
     if first.get("type") == "json_invalid":
-        return APIError(400, f"the request body is not valid JSON: {first.get('ctx', {}).get('error', '')}".rstrip(": "),
-                        None, "invalid_json")  # fmt: skip
+        why = first.get("ctx", {}).get("error", "")
+        return APIError(400, f"the request body is not valid JSON: {why}".rstrip(": "), None, "invalid_json")
     if first.get("type") == "missing" and not param:
         return APIError(400, "the request needs a JSON body", None, "invalid_value")
     got = f", got {json.dumps(first['input'])[:40]}" if "input" in first and first.get("type") != "missing" else ""

@@ -192,8 +192,8 @@ class Turns:
                 "name": item.name, "arguments": call_arguments(where, item.arguments)}})  # fmt: skip
         elif isinstance(item, FunctionCallOutputItem):
             self.flush()
-            self.out.append({"role": "tool", "tool_call_id": item.call_id, "content": parts_text(f"{where}.output",
-                                                                                                 item.output)})  # fmt: skip
+            output = parts_text(f"{where}.output", item.output)
+            self.out.append({"role": "tool", "tool_call_id": item.call_id, "content": output})
         elif isinstance(item, ReasoningItem):
             self.flush()
             self.assistant = {"role": "assistant", "content": "", "reasoning_content": reasoning_text(item)}
@@ -318,7 +318,8 @@ def generation_fields(body: ResponsesRequest) -> dict[str, Any]:
     elif fmt.type == "json_schema":
         if fmt.schema_ is None:
             raise APIError(400, 'text.format json_schema needs its schema (e.g. {"type": "json_schema", "name": '
-                           '"answer", "schema": {"type": "object"}})', "text.format.schema", "invalid_value")  # fmt: skip
+                           '"answer", "schema": {"type": "object"}})', "text.format.schema",
+                           "invalid_value")  # fmt: skip
         schema = {"name": fmt.name or "output", "schema": fmt.schema_, "strict": fmt.strict}
         out["response_format"] = {"type": "json_schema", "json_schema": {k: v for k, v in schema.items()
                                                                          if v is not None}}  # fmt: skip
