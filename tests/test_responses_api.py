@@ -149,6 +149,7 @@ def test_streamed_events_come_in_order_and_join_to_the_answer(server: InProcess)
     assert next(e for e in events if e["type"] == "response.output_text.done")["text"] == text
     assert events[0]["response"]["id"] == final["id"] and events[0]["response"]["status"] == "in_progress"
     assert final["usage"]["output_tokens"] >= 1 and final["timings"]["draft_method"] == "ngram"
+    assert client(server).responses.retrieve(final["id"]).output_text == text  # a streamed response is stored too
     # the same answer as the client streams it
     streamed = list(client(server).responses.create(model=MODEL, input="Tell me about the sea.", temperature=0,
                                                     max_output_tokens=16, stream=True))  # fmt: skip
