@@ -1,12 +1,15 @@
 """Costs measured on an NVIDIA H200 (benchmarks/gpu_check.py, 2026-12-04; CUDA 13.0, sm_90, llama.cpp through
 localspec): random-weight Qwen2.5 shapes in Q4_K_M, the target's forward time for a batch of 1..64 tokens, the
 0.5B draft's time per token, and localspec's own time per round (outside both models' passes) with draft =
-target at k = 4 and 8. Measured facts, copied here as test fixtures: the replay tests (test_gpu_curves.py) show
+target at k = 4 and 8; a plain round's own time (k = 0) is from the second H200 run of the same check
+(benchmarks/gpu_results/, the repeating continuation's plain rounds). Measured facts, copied here as test fixtures: the replay tests (test_gpu_curves.py) show
 what auto and the crowd policy choose on a GPU's curve, where a batch of 16 costs about two single tokens."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -20,9 +23,13 @@ class GpuCurve:
         return {n: ms / 1e3 for n, ms in enumerate(self.target_ms, start=1)}
 
     def overhead_s(self, k: int) -> float:
-        """localspec's own seconds in a round of k drafts: the line through the two measured points."""
-        (k1, o1), (k2, o2) = sorted(self.overhead_ms.items())
-        return (o1 + (o2 - o1) / (k2 - k1) * (k - k1)) / 1e3
+        """localspec's own seconds in a round of k drafts: between the measured points, and beyond the last on the
+        line through the last two."""
+        pts = sorted(self.overhead_ms.items())
+        (k1, o1), (k2, o2) = pts[-2], pts[-1]
+        if k > k2:
+            return (o2 + (o2 - o1) / (k2 - k1) * (k - k2)) / 1e3
+        return float(np.interp(k, [a for a, _ in pts], [b for _, b in pts])) / 1e3
 
     def live_target_s(self) -> dict[int, float]:
         """T(n) as auto's rounds time it: the verify pass plus the round's own host work (grading, rollback)."""
@@ -42,7 +49,7 @@ H200_1_5B = GpuCurve(
         8.124, 8.407, 8.377, 8.639, 8.466, 8.519, 8.486, 8.319,
     ),
     1.186,
-    {4: 0.788, 8: 1.290},
+    {0: 0.09, 4: 0.788, 8: 1.290},
 )  # fmt: skip
 
 H200_7B = GpuCurve(
@@ -58,7 +65,7 @@ H200_7B = GpuCurve(
         13.791, 13.614, 13.626, 13.810, 13.745, 13.870, 14.501, 13.863,
     ),
     1.359,
-    {4: 0.989, 8: 1.227},
+    {0: 0.11, 4: 0.989, 8: 1.227},
 )  # fmt: skip
 
 H200 = (H200_1_5B, H200_7B)
