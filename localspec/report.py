@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from localspec.backends.registry import backend_label
 from localspec.decoding.stats import SpecStats
+from localspec.families import registry
 from localspec.formatting import plural
 
 POOR_MATCH_LENGTH = (
@@ -27,7 +28,7 @@ def advice(stats: SpecStats) -> str | None:
             "was measured not to pay. `localspec bench` shows why; `localspec doctor` checks the setup."
         )
     if stats.mean_accepted_length < POOR_MATCH_LENGTH:
-        if stats.draft_method not in ("ngram", "suffix"):  # a draft model or a head
+        if not is_lookup(stats.draft_method):  # a draft model or a head
             return (
                 f"the draft is a poor match for this target: {stats.mean_accepted_length:.2f} tokens per round "
                 f"(below {POOR_MATCH_LENGTH:.0f}). A better-matched draft helps; a larger k does not. "
@@ -78,3 +79,8 @@ def summary_lines(stats: SpecStats) -> list[str]:
     if tip:
         lines.append(f"note: {tip}")
     return lines
+
+
+def is_lookup(method: str) -> bool:
+    """Whether a draft method's drafts are lookups (the family's word; a method no family has is not one)."""
+    return any(f.name == method and f.lookup for f in registry.families())

@@ -459,6 +459,7 @@ class _Member:
     slot: int
     accept: Acceptance
     draft_token_s: float = 0.0
+    model_drafts: bool = False  # Job.model_drafts
 
 
 class CrowdDecoder:
@@ -490,7 +491,8 @@ class CrowdDecoder:
         if key in self.members:
             raise ValueError(f"sequence {key!r} is already decoding")
         run = _Run(job.target, job.drafter, job.prompt, job.config, job.stop, self.clock)
-        member = _Member(run, job.slot, Acceptance(MODEL_PRIOR), self._draft_prior() if job.model_drafts else 0.0)
+        prior = self._draft_prior() if job.model_drafts else 0.0
+        member = _Member(run, job.slot, Acceptance(MODEL_PRIOR), prior, job.model_drafts)
         events, reason = _collect(run.begin())
         if reason is not None:
             return events + list(run.finish(reason))
@@ -576,7 +578,7 @@ class CrowdDecoder:
         if stats.n_drafted == 0:
             return
         member.accept.update(stats.n_accepted, stats.n_drafted)
-        if member.run.drafter.method not in ("ngram", "suffix"):  # lookups cost ~nothing per token
+        if member.model_drafts:  # a lookup's draft costs ~nothing per token: only a model's steps are timed
             per = stats.draft_s / stats.n_drafted
             member.draft_token_s = (
                 per if not member.draft_token_s else member.draft_token_s + 0.3 * (per - member.draft_token_s)

@@ -70,6 +70,7 @@ class DrafterFamily:
     default_k: int | None = None  # draft length when none is given (None: the fixed methods' default)
     auto_drives: bool = False  # auto may draft with it in the draft model's place
     accepts_draft: bool = False  # takes a --draft file without needing one (auto: a draft model or a head)
+    lookup: bool = False  # its drafts are copies found by lookup: they cost about nothing per token to make
 
     @property
     def is_head(self) -> bool:

@@ -22,10 +22,11 @@ def _suffix(ctx: BuildContext) -> Drafter:
 
 
 NONE = DrafterFamily(name="none", summary="plain decoding", build=_none, default_k=0)
-NGRAM = DrafterFamily(name="ngram", summary="prompt lookup, no model", build=_ngram)
+NGRAM = DrafterFamily(name="ngram", summary="prompt lookup, no model", build=_ngram, lookup=True)
 SUFFIX = DrafterFamily(
     name="suffix",
     summary="copy what followed the longest earlier match in this session's text, no model",
     build=_suffix,
     default_k=SUFFIX_K,
+    lookup=True,
 )
