@@ -23,9 +23,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from localspec.options import GenerationSettings
 from localspec.pipeline import Pipeline
-from localspec.server import anthropic
+from localspec.server import anthropic, ollama
 from localspec.server.errors import APIError
 from localspec.server.metrics import Metrics
+from localspec.server.ollama_requests import validation_error as ollama_validation_error
 from localspec.server.reasoning import DEFAULT_FORMAT, ReasoningDelta
 from localspec.server.requests import (
     GenerationRequest,
@@ -110,13 +111,14 @@ def create_app(
     async def api_error(request: Request, e: APIError) -> JSONResponse:
         metrics.error(e.status)
         settings.log(f"{request.method} {request.url.path} {e.status} · {e.message}")
-        body = anthropic.error_body(e) if anthropic.is_messages_path(request.url.path) else e.body()
-        return JSONResponse(body, status_code=e.status, headers=e.headers)
+        return JSONResponse(error_body(request.url.path, e), status_code=e.status, headers=e.headers)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, e: RequestValidationError) -> JSONResponse:
         if anthropic.is_messages_path(request.url.path):
             return await api_error(request, anthropic.validation_error(e.errors()))
+        if ollama.is_api_path(request.url.path):
+            return await api_error(request, ollama_validation_error(e.errors()))
         return await api_error(request, validation_error(e))
 
     @app.exception_handler(404)
@@ -194,6 +196,8 @@ def create_app(
 
     app.include_router(anthropic.messages_router(anthropic.MessagesService(served, settings.model_name, start_job,
                                                                            metrics)))  # fmt: skip
+    app.include_router(ollama.ollama_router(ollama.OllamaService(served, settings.model_name, start_job, metrics,
+                                                                 settings.log)))  # fmt: skip
 
     async def generation_response(request: Request, req: GenerationRequest) -> Response:
         scheduler = state["scheduler"]
@@ -274,6 +278,15 @@ def create_app(
 
 
 CREATED = int(time.time())
+
+
+def error_body(path: str, e: APIError) -> dict[str, Any]:
+    """An error in the shape of the API its path belongs to: Anthropic's, Ollama's, else OpenAI's."""
+    if anthropic.is_messages_path(path):
+        return anthropic.error_body(e)
+    if ollama.is_api_path(path):
+        return ollama.error_body(e)
+    return e.body()
 
 
 def validation_error(e: RequestValidationError) -> APIError:
@@ -373,7 +386,7 @@ class Guard:
 
     async def _refuse(self, send: Send, e: APIError, scope: Scope) -> None:
         self.metrics.error(e.status)
-        body = json.dumps(anthropic.error_body(e) if anthropic.is_messages_path(scope["path"]) else e.body()).encode()
+        body = json.dumps(error_body(scope["path"], e)).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
         if e.status == 401:
             headers.append((b"www-authenticate", b"Bearer"))
