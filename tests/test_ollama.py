@@ -220,7 +220,7 @@ def test_requests_with_nothing_to_generate_are_ollamas_load(tiny: InProcess) -> 
         ("DELETE", "/api/delete", {"model": "tiny-target"}, 501, "Hugging Face cache"),
         ("POST", "/api/push", {"model": "tiny-target"}, 501, "does not push"),
         ("POST", "/api/pull", {"model": "llama3.2:3b"}, 404, "localspec's catalog"),
-        ("POST", "/api/chat", None, 400, "missing request body"),
+        ("POST", "/api/chat", None, 400, "needs a JSON body"),
         ("GET", "/api/unknown", None, 404, "no route GET /api/unknown"),
     ],
 )  # fmt: skip

@@ -25,6 +25,7 @@ from localspec.server.tools import (
     LLAMA3,
     MISTRAL,
     ArgumentsDelta,
+    CallEnd,
     CallStart,
     ContentDelta,
     ToolEvent,
@@ -108,6 +109,8 @@ def _assemble(events: list[ToolEvent]) -> tuple[str, list[tuple[str, str]]]:
         elif isinstance(e, CallStart):
             assert e.index == len(calls)  # calls come one after another, name first
             calls.append([e.name, ""])
+        elif isinstance(e, CallEnd):  # after the call's last arguments, with the call as read whole
+            assert e.index == len(calls) - 1 and (e.call.name, e.call.arguments) == tuple(calls[-1])
         else:
             assert isinstance(e, ArgumentsDelta) and e.text and e.index == len(calls) - 1
             calls[-1][1] += e.text

@@ -1,15 +1,21 @@
-"""`localspec serve`: an OpenAI-compatible HTTP server over one loaded pipeline.
+"""`localspec serve`: an OpenAI- and Anthropic-compatible HTTP server over one loaded pipeline: one generation
+core, one thin adapter per protocol (parse its request into a GenerationRequest, render the core's events).
 
-schemas.py   request bodies (pydantic, strict types; unknown fields ignored, as OpenAI-compatible servers do)
-errors.py    OpenAI-shaped error bodies and the exceptions that carry them
+core.py      the generation core: start a job, read it as typed events (text, reasoning, tool calls, the end)
 requests.py  a request body -> prompt tokens, GenerationConfig, drafter method, stop strings
+errors.py    one APIError, made in one place from bad bodies and localspec's errors; each protocol's error shape
+openai_routes.py  OpenAI's Chat Completions and Completions (and /v1/models, /tokenize, /detokenize)
+schemas.py   their request bodies (pydantic, strict types; unknown fields ignored, as OpenAI-compatible servers do)
+responses.py their response and chunk bodies, with the run's speculative `timings`
+anthropic.py Anthropic's Messages API (/v1/messages, count_tokens) translated onto the chat path
+anthropic_schemas.py  its request bodies
+tools/       tool calls: the call formats, reading calls out of an answer as it streams, the call grammars
+tool_requests.py  a chat request's tools, read and checked
 stops.py     stop strings over a text stream, holding back what could still become one
 reasoning.py a reasoning model's <think> block split from the answer as it streams (reasoning_content)
 scheduler.py one generation at a time on a worker thread, a bounded FIFO queue, cancellation
-responses.py OpenAI response and chunk bodies, with the run's speculative `timings`
+crowd_scheduler.py  several at once (--parallel N)
 metrics.py   Prometheus counters (vLLM-like names)
-app.py       the Starlette/FastAPI app: routes, API key, body limit, CORS
-anthropic.py Anthropic's Messages API (/v1/messages, count_tokens) translated onto the chat path
-anthropic_schemas.py  its request bodies
+app.py       the Starlette/FastAPI app: mounts the adapters, errors by protocol, API key, body limit, CORS
 vllm.py      the equivalent `vllm serve` command for a catalog pair
 """

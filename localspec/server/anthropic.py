@@ -3,10 +3,10 @@
 `anthropic` SDK).
 
 A Messages request becomes a ChatCompletionRequest and goes through requests.chat_request and the
-scheduler like any chat request, so it is checked, rendered and generated exactly as /v1/chat/completions
-would; this module only translates the request in and the answer out, and gives errors Anthropic's shape
-on every /v1/messages* path. Tools map onto OpenAI's (tool_use -> tool_calls, tool_result -> `tool`
-messages, tool_choice any -> "required"), and the answer is read for calls by tools.ToolStreamParser;
+generation core (core.py) like any chat request, so it is checked, rendered and generated exactly as
+/v1/chat/completions would; this module only translates the request in and the core's events out, and gives
+errors Anthropic's shape on every /v1/messages* path (ERRORS). Tools map onto OpenAI's (tool_use ->
+tool_calls, tool_result -> `tool` messages, tool_choice any -> "required"), read out of the answer by the core;
 output_config.format is response_format json_schema (strict). A reasoning model's think block
 (reasoning.py) comes back as a `thinking` content block before the text, streamed with thinking_delta
 events; its `signature` is an empty string (nothing here signs thinking, and nothing checks it when it is
@@ -15,15 +15,15 @@ context). `thinking: enabled` is accepted where the served model thinks (its `bu
 enforced: max_tokens bounds thinking and text together, as on Anthropic), refused elsewhere; content
 other than text, tool_use and tool_result (images, documents) is refused with a 400.
 
-    messages_router(service) -> APIRouter       the two routes, mounted by app.create_app
-    error_body(APIError) -> dict                 {"type": "error", "error": {"type", "message"}}
+    messages_router(core) -> APIRouter          the two routes, mounted by app.create_app
+    ERRORS                                       its error shape: {"type": "error", "error": {"type", "message"}}
 """
 
 from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -44,14 +44,13 @@ from localspec.server.anthropic_schemas import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from localspec.server.errors import APIError
-from localspec.server.metrics import Metrics
+from localspec.server.core import Core, Failed, Finished, Run
+from localspec.server.errors import APIError, ErrorShape
 from localspec.server.reasoning import ReasoningDelta
 from localspec.server.requests import GenerationRequest, Served, chat_request
 from localspec.server.responses import timings
-from localspec.server.scheduler import Job, Outcome
 from localspec.server.schemas import ChatCompletionRequest
-from localspec.server.tools import ArgumentsDelta, CallStart, ContentDelta, ToolCall, ToolEvent
+from localspec.server.tools import ArgumentsDelta, CallStart, ContentDelta, ToolEvent
 
 PATH = "/v1/messages"
 ERROR_TYPES = {
@@ -67,43 +66,14 @@ ERROR_TYPES = {
 }
 KEY_HINT = "send it as `x-api-key: KEY` or `Authorization: Bearer KEY`"
 
-StartJob = Callable[[Request, GenerationRequest], tuple[Job, Callable[[], None]]]
-
-
-def is_messages_path(path: str) -> bool:
-    return path == PATH or path.startswith(PATH + "/")
-
 
 def error_body(e: APIError) -> dict[str, Any]:
     return {"type": "error", "error": {"type": ERROR_TYPES.get(e.status, "api_error"), "message": e.message}}
 
 
-def validation_error(errors: Sequence[Any]) -> APIError:
-    """A body that does not parse, as a 400 naming the field (`messages[0].content[1].text: Field required`).
-    Of several errors the deepest is the most telling: a bad block fails both the string and the list
-    reading of `content`, and only the list's error says what is wrong."""
-    if not errors:
-        return APIError(400, "the request body is not valid")
-    first = max(errors, key=lambda err: len(err.get("loc", ())))
-    if first.get("type") == "json_invalid":
-        why = first.get("ctx", {}).get("error", "")
-        return APIError(400, f"the request body is not valid JSON: {why}".rstrip(": "))
-    where = field_path(first.get("loc", ()))
-    if first.get("type") == "missing" and not where:
-        return APIError(400, "the request needs a JSON body")
-    got = f", got {json.dumps(first['input'])[:40]}" if "input" in first and first.get("type") != "missing" else ""
-    return APIError(400, f"{where or 'body'}: {first.get('msg', 'invalid value')}{got}", where)
-
-
-def field_path(loc: Sequence[Any]) -> str:
-    """`messages[0].content[1].text` from pydantic's location (without `body` and the union tags)."""
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif part in FIELD_NAMES:
-            out += f".{part}" if out else part
-    return out
+# Of several validation errors the deepest is reported: a bad block fails both the string and the list reading
+# of `content`, and only the list's error says what is wrong.
+ERRORS = ErrorShape(PATH, error_body, KEY_HINT, FIELD_NAMES, deepest=True)
 
 
 # -- the request: Anthropic's body -> OpenAI's chat body -------------------------------------------------
@@ -118,7 +88,7 @@ def chat_body(body: Conversation) -> ChatCompletionRequest:
     try:
         return ChatCompletionRequest.model_validate(fields)
     except ValidationError as e:  # what the chat body cannot take, though Anthropic's did (never a 500)
-        raise validation_error(e.errors()) from None
+        raise ERRORS.invalid(e.errors()) from None
 
 
 def generation_fields(body: MessagesRequest) -> dict[str, Any]:
@@ -304,7 +274,7 @@ def count_request(body: Conversation, served: Served) -> GenerationRequest:
     return chat_request(chat, served)
 
 
-# -- the answer: Outcome -> a message, or the stream's events --------------------------------------------
+# -- the answer: the core's events -> a message, or the stream's events -----------------------------------
 
 
 def new_id() -> str:
@@ -316,7 +286,8 @@ def tool_use_id(call_id: str) -> str:
     return "toolu_" + call_id.removeprefix("call_")
 
 
-def stop_reason(outcome: Outcome, calls: Sequence[ToolCall]) -> str:
+def stop_reason(done: Finished) -> str:
+    outcome, calls = done.outcome, done.calls
     if outcome.stop_string is not None:
         return "stop_sequence"
     if calls and outcome.finish_reason == "stop":  # (a call cut short by max_tokens keeps max_tokens)
@@ -337,7 +308,8 @@ def tool_input(arguments: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def full_message(msg_id: str, model: str, outcome: Outcome, text: str, calls: Sequence[ToolCall]) -> dict[str, Any]:
+def full_message(msg_id: str, model: str, done: Finished) -> dict[str, Any]:
+    outcome, text, calls = done.outcome, done.text, done.calls
     content: list[dict[str, Any]] = [thinking_block(outcome.reasoning)] if outcome.reasoning else []
     content += [{"type": "text", "text": text}] if text or not calls else []
     content += [{"type": "tool_use", "id": tool_use_id(c.id), "name": c.name, "input": tool_input(c.arguments)}
@@ -348,7 +320,7 @@ def full_message(msg_id: str, model: str, outcome: Outcome, text: str, calls: Se
         "role": "assistant",
         "model": model,
         "content": content,
-        "stop_reason": stop_reason(outcome, calls),
+        "stop_reason": stop_reason(done),
         "stop_sequence": outcome.stop_string,
         "usage": {"input_tokens": outcome.stats.n_prompt, "output_tokens": outcome.stats.n_generated},
         "timings": timings(outcome.stats),  # localspec's speculative statistics, as on the OpenAI routes
@@ -424,31 +396,6 @@ class Blocks:
         return out
 
 
-class Answer:
-    """The answer's text as it comes, read for tool calls when the request offered tools: the pieces to
-    send (text, or a call's start and its arguments) and, at the end, the content and the calls."""
-
-    def __init__(self, job: Job) -> None:
-        self.job = job
-        self.reader = job.request.tools.parser() if job.request.tools else None
-
-    def feed(self, text: str) -> list[ToolEvent]:
-        if self.reader is None:
-            return [ContentDelta(text)]
-        pieces = self.reader.feed(text)
-        if self.reader.done:
-            self.job.stop.set()  # disable_parallel_tool_use: nothing after the one call is wanted
-        return pieces
-
-    def finish(self) -> list[ToolEvent]:
-        return self.reader.finish() if self.reader is not None else []
-
-    def result(self, outcome: Outcome) -> tuple[str, list[ToolCall]]:
-        if self.reader is None:
-            return outcome.text, []
-        return "".join(self.reader.content), self.reader.calls
-
-
 def message_start(msg_id: str, model: str, req: GenerationRequest) -> bytes:
     message = {"id": msg_id, "type": "message", "role": "assistant", "model": model, "content": [],
                "stop_reason": None, "stop_sequence": None,
@@ -456,84 +403,56 @@ def message_start(msg_id: str, model: str, req: GenerationRequest) -> bytes:
     return event("message_start", {"type": "message_start", "message": message})
 
 
-def message_end(outcome: Outcome, calls: Sequence[ToolCall]) -> list[bytes]:
+def message_end(done: Finished) -> list[bytes]:
     delta = {"type": "message_delta",
-             "delta": {"stop_reason": stop_reason(outcome, calls), "stop_sequence": outcome.stop_string},
-             "usage": {"output_tokens": outcome.stats.n_generated}, "timings": timings(outcome.stats)}  # fmt: skip
+             "delta": {"stop_reason": stop_reason(done), "stop_sequence": done.outcome.stop_string},
+             "usage": {"output_tokens": done.stats.n_generated}, "timings": timings(done.stats)}  # fmt: skip
     return [event("message_delta", delta), event("message_stop", {"type": "message_stop"})]
 
 
 # -- the routes ------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class MessagesService:
-    """What the routes need from the app: the requests' context, the served id, how to queue a job (and
-    cancel it when its client goes away) and the error counters."""
-
-    served: Served
-    model_name: str
-    start: StartJob
-    metrics: Metrics
-
-
-def messages_router(service: MessagesService) -> APIRouter:
+def messages_router(core: Core) -> APIRouter:
     router = APIRouter()
 
     @router.post(PATH)
     async def messages(body: MessagesRequest, request: Request) -> Response:
-        req = await run_in_threadpool(generation_request, body, service.served)
-        job, end = service.start(request, req)
+        req = await run_in_threadpool(generation_request, body, core.served)
+        run = core.start(request, req)
         msg_id = new_id()
         if req.stream:
-            return StreamingResponse(stream(job, end, msg_id), media_type="text/event-stream",
+            return StreamingResponse(stream(run, msg_id, core.model_name), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})  # fmt: skip
-        answer = Answer(job)
         try:
-            while True:
-                item = await job.next()
-                if isinstance(item, str):
-                    answer.feed(item)
-                elif isinstance(item, ReasoningDelta):
-                    continue  # the Outcome has the whole of it
-                elif isinstance(item, APIError):
-                    raise item
-                else:
-                    answer.finish()
-                    text, calls = answer.result(item)
-                    return JSONResponse(full_message(msg_id, service.model_name, item, text, calls))
+            done = await run.result()
         finally:
-            end()
+            run.close()
+        return JSONResponse(full_message(msg_id, core.model_name, done))
 
     @router.post(f"{PATH}/count_tokens")
     async def count_tokens(body: Conversation) -> dict[str, Any]:
-        req = await run_in_threadpool(count_request, body, service.served)
+        req = await run_in_threadpool(count_request, body, core.served)
         return {"input_tokens": len(req.prompt)}
 
-    async def stream(job: Job, end: Callable[[], None], msg_id: str) -> AsyncIterator[bytes]:
-        blocks = Blocks()
-        answer = Answer(job)
-        try:
-            yield message_start(msg_id, service.model_name, job.request)
-            yield event("ping", {"type": "ping"})  # early, while the prompt pass runs
-            while True:
-                item = await job.next()
-                if isinstance(item, str):
-                    for chunk in blocks.events(answer.feed(item)):
-                        yield chunk
-                elif isinstance(item, ReasoningDelta):  # a reasoning model's thinking, before the text
-                    for chunk in blocks.thinking(item.text):
-                        yield chunk
-                elif isinstance(item, APIError):
-                    service.metrics.error(item.status)  # (a non-streamed error is counted by its handler)
-                    yield event("error", error_body(item))  # the stream ends with the error; the server serves on
-                    break
-                else:
-                    closing = [*blocks.events(answer.finish()), *blocks.finish()]
-                    for chunk in [*closing, *message_end(item, answer.result(item)[1])]:
-                        yield chunk
-                    break
-        finally:
-            end()  # the client went away mid-stream: stop now (a no-op once finished)
-
     return router
+
+
+async def stream(run: Run, msg_id: str, model: str) -> AsyncIterator[bytes]:
+    blocks = Blocks()
+    try:
+        yield message_start(msg_id, model, run.request)
+        yield event("ping", {"type": "ping"})  # early, while the prompt pass runs
+        async for piece in run.events():
+            if isinstance(piece, ReasoningDelta):  # a reasoning model's thinking, before the text
+                chunks = blocks.thinking(piece.text)
+            elif isinstance(piece, Failed):
+                chunks = [event("error", error_body(piece.error))]  # the stream ends with it; the server serves on
+            elif isinstance(piece, Finished):
+                chunks = [*blocks.finish(), *message_end(piece)]
+            else:
+                chunks = blocks.events([piece])
+            for chunk in chunks:
+                yield chunk
+    finally:
+        run.close()  # the client went away mid-stream: stop now (a no-op once finished)

@@ -3,17 +3,17 @@ editors' local-model providers): /api/version, /api/tags, /api/show, /api/ps, /a
 /api/pull, and clear refusals for what localspec does not do (embeddings, building, copying, deleting and
 pushing models). Errors have Ollama's shape, `{"error": "..."}`, on every /api/ path.
 
-/api/chat and /api/generate go through the chat and completion paths (ollama_requests.py): the answer is read
-from the job's events by `answer_chunks` and rendered as Ollama's NDJSON chunks (streamed, the default, as
-Ollama does) or one body. Durations are nanoseconds, as Ollama reports them: total_duration from the request's
+A thin adapter over the generation core (core.py): /api/chat and /api/generate bodies become the chat or
+completion request they ask for (ollama_requests.py), and the core's events are rendered as Ollama's NDJSON
+chunks (streamed, the default, as Ollama does) or as one body. Durations are nanoseconds, as Ollama reports them: total_duration from the request's
 arrival, load_duration 0 (the model was loaded when the server started), prompt_eval_count the whole prompt
 (its cached part is the `timings`' cache_n), prompt_eval_duration the prompt pass, eval_count the generated
 tokens, eval_duration from the first generated token to the last; `timings` carries localspec's speculative
 statistics, as on the OpenAI and Anthropic routes. Tool calls come as Ollama sends them: each call whole, in
 the chunk where it ends, with its `id`, `function.index` and its arguments as an object.
 
-    ollama_router(service) -> APIRouter      the routes, mounted by app.create_app
-    is_api_path(path) -> bool                paths whose errors take Ollama's shape
+    ollama_router(core, log) -> APIRouter    the routes, mounted by app.create_app
+    ERRORS                                   Ollama's error shape, for every path under /api
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.concurrency import run_in_threadpool
 
 from localspec import __version__
-from localspec.server.errors import APIError
-from localspec.server.metrics import Metrics
+from localspec.server.core import Core, Failed, Finished, Run
+from localspec.server.errors import APIError, ErrorShape
 from localspec.server.ollama_models import (
     ModelCard,
     capabilities,
@@ -42,45 +42,44 @@ from localspec.server.ollama_models import (
     rfc3339,
 )
 from localspec.server.ollama_pull import plan_pull, pull_lines, pull_result
-from localspec.server.ollama_requests import OllamaRequest, chat_generation, check_model, generate_generation
+from localspec.server.ollama_requests import (
+    FIELD_NAMES,
+    OllamaRequest,
+    chat_generation,
+    check_model,
+    generate_generation,
+)
 from localspec.server.ollama_schemas import ChatRequest, GenerateRequest, ModelRequest
 from localspec.server.reasoning import ReasoningDelta
-from localspec.server.requests import GenerationRequest, Served
+from localspec.server.requests import Served
 from localspec.server.responses import timings
-from localspec.server.scheduler import Job, Outcome
-from localspec.server.tools import ContentDelta, ToolCall
+from localspec.server.tools import CallEnd, ContentDelta, ToolCall
 
-PREFIX = "/api/"
+PREFIX = "/api"
 # The Ollama release whose API this matches (tool call ids and `thinking` in /api/chat, context_length in
 # /api/ps); clients that gate features on the version read it.
 OLLAMA_VERSION = "0.14.0"
 NDJSON = "application/x-ndjson"
 Kind = Literal["chat", "generate"]
-StartJob = Callable[[Request, GenerationRequest], tuple[Job, Callable[[], None]]]
-
-
-def is_api_path(path: str) -> bool:
-    return path.startswith(PREFIX) or path == PREFIX.rstrip("/")
+KEY_HINT = "set OLLAMA_API_KEY=KEY for the ollama clients (they send `Authorization: Bearer KEY`)"
 
 
 def error_body(e: APIError) -> dict[str, Any]:
     return {"error": e.message}
 
 
+ERRORS = ErrorShape(PREFIX, error_body, KEY_HINT, FIELD_NAMES)
+
+
 @dataclass
-class OllamaService:
-    """What the routes need from the app: the requests' context, the served name, how to queue a job (and
-    cancel it when its client goes away), the error counters and the log."""
+class Cards:
+    """The served model's card, found once (off the event loop: it reads the file's header)."""
 
     served: Served
     model_name: str
-    start: StartJob
-    metrics: Metrics
-    log: Callable[[str], None]
     _card: list[ModelCard] = field(default_factory=list)
 
-    async def card(self) -> ModelCard:
-        """The served model's card, found once (off the event loop: it reads the file's header)."""
+    async def get(self) -> ModelCard:
         if not self._card:
             self._card.append(await run_in_threadpool(model_card, self.served, self.model_name))
         return self._card[0]
@@ -118,12 +117,12 @@ class Chunks:
         out["message"] = message
         return out
 
-    def final(self, outcome: Outcome) -> dict[str, Any]:
+    def final(self, done: Finished) -> dict[str, Any]:
         """The done chunk: why it ended, the counts and durations, and the speculative statistics."""
-        stats = outcome.stats
+        stats = done.stats
         out = self.piece(done=True)
         out.update({
-            "done_reason": outcome.finish_reason,
+            "done_reason": done.finish_reason,
             "total_duration": nanoseconds(time.perf_counter() - self.started),
             "load_duration": 0,  # loaded when the server started
             "prompt_eval_count": stats.n_prompt,
@@ -156,67 +155,35 @@ def nanoseconds(seconds: float) -> int:
     return int(seconds * 1e9)
 
 
-async def answer_chunks(job: Job, chunks: Chunks) -> AsyncIterator[dict[str, Any]]:
-    """The job's events as Ollama's chunks: text, thinking and whole tool calls as they come (done false), then
-    the done chunk. An error is raised (a stream turns it into its last line)."""
-    reader = job.request.tools.parser() if job.request.tools else None
-    sent = 0  # calls sent so far
-    while True:
-        item = await job.next()
-        if isinstance(item, APIError):
-            raise item
-        if isinstance(item, ReasoningDelta):
-            yield chunks.piece(thinking=item.text)
-            continue
-        if reader is not None:  # the text is read for calls: content, and each call once it is whole
-            events = reader.feed(item) if isinstance(item, str) else reader.finish()
-            if reader.done:
-                job.stop.set()  # one call at most was asked for: nothing after it is wanted
-            text = "".join(e.text for e in events if isinstance(e, ContentDelta))
-            calls = reader.calls[sent:]
-            if text or calls:
-                yield chunks.piece(content=text, calls=calls, first=sent)
-            sent += len(calls)
-        elif isinstance(item, str):
-            yield chunks.piece(content=item)
-        if isinstance(item, Outcome):
-            yield chunks.final(item)
-            return
-
-
-async def ndjson(job: Job, chunks: Chunks, end: Callable[[], None], metrics: Metrics) -> AsyncIterator[bytes]:
+async def ndjson(run: Run, chunks: Chunks) -> AsyncIterator[bytes]:
+    """The core's events as Ollama's chunks, one a line: text and thinking as they come, each tool call whole
+    in the chunk where it ends (Ollama streams no partial arguments), then the done chunk; an error is the last
+    line, as Ollama's streams end."""
     try:
-        async for chunk in answer_chunks(job, chunks):
-            yield line(chunk)
-    except APIError as e:
-        metrics.error(e.status)  # (a non-streamed error is counted by its handler)
-        yield line(error_body(e))  # the stream ends with the error, as Ollama's does; the server serves on
+        async for event in run.events():
+            if isinstance(event, ContentDelta):
+                yield line(chunks.piece(content=event.text))
+            elif isinstance(event, ReasoningDelta):
+                yield line(chunks.piece(thinking=event.text))
+            elif isinstance(event, CallEnd):
+                yield line(chunks.piece(calls=[event.call], first=event.index))
+            elif isinstance(event, Finished):
+                yield line(chunks.final(event))
+            elif isinstance(event, Failed):
+                yield line(error_body(event.error))  # the server serves on
     finally:
-        end()  # the client went away mid-stream: stop now (a no-op once finished)
+        run.close()  # the client went away mid-stream: stop now (a no-op once finished)
 
 
-async def whole(job: Job, chunks: Chunks, end: Callable[[], None]) -> dict[str, Any]:
-    """The answer as one body: the chunks' text, thinking and calls joined into the done chunk."""
-    content: list[str] = []
-    thinking: list[str] = []
-    calls: list[dict[str, Any]] = []
-    last: dict[str, Any] = {}
+async def whole(run: Run, chunks: Chunks) -> dict[str, Any]:
+    """The answer as one body: the done chunk with the whole text, thinking and calls."""
     try:
-        async for chunk in answer_chunks(job, chunks):
-            part = chunk.get("message", chunk)
-            content.append(part.get("content", part.get("response", "")))
-            thinking.append(part.get("thinking", ""))
-            calls.extend(part.get("tool_calls", ()))
-            last = chunk
+        done = await run.result()
     finally:
-        end()
-    part = last.get("message", last)
-    part["content" if "message" in last else "response"] = "".join(content)
-    if any(thinking):
-        part["thinking"] = "".join(thinking)
-    if calls:
-        part["tool_calls"] = calls
-    return last
+        run.close()
+    out = chunks.final(done)
+    out.update(chunks.piece(content=done.text, thinking=done.reasoning, calls=done.calls, done=True))
+    return out
 
 
 def line(body: dict[str, Any]) -> bytes:
@@ -242,9 +209,10 @@ NOT_DONE_HERE = {
 NOT_DONE_METHODS = {"/api/delete": ["DELETE"], "/api/blobs/{digest}": ["HEAD", "POST"]}
 
 
-def ollama_router(service: OllamaService) -> APIRouter:
+def ollama_router(core: Core, log: Callable[[str], None]) -> APIRouter:
     router = APIRouter()
-    served = service.served
+    served = core.served
+    cards = Cards(served, core.model_name)
 
     @router.api_route("/", methods=["GET", "HEAD"])
     async def running() -> Response:
@@ -256,16 +224,16 @@ def ollama_router(service: OllamaService) -> APIRouter:
 
     @router.api_route("/api/tags", methods=["GET", "HEAD"])
     async def tags() -> dict[str, Any]:
-        return {"models": [(await service.card()).tags_entry()]}
+        return {"models": [(await cards.get()).tags_entry()]}
 
     @router.get("/api/ps")
     async def ps() -> dict[str, Any]:
-        return {"models": [(await service.card()).ps_entry(datetime.now(UTC))]}
+        return {"models": [(await cards.get()).ps_entry(datetime.now(UTC))]}
 
     @router.post("/api/show")
     async def show(body: ModelRequest) -> dict[str, Any]:
         check_model(body.model_name, served)
-        card = await service.card()
+        card = await cards.get()
         params = parameters(served.defaults, card.context_length)
         return {
             "modelfile": modelfile(served.pipeline.target.info.path, params),
@@ -293,12 +261,12 @@ def ollama_router(service: OllamaService) -> APIRouter:
         if req.generation is None:
             return JSONResponse(chunks.loaded())
         if req.num_ctx_note:
-            service.log(f"{request.url.path}: {req.num_ctx_note}")
-        job, end = service.start(request, req.generation)
+            log(f"{request.url.path}: {req.num_ctx_note}")
+        run = core.start(request, req.generation)
         if stream:
-            return StreamingResponse(ndjson(job, chunks, end, service.metrics), media_type=NDJSON,
+            return StreamingResponse(ndjson(run, chunks), media_type=NDJSON,
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})  # fmt: skip
-        return JSONResponse(await whole(job, chunks, end))
+        return JSONResponse(await whole(run, chunks))
 
     @router.post("/api/pull")
     async def pull(body: ModelRequest) -> Response:

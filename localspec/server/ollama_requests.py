@@ -35,13 +35,15 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from localspec.server.errors import APIError
-from localspec.server.ollama_schemas import FIELD_NAMES, ChatRequest, GenerateRequest, GenerationFields, Message
+from localspec.server.errors import APIError, validation_error
+from localspec.server.ollama_schemas import FIELD_NAMES as OLLAMA_FIELD_NAMES
+from localspec.server.ollama_schemas import ChatRequest, GenerateRequest, GenerationFields, Message
 from localspec.server.ollama_schemas import Options as OllamaOptions
 from localspec.server.requests import GenerationRequest, Served, chat_request, completion_request
 from localspec.server.schemas import FIELD_NAMES as OPENAI_FIELD_NAMES
 from localspec.server.schemas import ChatCompletionRequest, CompletionRequest
 
+FIELD_NAMES = OLLAMA_FIELD_NAMES | OPENAI_FIELD_NAMES  # a bad field named as the client wrote it
 Body = TypeVar("Body", ChatCompletionRequest, CompletionRequest)
 LATEST = ":latest"
 THINK_LEVELS = ("low", "medium", "high", "max")
@@ -321,29 +323,4 @@ def openai_body(kind: type[Body], fields: dict[str, Any]) -> Body:
     try:
         return kind.model_validate(fields)
     except ValidationError as e:
-        raise validation_error(e.errors()) from None
-
-
-def validation_error(errors: Sequence[Any]) -> APIError:
-    """A body that does not parse, as a 400 naming the field (`options.temperature: Input should be a valid
-    number, got "hot"`)."""
-    if not errors:
-        return APIError(400, "the request body is not valid")
-    first = errors[0]
-    if first.get("type") == "json_invalid":
-        return APIError(400, f"invalid JSON in the request body: {first.get('ctx', {}).get('error', '')}".rstrip(": "))
-    where = field_path(first.get("loc", ()))
-    if first.get("type") == "missing" and not where:
-        return APIError(400, "missing request body")
-    got = f", got {json.dumps(first['input'])[:40]}" if "input" in first and first.get("type") != "missing" else ""
-    return APIError(400, f"{where or 'body'}: {first.get('msg', 'invalid value')}{got}", where or None)
-
-
-def field_path(loc: Sequence[Any]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif part in FIELD_NAMES or part in OPENAI_FIELD_NAMES:
-            out += f".{part}" if out else part
-    return out
+        raise validation_error(e.errors(), FIELD_NAMES) from None

@@ -141,9 +141,10 @@ def tool_chunks(ids: ResponseIds, events: Sequence[ToolEvent], include_usage: bo
             continue
         if isinstance(e, CallStart):
             call = {"index": e.index, "id": e.id, "type": "function", "function": {"name": e.name, "arguments": ""}}
-        else:
-            assert isinstance(e, ArgumentsDelta)
+        elif isinstance(e, ArgumentsDelta):
             call = {"index": e.index, "function": {"arguments": e.text}}
+        else:
+            continue  # a call's end: OpenAI's chunks do not mark it
         body = chunk(ids, include_usage=include_usage)
         body["choices"][0]["delta"] = {"tool_calls": [call]}
         out.append(body)

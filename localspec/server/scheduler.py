@@ -31,7 +31,7 @@ from localspec.decoding.engine import Done
 from localspec.decoding.stats import SpecStats
 from localspec.errors import Interrupted, LocalspecError, error_text
 from localspec.pipeline import Pipeline
-from localspec.server.errors import APIError, from_localspec
+from localspec.server.errors import APIError, from_exception
 from localspec.server.metrics import Metrics
 from localspec.server.reasoning import ReasoningDelta, Split
 from localspec.server.requests import GenerationRequest
@@ -225,19 +225,14 @@ class Scheduler:
         job.push(outcome)
 
     def _failed(self, job: Job, e: Exception) -> None:
-        """Tell the client why its generation could not run or went wrong."""
+        """Tell the client why its generation could not run or went wrong (errors.from_exception says how)."""
         job.finished = True
-        endpoint = job.request.endpoint
-        if isinstance(e, APIError):  # the request asked for what cannot run here (a drafter that cannot be built)
-            self.log(f"{endpoint} refused: {e.message}")
-            job.push(e)
-        elif isinstance(e, LocalspecError):  # Interrupted before any token counts as a cancel, not an error
-            if not job.cancelled:
-                self.log(f"{endpoint} failed: {error_text(e)}")
-                job.push(from_localspec(e))
-        else:
-            self.log(f"{endpoint} failed: {error_text(e)}")
-            job.push(APIError(500, f"generation failed: {error_text(e)}", None, "engine_error"))
+        if isinstance(e, LocalspecError) and job.cancelled:
+            return  # Interrupted before any token counts as a cancel, not an error
+        refused = isinstance(e, APIError)  # the request asked for what cannot run here (a drafter that cannot be built)
+        self.log(f"{job.request.endpoint} {'refused' if refused else 'failed'}: "
+                 f"{e.message if isinstance(e, APIError) else error_text(e)}")  # fmt: skip
+        job.push(from_exception(e))
 
     def _generate(self, job: Job) -> Outcome:
         reply = Reply(job, self.cancel)

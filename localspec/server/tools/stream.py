@@ -1,40 +1,15 @@
-"""Tool calls: the call formats of the model families localspec recognises, which one a model writes, and
-reading calls out of its answer (whole, or streamed as it is generated), plus the grammar that makes an
-answer a call for tool_choice "required" or a named function.
-
-Formats (what the model writes; text before a call stays the answer's content):
-
-- hermes (Qwen2.5, Qwen3, Hermes and ChatML models):  <tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>
-  once per call;
-- llama3 (Llama 3.1-3.3):  {"name": ..., "parameters": {...}} at the start of the answer (after an
-  optional <|python_tag|>), several separated by ";";
-- mistral:  [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...].
-
-Markers that are control tokens (<|python_tag|>, [TOOL_CALLS]) render as nothing on llama.cpp, so an
-answer that *starts* with the call's JSON is read as calls in those two formats.
-"""
+"""Reading tool calls out of an answer, whole or streamed as it is generated: content deltas, then each call
+as its start (id and name), its arguments in pieces and its end (ToolStreamParser), in one of the call
+formats of formats.py."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
-import secrets
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
 
-from localspec.backends.chat_template import FAMILIES, ChatFormat, detect_family
-
-if TYPE_CHECKING:
-    from localspec.backends.base import Backend
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    id: str  # "call_..."
-    name: str
-    arguments: str  # JSON text, as OpenAI sends it
+from localspec.server.tools.formats import ARGS_KEYS, Lead, ToolCall, ToolFormat, new_call_id
 
 
 @dataclass(frozen=True)
@@ -55,40 +30,16 @@ class ArgumentsDelta:
     text: str
 
 
-ToolEvent = ContentDelta | CallStart | ArgumentsDelta
-
-
 @dataclass(frozen=True)
-class Lead:
-    """What opens a block of calls only at the answer's start (compared without whitespace): a fence to skip,
-    then the call's JSON; `close` ends the block."""
+class CallEnd:
+    """A call is whole: its arguments have all been sent (a call cut short by the answer's end ends too)."""
 
-    fence: str
-    start: str
-    close: str = ""
+    index: int
+    call: ToolCall
 
 
-@dataclass(frozen=True)
-class ToolFormat:
-    name: str
-    opens: tuple[str, ...]  # markers that open a block of calls anywhere in the answer
-    leads: tuple[Lead, ...]  # what opens a block at the answer's start only
-    close: str  # what ends a block opened by a marker, after its call ("" when the JSON's end ends it)
-    array: bool  # a block is a JSON array of calls
-    args_key: str  # how the format names the arguments (both names are read)
-    chain: str = ""  # what separates calls in one block, besides whitespace (llama3: ";")
+ToolEvent = ContentDelta | CallStart | ArgumentsDelta | CallEnd
 
-
-# Small models often leave out Hermes' tags and write the call's JSON alone or in a ```json fence, as
-# llama.cpp also accepts; only at the answer's start.
-_BARE = (Lead("", '{"name"'), Lead("```json", '{"name"', "```"), Lead("```", '{"name"', "```"))
-HERMES = ToolFormat("hermes", ("<tool_call>",), _BARE, "</tool_call>", False, "arguments")
-LLAMA3 = ToolFormat("llama3", ("<|python_tag|>",), (Lead("", '{"name"'), Lead("", '{"type"')), "", False, "parameters",
-                    ";")  # fmt: skip
-MISTRAL = ToolFormat("mistral", ("[TOOL_CALLS]",), (Lead("", '[{"name"'), Lead("", '[{"type"')), "", True, "arguments")
-FORMATS: tuple[ToolFormat, ...] = (HERMES, LLAMA3, MISTRAL)
-
-ARGS_KEYS = ("arguments", "parameters")
 _HEAD = re.compile(
     r'\{\s*(?:"type"\s*:\s*"function"\s*,\s*)?"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,'
     r'\s*"(?:arguments|parameters)"\s*:\s*(?=\S)'
@@ -96,85 +47,9 @@ _HEAD = re.compile(
 _HEAD_WITHIN = 240  # a call whose name and arguments key do not open it is read whole, once it ends
 
 
-def new_call_id() -> str:
-    return "call_" + secrets.token_hex(12)
-
-
-def mistral_id(call_id: str) -> str:
-    """A call id as Mistral's templates require it (9 letters or digits), the same for the same id."""
-    if len(call_id) == 9 and call_id.isalnum():
-        return call_id
-    return hashlib.sha256(call_id.encode()).hexdigest()[:9]
-
-
-# -- which format a model writes ----------------------------------------------------------------------
-
-
-def template_has_tools(template: str) -> bool:
-    """The template renders a `tools` list (Hugging Face's and llama.cpp's convention)."""
-    return re.search(r"\btools\b", template) is not None
-
-
-def format_of_template(template: str) -> ToolFormat | None:
-    """The call format a tool-capable chat template teaches, from the markers it writes."""
-    if "<tool_call>" in template:
-        return HERMES
-    if "[TOOL_CALLS]" in template:
-        return MISTRAL
-    if "<|start_header_id|>" in template and ("<|python_tag|>" in template or "parameters" in template):
-        return LLAMA3
-    return None
-
-
-@dataclass(frozen=True)
-class ToolTemplate:
-    """How a served model gets tools: the chat format that renders them and the call format it answers in."""
-
-    chat_format: ChatFormat
-    fmt: ToolFormat
-    markers: tuple[tuple[str, int, bool], ...] = ()  # (marker, its single token id, whether it renders as text)
-
-
-def tool_template(backend: Backend, chat_format: ChatFormat | None) -> ToolTemplate | str:
-    """The served model's way with tools, or why it has none (for the 400)."""
-    fmt_in = chat_format or ChatFormat("model")
-    if fmt_in.raw:
-        return "the server renders prompts as plain text (--chat-template raw)"
-    own = backend.chat_template() if fmt_in.source == "model" else fmt_in.template
-    if own and template_has_tools(own):
-        fmt = format_of_template(own)
-        if fmt is None:
-            return "it renders tools, but in a call format localspec does not recognise"
-        return ToolTemplate(fmt_in, fmt, _markers(backend, fmt))
-    family = next((f for f in FAMILIES if f.name == fmt_in.name), None) if fmt_in.source != "model" else None
-    family = family or detect_family(backend)
-    if family is None or not family.tool_template:
-        return "it renders no tools, and localspec knows no tool format for the model's family"
-    fmt = format_of_template(family.tool_template)
-    assert fmt is not None  # the families' own tool templates use known formats
-    chat = ChatFormat("family", f"{family.name}-tools", family.tool_template)
-    return ToolTemplate(chat, fmt, _markers(backend, fmt))
-
-
-def _markers(backend: Backend, fmt: ToolFormat) -> tuple[tuple[str, int, bool], ...]:
-    """The format's markers that are single tokens of the vocabulary, and whether each renders as its text."""
-    out = []
-    for marker in (*fmt.opens, fmt.close):
-        if not marker:
-            continue
-        ids = backend.tokenize(marker, add_special=False, parse_special=True)
-        if len(ids) == 1:
-            detok = backend.detokenizer()
-            out.append((marker, ids[0], (detok.add(ids) + detok.flush()) == marker))
-    return tuple(out)
-
-
-# -- reading calls out of an answer ---------------------------------------------------------------------
-
-
 class ToolStreamParser:
     """Feed an answer's text as it comes; get content deltas and calls (its name first, then chunks of its
-    arguments). Text that could still become a call's marker is held back until it is known. With
+    arguments, then its end). Text that could still become a call's marker is held back until it is known. With
     `max_calls`, everything after that many calls is dropped (`done` says so: the generation may stop). With
     `names`, a call to a function not among them is not a call: the model wrote text that looks like one, and
     it goes out as content (an agent must never receive a call to a function it did not offer).
@@ -369,6 +244,7 @@ class ToolStreamParser:
         assert scan.name is not None
         self._marker = ""
         self.calls.append(ToolCall(scan.id, scan.name, scan.args_sent))
+        self._emit(CallEnd(len(self.calls) - 1, self.calls[-1]))
         full = self.max_calls is not None and len(self.calls) >= self.max_calls
         self._state = "done" if full else "after"
 
@@ -574,75 +450,3 @@ def parse_answer(
     parser.feed(text)
     parser.finish()
     return "".join(parser.content), parser.calls
-
-
-# -- tool_choice "required" / a named function: a grammar -------------------------------------------------
-
-
-@dataclass(frozen=True)
-class FunctionSpec:
-    name: str
-    parameters: dict[str, Any]  # its JSON schema
-
-
-def call_grammar(tmpl: ToolTemplate, functions: Sequence[FunctionSpec], *, parallel: bool) -> str:
-    """An llguidance Lark grammar whose sentences are calls, in the model's format, to one of `functions`
-    with arguments valid against its schema: one call, or one or more when `parallel`."""
-    fmt = tmpl.fmt
-    key = json.dumps(fmt.args_key)
-    lines = [f"fn_{i}: {_lit(json.dumps(f.name) + ', ' + key + ': ')} %json{json.dumps(_compact(f.parameters))}"
-             for i, f in enumerate(functions)]  # fmt: skip
-    lines.append("fn: " + " | ".join(f"fn_{i}" for i in range(len(functions))))
-    obj = f"{_lit(OPEN_CALL)} fn {_lit('}')}"
-    if fmt is HERMES:
-        lines.append(f"call: {_marker(tmpl, '<tool_call>')} {_lit(chr(10))} {obj} {_lit(chr(10))} "
-                     f"{_marker(tmpl, '</tool_call>')}")  # fmt: skip
-        start = f"call ({_lit(chr(10))} call)*" if parallel else "call"
-    elif fmt is MISTRAL:
-        lines.append(f"call: {obj}")
-        opener = _marker(tmpl, "[TOOL_CALLS]", optional_text=True)
-        calls = f"call ({_lit(', ')} call)*" if parallel else "call"
-        start = f"{opener} {_lit('[')} {calls} {_lit(']')}".strip()
-    else:
-        lines.append(f"call: {obj}")
-        start = f"call ({_lit('; ')} call)*" if parallel else "call"
-    return "\n".join([f"start: {start}", *lines]) + "\n"
-
-
-def lazy_call_grammar(tmpl: ToolTemplate, functions: Sequence[FunctionSpec], *, parallel: bool) -> str | None:
-    """tool_choice "auto": free text, then optionally calls held to the offered functions and their schemas
-    (the grammar constrains only once a call opens). Only where a call opens with a single token that text
-    cannot spell (Hermes' `<tool_call>` in Qwen's vocabulary); elsewhere free text and the start of a call
-    cannot be told apart by a grammar, and auto stays unconstrained (None)."""
-    tokens = {text for text, _, _ in tmpl.markers}
-    if tmpl.fmt is not HERMES or not {"<tool_call>", "</tool_call>"} <= tokens:
-        return None
-    as_tokens = replace(tmpl, markers=tuple((text, token, False) for text, token, _ in tmpl.markers))
-    head, rest = call_grammar(as_tokens, functions, parallel=parallel).split("\n", 1)
-    calls = head.removeprefix("start: ")
-    return f"start: TEXT? calls?\nTEXT: /(?s:.+)/\ncalls: {calls}\n{rest}"
-
-
-# The arguments as templates' `tojson` writes them (", " and ": "), never free whitespace: a model may
-# otherwise spend its tokens on blanks the grammar cannot refuse.
-COMPACT_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-
-
-def _compact(schema: dict[str, Any]) -> dict[str, Any]:
-    return {"x-guidance": COMPACT_JSON, **(schema or {"type": "object"})}
-
-
-OPEN_CALL = '{"name": '
-
-
-def _lit(text: str) -> str:
-    return json.dumps(text)
-
-
-def _marker(tmpl: ToolTemplate, marker: str, *, optional_text: bool = False) -> str:
-    """A marker as the grammar writes it: its token (when it is one) or its text. A control token that renders
-    as nothing is the token alone (the reader finds the call without it)."""
-    for text, token, renders in tmpl.markers:
-        if text == marker:
-            return f"(<[{token}]> | {_lit(marker)})" if renders else f"<[{token}]>"
-    return "" if optional_text else _lit(marker)
