@@ -20,6 +20,7 @@ jsonschema = pytest.importorskip("jsonschema")
 
 from hub_server import FakeHub
 from serve_process import ServeProcess, free_port, httpx
+from test_reasoning import THINKING_TEMPLATE
 from test_serve_inprocess import InProcess, TinyGGUFs, served
 
 HI = [{"role": "user", "content": "Hi"}]
@@ -241,6 +242,41 @@ def test_the_ollama_client_raises_the_refusal(tiny: InProcess) -> None:
     assert e.value.status_code == 501
 
 
+# -- thinking: a template that opens a think block, on the tiny model -----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def thinker(tiny_ggufs: TinyGGUFs, tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcess]:
+    """The tiny model with a Qwen3-like template: the generation prompt opens a think block (closed at once when
+    enable_thinking is false). Random weights never close it: the whole answer is thinking."""
+    template = tmp_path_factory.mktemp("template") / "thinking.jinja"
+    template.write_text(THINKING_TEMPLATE)
+    with served("--target", str(tiny_ggufs[0]), "--draft-method", "ngram", "--n-ctx", "1024", "--threads", "1",
+                "--chat-template", str(template)) as s:  # fmt: skip
+        yield s
+
+
+def test_think_splits_the_thinking_out_and_false_asks_the_template_not_to_think(thinker: InProcess) -> None:
+    c = client(thinker)
+    assert "thinking" in c.show("tiny-target").capabilities
+    for think in (None, True, "high"):  # left out: split, as Ollama does for a model that thinks
+        r = c.chat(model="tiny-target", messages=HI, think=think, options=GREEDY)
+        assert r.message.thinking and r.message.content == "" and r.eval_count == 8
+    chunks = list(c.chat(model="tiny-target", messages=HI, think=True, options=GREEDY, stream=True))
+    assert "".join(ch.message.thinking or "" for ch in chunks) == r.message.thinking
+    off = c.chat(model="tiny-target", messages=HI, think=False, options=GREEDY)
+    assert not off.message.thinking and off.message.content  # the prompt closed the block: all content
+    assert off.prompt_eval_count > r.prompt_eval_count
+    generated = c.generate(model="tiny-target", prompt="Hi", think=True, options=GREEDY)
+    assert generated.thinking == r.message.thinking and generated.response == ""  # /api/generate's `thinking`
+    # An earlier answer's thinking goes back to the template as its reasoning_content.
+    turns = [*HI, {"role": "assistant", "content": "Hello.", "thinking": "A greeting."}, *HI]
+    without = [*HI, {"role": "assistant", "content": "Hello."}, *HI]
+    counts = [c.chat(model="tiny-target", messages=m, options={"num_predict": 1}).prompt_eval_count
+              for m in (turns, without)]  # fmt: skip
+    assert counts[0] > counts[1]
+
+
 # -- a real model: tool calls, fill-in-the-middle ------------------------------------------------------------
 
 
@@ -354,13 +390,15 @@ def test_pull_downloads_a_catalog_pair_with_ollamas_status_lines(tiny: InProcess
 def test_ollama_port_serves_the_same_server_on_a_second_port(tiny_ggufs: TinyGGUFs) -> None:
     port = free_port()
     s = ServeProcess("--target", str(tiny_ggufs[0]), "--draft-method", "none", "--n-ctx", "256", "--threads", "1",
-                     "--ollama-port", str(port))  # fmt: skip
+                     "--ollama-port", str(port), api_key="sekret")  # fmt: skip
     try:
-        c = ollama.Client(host=f"127.0.0.1:{port}")  # OLLAMA_HOST's form
+        c = ollama.Client(host=f"127.0.0.1:{port}", headers={"Authorization": "Bearer sekret"})  # OLLAMA_HOST's form
         assert c.list().models[0].model == "tiny-target:latest"
         assert c.chat(model="tiny-target", messages=HI, options={"num_predict": 2}).eval_count == 2
-        assert httpx.get(f"{s.url}/api/version").status_code == 200  # and on --port too
+        assert httpx.get(f"{s.url}/api/version", headers=s.headers()).status_code == 200  # and on --port too
         assert f"OLLAMA_HOST=127.0.0.1:{port}" in s.log()
+        r = httpx.get(f"http://127.0.0.1:{port}/api/tags")  # no key: Ollama's error shape, saying how to send it
+        assert r.status_code == 401 and "OLLAMA_API_KEY" in r.json()["error"]
     finally:
         s.close()
 
