@@ -49,7 +49,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "serve",
         help="serve the pair over an OpenAI-compatible HTTP API",
         description="Serve one target/draft pair over the OpenAI-compatible HTTP API (/v1/chat/completions, "
-        "/v1/completions, /v1/models, /health, /metrics) and Anthropic's Messages API (/v1/messages) with "
+        "/v1/completions, /v1/models, /health, /metrics), Anthropic's Messages API (/v1/messages) and Ollama's "
+        "API (/api/chat, /api/generate, /api/tags, ...) with "
         "speculative decoding; every response carries "
         "the run's speculative stats in `timings`. The generation flags are the defaults for requests "
         "that leave a field out.",
