@@ -1,5 +1,6 @@
-"""`localspec serve`: an OpenAI-, Anthropic- and Ollama-compatible HTTP server over one loaded pipeline: one generation
-core, one thin adapter per protocol (parse its request into a GenerationRequest, render the core's events).
+"""`localspec serve`: an OpenAI- (Chat Completions, Responses), Anthropic- and Ollama-compatible HTTP server over
+one loaded pipeline: one generation core, one thin adapter per protocol (parse its request into a
+GenerationRequest, render the core's events).
 
 core.py      the generation core: start a job, read it as typed events (text, reasoning, tool calls, the end)
 requests.py  a request body -> prompt tokens, GenerationConfig, drafter method, stop strings
@@ -9,6 +10,9 @@ schemas.py   their request bodies (pydantic, strict types; unknown fields ignore
 responses.py their response and chunk bodies, with the run's speculative `timings`
 anthropic.py Anthropic's Messages API (/v1/messages, count_tokens) translated onto the chat path
 anthropic_schemas.py  its request bodies
+responses_api.py  OpenAI's Responses API (/v1/responses) translated onto the chat path, its output items and events
+responses_schemas.py  its request bodies
+response_store.py  the stored responses (store, previous_response_id), the most recent in memory
 ollama.py    Ollama's API (/api/chat, /api/generate, /api/tags, /api/show, /api/ps, /api/pull, refusals)
 ollama_requests.py  an Ollama request -> the chat or completion request it asks for (options, think, names)
 ollama_schemas.py   its request bodies

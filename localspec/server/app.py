@@ -1,5 +1,5 @@
-"""The ASGI app: every protocol's routes (openai_routes.py, anthropic.py) over one generation core (core.py),
-errors in the shape of the protocol whose path was asked, the API key, the body limit and CORS.
+"""The ASGI app: every protocol's routes (openai_routes.py, anthropic.py, responses_api.py) over one generation
+core (core.py), errors in the shape of the protocol whose path was asked, the API key, the body limit and CORS.
 
 create_app(pipeline, settings) -> FastAPI      the scheduler starts with the app and stops with it
 """
@@ -22,12 +22,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from localspec.options import GenerationSettings
 from localspec.pipeline import Pipeline
-from localspec.server import anthropic, ollama, openai_routes
+from localspec.server import anthropic, ollama, openai_routes, responses_api
 from localspec.server.core import Core
 from localspec.server.errors import APIError, ErrorShape
 from localspec.server.metrics import Metrics
 from localspec.server.reasoning import DEFAULT_FORMAT
 from localspec.server.requests import Served
+from localspec.server.response_store import ResponseStore
 from localspec.server.scheduler import Scheduler
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
 DEFAULT_MAX_BODY = 8 * 1024 * 1024
 OPEN_PATHS = ("/health",)  # answered without the API key (load balancers, `curl` checks)
 # Each protocol's error shape, by the paths it owns; OpenAI's for every other path.
-SHAPES: tuple[ErrorShape, ...] = (anthropic.ERRORS, ollama.ERRORS)
+SHAPES: tuple[ErrorShape, ...] = (anthropic.ERRORS, responses_api.ERRORS, ollama.ERRORS)
 
 
 def error_shape(path: str, shapes: Sequence[ErrorShape] = SHAPES) -> ErrorShape:
@@ -124,6 +125,7 @@ def create_app(
 
     app.include_router(openai_routes.openai_router(core))
     app.include_router(anthropic.messages_router(core))
+    app.include_router(responses_api.responses_router(core, ResponseStore()))
     app.include_router(ollama.ollama_router(core, settings.log))
 
     app.add_middleware(Guard, api_key=settings.api_key, max_body=settings.max_body_bytes, metrics=metrics)
