@@ -5,12 +5,13 @@ pushing models). Errors have Ollama's shape, `{"error": "..."}`, on every /api/ 
 
 A thin adapter over the generation core (core.py): /api/chat and /api/generate bodies become the chat or
 completion request they ask for (ollama_requests.py), and the core's events are rendered as Ollama's NDJSON
-chunks (streamed, the default, as Ollama does) or as one body. Durations are nanoseconds, as Ollama reports them: total_duration from the request's
-arrival, load_duration 0 (the model was loaded when the server started), prompt_eval_count the whole prompt
-(its cached part is the `timings`' cache_n), prompt_eval_duration the prompt pass, eval_count the generated
-tokens, eval_duration from the first generated token to the last; `timings` carries localspec's speculative
-statistics, as on the OpenAI and Anthropic routes. Tool calls come as Ollama sends them: each call whole, in
-the chunk where it ends, with its `id`, `function.index` and its arguments as an object.
+chunks (streamed, the default, as Ollama does) or as one body. Durations are nanoseconds, as Ollama reports
+them: total_duration from the request's arrival, load_duration 0 (the model was loaded when the server
+started), prompt_eval_count the whole prompt (its cached part is the `timings`' cache_n), prompt_eval_duration
+the prompt pass, eval_count the generated tokens, eval_duration from the first generated token to the last;
+`timings` carries localspec's speculative statistics, as on the OpenAI and Anthropic routes. Tool calls come
+as Ollama sends them: each call whole, in the chunk where it ends, with its `id`, `function.index` and its
+arguments as an object.
 
     ollama_router(core, log) -> APIRouter    the routes, mounted by app.create_app
     ERRORS                                   Ollama's error shape, for every path under /api
@@ -258,7 +259,7 @@ def ollama_router(core: Core, log: Callable[[str], None]) -> APIRouter:
         return await respond(request, req, Chunks("generate", body.model, started), body.streams)
 
     async def respond(request: Request, req: OllamaRequest, chunks: Chunks, stream: bool) -> Response:
-        if req.generation is None:
+        if req.generation is None:  # nothing to generate: Ollama's "load the model"
             return JSONResponse(chunks.loaded())
         if req.num_ctx_note:
             log(f"{request.url.path}: {req.num_ctx_note}")

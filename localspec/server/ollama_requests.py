@@ -60,17 +60,13 @@ DURATION = re.compile(r"^-?(\d+(\.\d*)?(ns|us|µs|ms|s|m|h))+$|^-?\d+(\.\d*)?$")
 
 @dataclass(frozen=True)
 class OllamaRequest:
-    """A generation as the engine runs it, and what the answer's chunks repeat: the model name the client
-    gave, and the thinking split (think) asked for. `load`: nothing to generate (Ollama's "load a model"
-    request: no messages, or no prompt), answered at once."""
+    """A generation as the engine runs it, and the model name the client gave (the answer's chunks repeat it).
+    `generation` None: nothing to generate (Ollama's "load the model" request: no messages, or no prompt),
+    answered at once."""
 
     model: str
-    generation: GenerationRequest | None
+    generation: GenerationRequest | None  # None: a load request
     num_ctx_note: str = ""  # why num_ctx was not applied as given ("" when it was)
-
-    @property
-    def load(self) -> bool:
-        return self.generation is None
 
 
 # -- model names --------------------------------------------------------------------------------------------
