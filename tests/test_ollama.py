@@ -95,6 +95,22 @@ def test_list_show_ps_and_version_describe_the_served_model(tiny: InProcess, tin
     assert "Ollama is running" in httpx.get(f"{tiny.url}/").text  # some clients' health check
 
 
+def test_an_mlx_model_is_described_from_its_directory(tmp_path: Path) -> None:
+    pytest.importorskip("mlx_lm")
+    import mlx_tiny
+
+    path = mlx_tiny.build(tmp_path / "model", seed=1)
+    with served("--target", str(path), "--backend", "mlx", "--draft-method", "ngram", "--n-ctx", "256") as s:
+        c = client(s)
+        (entry,) = c.list().models
+        d = entry.details
+        assert (d.format, d.family, d.quantization_level) == ("safetensors", "qwen2", "F32")
+        assert entry.size == sum(f.stat().st_size for f in path.iterdir()) and len(entry.digest) == 64
+        info = c.show("model").modelinfo
+        assert info["qwen2.context_length"] == 256 and info["localspec.trained_context_length"] == 4096
+        assert c.chat(model="model", messages=HI, options={"num_predict": 3}).eval_count == 3
+
+
 # -- chat and generate --------------------------------------------------------------------------------------
 
 

@@ -150,16 +150,27 @@ def read_config(path: str) -> dict[str, Any]:
     return config if isinstance(config, dict) else {}
 
 
+def safetensors_dtype(path: str) -> str:
+    """The type of the first tensor of an MLX directory's weights ("F32"), from the file's JSON header; ""."""
+    try:
+        with next(iter(sorted(Path(path).glob("*.safetensors")))).open("rb") as f:
+            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    except (StopIteration, OSError, ValueError):
+        return ""
+    return next((str(t.get("dtype", "")) for key, t in header.items() if key != "__metadata__"), "")
+
+
 def is_array(value: Any) -> bool:
     return isinstance(value, list | UnreadArray)
 
 
 def quantization(metadata: dict[str, Any], path: str, single_file: bool) -> str:
-    """Ollama's quantization_level: the GGUF's file type ("Q4_K_M", "F16"), an MLX model's bits ("Q4")."""
+    """Ollama's quantization_level: the GGUF's file type ("Q4_K_M", "F16"), an MLX model's bits ("Q4") or its
+    weights' type ("BF16", "F32")."""
     if not single_file:
         config = read_config(path)
         bits = (config.get("quantization") or {}).get("bits") if isinstance(config.get("quantization"), dict) else None
-        return f"Q{bits}" if bits else str(config.get("torch_dtype") or "").upper()
+        return f"Q{bits}" if bits else str(config.get("torch_dtype") or safetensors_dtype(path)).upper()
     file_type = metadata.get("general.file_type")
     if not isinstance(file_type, int):
         return ""
