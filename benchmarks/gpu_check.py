@@ -2,26 +2,34 @@
 
 On a machine with CUDA, CMake, ninja and a Python with numpy, and no network, from the payload that
 `benchmarks/gpu_prepare.py` wrote (llama.cpp sources, the llama-cpp-python bindings, gguf, localspec,
-the Qwen2.5 tokenizer):
+the Qwen2.5 tokenizer), within one deadline (`--deadline-s`, default 530 s: a 9-minute command):
 
-1. builds llama.cpp's shared library with CUDA for the GPU present (sm_90 on Hopper) and
-   `llama-speculative-simple`, and points the carried bindings at the library it built;
-2. writes random-weight GGUF models with the shapes of Qwen2.5 0.5B (draft), 1.5B and 7B (targets)
-   and the real tokenizer, and quantizes them to Q4_K_M (speed does not depend on the weights' values);
-3. measures with that build: the target's cost for batches of 1..64 tokens, the draft's cost per
-   token, localspec's per-round overhead (Python, sampling, verification) at k=4 and k=8 with
-   draft = target (every draft accepted), plain decoding through the engine against
-   llama-cpp-python's own loop, and the speculative run with draft = target against llama.cpp's own
-   `llama-speculative-simple` on the same files;
-4. writes gpu_check.json and gpu_check.txt (a readable table) to the output folder and prints the
-   speedup the measured costs allow at acceptance 0.6, 0.8 and 0.95.
+1. starts building llama.cpp's shared library with CUDA for the GPU present (sm_90 on Hopper),
+   `llama-speculative-simple` and `llama-simple` in the background, and points the carried bindings at it;
+2. meanwhile writes random-weight GGUF models with the shapes of Qwen2.5 0.5B (draft), 1.5B and 7B
+   (targets) and the real tokenizer, directly in Q4_K (Q5_0 for rows Q4_K cannot hold, llama.cpp's own
+   fallback): no F16 file and no quantizing pass (speed does not depend on the weights' values);
+3. measures each target, smallest first, as soon as the library exists, if the time left covers it: the
+   target's cost for batches of 1..64 tokens, the draft's cost per token, plain decoding through the
+   engine against llama-cpp-python's loop and llama.cpp's own (`llama-simple`), localspec's per-round
+   cost (Python, sampling, verification) at k=4 and k=8 with draft = target, the same against
+   `llama-speculative-simple`, suffix and auto drafts on a continuation that repeats (random-weight
+   models repeat themselves: acceptance, tokens per pass, the round's own cost), and the crowd (4
+   sequences in one pass, plain and with drafts, against one at a time);
+4. writes gpu_check.json and gpu_check.txt (a readable table) to the output folder after every target
+   (a run killed at its limit still returns what it measured) and prints the speedup the measured
+   costs allow at acceptance 0.6, 0.8 and 0.95.
+
+Expected phase times on an H200 (16 cores): build 270-280 s (the models are written meanwhile, about
+10 s for all three), target 1.5B about 60 s, 7B about 75 s; about 420 s in all. Each phase is skipped
+with a note when the deadline would not leave room for it.
 
 `--cpu` runs every step but the CUDA build: it builds the CPU library (or reuses one, `--lib-dir`),
 so the whole path is tested on machines without a GPU; `--shapes tiny` makes it take seconds.
 
     python benchmarks/gpu_check.py --out OUT                     # on the GPU machine
     # from a session with the device tool: run(command="PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py
-    #     --out $OUT", carry=["benchmarks/gpu_payload"], timeout_s=580)
+    #     --out $OUT", carry=["benchmarks/gpu_payload"], timeout_s=560)
     python benchmarks/gpu_check.py --cpu --shapes 1.5b --lib-dir DIR --tools-dir DIR --out OUT
 """
 
@@ -34,10 +42,12 @@ import os
 import platform
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,7 +56,6 @@ HERE = Path(__file__).resolve().parent
 DEFAULT_PAYLOAD = HERE / "gpu_payload"
 ACCEPTANCES = (0.6, 0.8, 0.95)
 OVERHEAD_KS = (4, 8)
-Q4_K_M = 15  # llama_ftype LLAMA_FTYPE_MOSTLY_Q4_K_M
 EMBED_STD, OUTPUT_STD, LAYER_STD = 1.0, 0.02, 0.002  # random weights' scales (see write_model)
 NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"  # some VMs report AMX but trap it (README, Install)
 
@@ -68,10 +77,13 @@ SHAPES = {
     "0.5b": Shape("qwen2.5-0.5b-shape", 896, 24, 14, 2, 4864, True),
     "1.5b": Shape("qwen2.5-1.5b-shape", 1536, 28, 12, 2, 8960, True),
     "7b": Shape("qwen2.5-7b-shape", 3584, 28, 28, 4, 18944, False),
-    "tiny-draft": Shape("tiny-draft", 64, 2, 4, 2, 128, True),
-    "tiny": Shape("tiny-target", 128, 3, 4, 2, 256, False),
+    "tiny-draft": Shape("tiny-draft", 256, 2, 4, 2, 256, True),  # rows of 256: Q4_K's block
+    "tiny": Shape("tiny-target", 256, 3, 4, 2, 512, False),
 }
 SHAPE_SETS = {"real": ("1.5b", "7b"), "tiny": ("tiny",)}
+# Seconds a target's measurements take on an H200 (the deadline skips a target that would not fit).
+EXPECTED_TARGET_S = {"1.5b": 60.0, "7b": 75.0, "tiny": 5.0}
+CROWD = 4  # sequences decoded together in the crowd phase
 
 
 @dataclass
@@ -89,9 +101,10 @@ class Settings:
     tokens: int
     reps: int
     sizes: tuple[int, ...]
-    budget_s: float
+    deadline_s: float  # seconds from the start within which everything must be written
     build_jobs: int
     reuse_models: bool
+    only_target: str | None = None  # a child process measuring one target (see measure_in_child)
 
 
 @dataclass
@@ -111,9 +124,13 @@ class Report:
 def main() -> None:
     s = parse_args()
     t0 = time.perf_counter()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a timeout's TERM still writes what was measured
     report = Report(mode="cpu" if s.cpu else "cuda", settings={k: str(v) for k, v in asdict(s).items()})
     s.out.mkdir(parents=True, exist_ok=True)
     s.work.mkdir(parents=True, exist_ok=True)
+    if s.only_target is not None:
+        child_main(s, report, t0)
+        return
     site = stage_site(s)
     report.machine = {"cpus": os.cpu_count(), "load_start": os.getloadavg()[0]}
     try:
@@ -142,12 +159,14 @@ def parse_args() -> Settings:
     ap.add_argument("--reps", type=int, default=3, help="timed passes per batch size; repetitions of each comparison")
     ap.add_argument("--sizes", default=None, help="batch sizes to time (default 1..64; --cpu: a sparse 1..64)")
     ap.add_argument(
-        "--budget-s",
+        "--deadline-s",
         type=float,
         default=None,
-        help="skip later targets once this much time has passed (default: 450 s on a GPU, none with --cpu)",
+        help="finish within this many seconds of the start: each target and phase runs only if the time left "
+        "covers it (default: 530 s on a GPU, for one 9-minute command; none with --cpu)",
     )
-    ap.add_argument("--reuse-models", action="store_true", help="keep Q4_K_M models already in --work (a second run)")
+    ap.add_argument("--reuse-models", action="store_true", help="keep models already in --work (a second run)")
+    ap.add_argument("--only-target", default=None, help=argparse.SUPPRESS)  # the child process of one target
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel build jobs")
     a = ap.parse_args()
     targets = SHAPE_SETS.get(a.shapes) or tuple(x.strip() for x in a.shapes.split(",") if x.strip())
@@ -166,8 +185,8 @@ def parse_args() -> Settings:
     return Settings(
         cpu=a.cpu, targets=targets, draft=draft, payload=a.payload.resolve(), out=a.out.resolve(),
         work=a.work.resolve(), lib_dir=a.lib_dir, tools_dir=a.tools_dir, tools=not a.no_tools,
-        threads=a.threads, tokens=a.tokens, reps=a.reps, sizes=sizes, build_jobs=a.jobs, reuse_models=a.reuse_models,
-        budget_s=a.budget_s if a.budget_s is not None else (float("inf") if a.cpu else 450.0),
+        threads=a.threads, tokens=a.tokens, reps=a.reps, sizes=sizes, build_jobs=a.jobs, reuse_models=a.reuse_models, only_target=a.only_target,
+        deadline_s=a.deadline_s if a.deadline_s is not None else (float("inf") if a.cpu else 530.0),
     )  # fmt: skip
 
 
@@ -206,7 +225,7 @@ def build_command(s: Settings) -> tuple[list[list[str]], dict[str, str]]:
     if platform.machine() in ("x86_64", "AMD64"):  # AMX only speeds up CPU matmuls; a trap kills the run
         env["CFLAGS"] = f"{env.get('CFLAGS', '')} {NO_AMX}".strip()
         env["CXXFLAGS"] = f"{env.get('CXXFLAGS', '')} {NO_AMX}".strip()
-    targets = ["llama"] + (["llama-speculative-simple"] if s.tools and s.tools_dir is None else [])
+    targets = ["llama"] + (["llama-speculative-simple", "llama-simple"] if s.tools and s.tools_dir is None else [])
     return [cfg, ["cmake", "--build", str(build), "-j", str(s.build_jobs), "--target", *targets]], env
 
 
@@ -258,10 +277,11 @@ def finish_build(s: Settings, proc: subprocess.Popen[bytes] | None, report: Repo
     report.build["lib_dir"] = str(lib_dir)
 
 
-def speculative_simple(s: Settings) -> Path | None:
+def tool_path(s: Settings, name: str) -> Path | None:
+    """A built llama.cpp program (llama-speculative-simple, llama-simple), or None."""
     if not s.tools:
         return None
-    exe = (s.tools_dir or (s.work / "build" / "bin")) / "llama-speculative-simple"
+    exe = (s.tools_dir or (s.work / "build" / "bin")) / name
     return exe if exe.is_file() else None
 
 
@@ -269,22 +289,22 @@ def speculative_simple(s: Settings) -> Path | None:
 
 
 def write_model(path: Path, shape: Shape, tokenizer: dict[str, Any], *, seed: int) -> None:
-    """A random-weight Qwen2 GGUF in F16 (norms and biases F32), streamed tensor by tensor.
+    """A random-weight Qwen2 GGUF written directly in Q4_K (Q5_0 where a row is not a multiple of Q4_K's 256
+    weights, as llama.cpp's quantizer falls back; norms and biases F32), streamed tensor by tensor.
 
-    What a forward pass costs does not depend on the values, so they come from one random pool read at
-    shifting offsets (writing gigabytes of fresh random numbers would cost more than the check). The
-    scales keep the model far from chaos: large embeddings and small layer weights make each output a
-    stable function of the context, so batched and one-token passes agree on every greedy choice and a
-    draft equal to the target is accepted throughout. (With weights of the usual 0.02, the greedy
-    choices of 28 random layers flip on last-bit differences and such a draft lost 40% of its tokens.)
+    Writing quantized blocks takes seconds where an F16 file and a quantizing pass took minutes for a 7B
+    (and needed the library still being built). What a forward pass costs does not depend on the values:
+    each tensor's blocks are one random pool of quantized bytes read at a shifting offset, with block
+    scales set for the tensor's weight scale. The scales keep the model far from chaos: large embeddings
+    and small layer weights make each output a stable function of the context, so batched and one-token
+    passes agree on every greedy choice and a draft equal to the target is accepted throughout.
     """
     import gguf
     import numpy as np
 
     n_vocab = len(tokenizer["tokenizer.ggml.tokens"])
     rng = np.random.default_rng(seed)
-    unit = rng.standard_normal(1 << 22 | 1)  # odd length: rows differ
-    pools = {scale: (unit * scale).astype(np.float16) for scale in (EMBED_STD, OUTPUT_STD, LAYER_STD)}
+    pool = rng.integers(0, 256, (1 << 22) | 1, dtype=np.uint8)  # odd length: rows differ
     tensors = qwen2_tensors(shape, n_vocab)
     w = gguf.GGUFWriter(str(path), "qwen2")
     w.add_name(shape.name)
@@ -296,26 +316,65 @@ def write_model(path: Path, shape: Shape, tokenizer: dict[str, Any], *, seed: in
     w.add_head_count_kv(shape.n_head_kv)
     w.add_rope_freq_base(1_000_000.0)
     w.add_layer_norm_rms_eps(1e-6)
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
     for key, value in tokenizer.items():
         _add_metadata(w, key, value)
     for name, dims in tensors.items():
-        dtype = np.float32 if len(dims) == 1 else np.float16
-        w.add_tensor_info(name, dims, np.dtype(dtype), int(np.prod(dims)) * np.dtype(dtype).itemsize)
+        if len(dims) == 1:
+            w.add_tensor_info(name, dims, np.dtype(np.float32), int(np.prod(dims)) * 4)
+        else:
+            qtype = _qtype(dims[-1])
+            rows = _quantized_bytes(dims, qtype)
+            w.add_tensor_info(name, rows, np.dtype(np.uint8), int(np.prod(rows)), raw_dtype=qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     offset = 0
     for name, dims in tensors.items():
-        n = int(np.prod(dims))
         if len(dims) == 1:
             t = np.ones(dims, np.float32) if name.endswith("norm.weight") else np.zeros(dims, np.float32)
         else:
             scale = EMBED_STD if name == "token_embd.weight" else OUTPUT_STD if name == "output.weight" else LAYER_STD
-            t = np.resize(np.roll(pools[scale], offset), n).reshape(dims)
+            t = _random_blocks(np.roll(pool, offset), dims, _qtype(dims[-1]), scale)
             offset += 7919
         w.write_tensor_data(t)
     w.close()
+
+
+def _qtype(row: int) -> Any:
+    import gguf
+
+    Q = gguf.GGMLQuantizationType
+    return Q.Q4_K if row % 256 == 0 else Q.Q5_0
+
+
+def _quantized_bytes(dims: tuple[int, ...], qtype: Any) -> tuple[int, ...]:
+    """A tensor's byte shape: its rows, each of row/block_size blocks."""
+    import gguf
+
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    return (*dims[:-1], dims[-1] // block * size)
+
+
+def _random_blocks(pool: Any, dims: tuple[int, ...], qtype: Any, std: float) -> Any:
+    """Quantized blocks whose weights have mean about 0 and standard deviation `std`: the pool's bytes as the
+    4- or 5-bit values, with the block scales written over them."""
+    import gguf
+    import numpy as np
+
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    n_blocks = int(np.prod(dims)) // block
+    b = np.resize(pool, n_blocks * size).reshape(n_blocks, size)
+    if qtype == gguf.GGMLQuantizationType.Q4_K:
+        # w = d*sc*q - dmin*m with every sub-block's sc = m = 32 (the 12 scale bytes below) and q uniform in
+        # 0..15 (mean 7.5, sd 4.61): dmin = 7.5 d centres it, d = std / (32 * 4.61) scales it.
+        d = std / (32 * 4.61)
+        b[:, 0:2] = np.frombuffer(np.float16(d).tobytes(), np.uint8)
+        b[:, 2:4] = np.frombuffer(np.float16(7.5 * d).tobytes(), np.uint8)
+        b[:, 4:16] = np.array([0xA0] * 8 + [0] * 4, np.uint8)
+    else:  # Q5_0: w = d * (q - 16), q uniform in 0..31 (sd 9.23)
+        b[:, 0:2] = np.frombuffer(np.float16(std / 9.23).tobytes(), np.uint8)
+    return b.reshape(_quantized_bytes(dims, qtype))
 
 
 def qwen2_tensors(shape: Shape, n_vocab: int) -> dict[str, tuple[int, ...]]:
@@ -351,50 +410,49 @@ def _add_metadata(w: Any, key: str, value: object) -> None:
         raise TypeError(f"unsupported metadata {key}: {type(value)}")
 
 
-def quantize(src: Path, dst: Path, threads: int) -> None:
-    import ctypes
-
-    import llama_cpp
-
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = Q4_K_M
-    params.nthread = threads
-    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
-    if rc != 0:
-        raise SystemExit(f"quantizing {src.name} failed (llama_model_quantize returned {rc})")
+def model_path(s: Settings, name: str) -> Path:
+    return s.work / f"{name}-q4_k.gguf"
 
 
-def write_f16_models(s: Settings, names: list[str], report: Report) -> dict[str, Path]:
+def write_models(s: Settings, names: list[str], report: Report) -> dict[str, Path]:
+    """Every model the check needs, written (or, with --reuse-models, kept from an earlier run)."""
     tokenizer = json.loads(gzip.open(s.payload / "tokenizer.json.gz", "rt", encoding="utf-8").read())
     out = {}
     for i, name in enumerate(names):
-        path = s.work / f"{name}-f16.gguf"
-        t0 = time.perf_counter()
-        write_model(path, SHAPES[name], tokenizer, seed=i)
-        report.models[name] = {"f16_bytes": path.stat().st_size, "write_s": time.perf_counter() - t0}
-        log(f"wrote {path.name}: {path.stat().st_size / 2**30:.2f} GiB in {time.perf_counter() - t0:.1f} s")
+        path = model_path(s, name)
+        if s.reuse_models and path.is_file():
+            report.models[name] = {"bytes": path.stat().st_size, "reused": True}
+        else:
+            t0 = time.perf_counter()
+            write_model(path, SHAPES[name], tokenizer, seed=i)
+            report.models[name] = {"bytes": path.stat().st_size, "write_s": time.perf_counter() - t0}
+            log(f"wrote {path.name}: {path.stat().st_size / 2**30:.2f} GiB in {time.perf_counter() - t0:.1f} s")
         out[name] = path
     return out
 
 
-def q4_path(s: Settings, name: str) -> Path:
-    return s.work / f"{name}-q4_k_m.gguf"
-
-
-def quantize_models(s: Settings, f16: dict[str, Path], report: Report) -> dict[str, Path]:
-    out = {}
-    for name, src in f16.items():
-        dst = q4_path(s, name)
-        t0 = time.perf_counter()
-        quantize(src, dst, os.cpu_count() or 1)  # not a measurement: every core
-        src.unlink()
-        report.models[name] |= {"q4_k_m_bytes": dst.stat().st_size, "quantize_s": time.perf_counter() - t0}
-        log(f"quantized {dst.name}: {dst.stat().st_size / 2**30:.2f} GiB in {time.perf_counter() - t0:.1f} s")
-        out[name] = dst
-    return out
-
-
 # -- measurements -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """The time the whole check has: each target and phase runs only if what is left covers it."""
+
+    t0: float
+    seconds: float
+
+    def left(self) -> float:
+        return self.seconds - (time.perf_counter() - self.t0)
+
+    def allows(self, need: float) -> bool:
+        return self.left() >= need
+
+
+# Each phase's share of a target's expected time (EXPECTED_TARGET_S), in the order they run.
+PHASE_SHARE = {
+    "costs": 0.25, "plain": 0.12, "llama_simple": 0.04, "rounds": 0.14, "copies": 0.18, "crowd": 0.17,
+    "llama_speculative_simple": 0.10,
+}  # fmt: skip
 
 
 def run_all(s: Settings, report: Report, site: Path, t0: float) -> None:
@@ -402,93 +460,182 @@ def run_all(s: Settings, report: Report, site: Path, t0: float) -> None:
     sys.path.insert(0, str(site))  # the carried packages first: gguf now, llama_cpp once the library is in
     sys.path.insert(1, str(HERE))  # engine_overhead's loops
     phase = time.perf_counter()
-    names = [s.draft, *s.targets]
-    ready = {n: q4_path(s, n) for n in names if s.reuse_models and q4_path(s, n).is_file()}
-    for n, p in ready.items():
-        report.models[n] = {"q4_k_m_bytes": p.stat().st_size, "reused": True}
-    f16 = write_f16_models(s, [n for n in names if n not in ready], report)
+    write_models(s, [s.draft, *s.targets], report)
     report.phases["write_models"] = time.perf_counter() - phase
     phase = time.perf_counter()
     finish_build(s, proc, report)
     report.phases["build_wait"] = time.perf_counter() - phase
+    deadline = Deadline(t0, s.deadline_s)
+    for name in sorted(s.targets, key=lambda n: SHAPES[n].n_embd * SHAPES[n].n_layer):  # smallest first
+        need = 0.0 if s.cpu else EXPECTED_TARGET_S.get(name, 60.0) * PHASE_SHARE["costs"]
+        if not deadline.allows(need):
+            report.notes.append(f"{name}: skipped, {deadline.left():.0f} s were left of the deadline")
+            log(report.notes[-1])
+            continue
+        phase = time.perf_counter()
+        try:
+            measure_in_child(s, name, deadline, report)
+        finally:
+            report.phases[f"measure_{name}"] = time.perf_counter() - phase
+            write_outputs(s, report, quiet=True)  # a run killed later still returns this target
+        report.build.setdefault("device", report.targets.get(name, {}).get("device"))
+
+
+CHILD_TRIES = 2  # a target whose process dies (a crash in the library) is measured again once
+
+
+def measure_in_child(s: Settings, name: str, deadline: Deadline, report: Report) -> None:
+    """One target measured in a process of its own, so that a crash inside llama.cpp (seen once: a segfault in
+    libggml-cuda on the first load after the build) costs that process, not the figures already written. The
+    child writes its report after every phase; a child that dies before measuring anything is started again."""
+    part = s.work / f"part-{name}"
+    for attempt in range(1, CHILD_TRIES + 1):
+        shutil.rmtree(part, ignore_errors=True)
+        cmd = [sys.executable, str(Path(__file__).resolve()), *sys.argv[1:], "--only-target", name, "--out", str(part),
+               "--deadline-s", f"{max(deadline.left(), 1.0):.1f}"]  # fmt: skip
+        try:
+            rc = subprocess.run(cmd).returncode
+        finally:  # also when this process is stopped (a timeout's TERM): keep what the child wrote
+            got = _merge_part(part, name, report)
+        if rc == 0:
+            return
+        report.notes.append(f"{name}: its measuring process {_exit_text(rc)} (attempt {attempt})")
+        log(report.notes[-1])
+        if got or not deadline.allows(0.0 if s.cpu else EXPECTED_TARGET_S.get(name, 60.0) * PHASE_SHARE["costs"]):
+            return
+
+
+def _merge_part(part: Path, name: str, report: Report) -> bool:
+    """A child's report merged into the parent's; whether it measured anything."""
+    try:
+        data = json.loads((part / "gpu_check.json").read_text())
+    except (OSError, ValueError):
+        return False
+    target = data.get("targets", {}).get(name)
+    if target:
+        report.targets[name] = target
+    report.phases |= {k: v for k, v in data.get("phases", {}).items() if k.startswith(f"{name}_")}
+    report.notes += [n for n in data.get("notes", []) if n not in report.notes]
+    report.build.setdefault("code", data.get("build", {}).get("code"))
+    return bool(target and "target_s" in target)
+
+
+def _exit_text(rc: int) -> str:
+    if rc < 0:
+        try:
+            return f"died of {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"died of signal {-rc}"
+    return f"exited with {rc}"
+
+
+def child_main(s: Settings, report: Report, t0: float) -> None:
+    """The child of measure_in_child: the staged packages (with the built library) first on the path, one target."""
+    sys.path.insert(0, str(s.work / "site"))
+    sys.path.insert(1, str(HERE))
     import llama_cpp
 
     import localspec
     from localspec.backends import llama_cpp as backend
 
     report.build["code"] = {m.__name__: m.__file__ for m in (llama_cpp, localspec, backend)}  # the payload's copies
-    backend._init_llama()  # quiet llama.cpp's log before quantizing
-    phase = time.perf_counter()
-    models = ready | quantize_models(s, f16, report)
-    report.phases["quantize"] = time.perf_counter() - phase
-    for name in s.targets:
-        if time.perf_counter() - t0 > s.budget_s:
-            report.notes.append(f"{name}: skipped, the {s.budget_s:.0f} s budget was spent")
-            log(report.notes[-1])
-            continue
-        phase = time.perf_counter()
-        tool = speculative_simple(s)
-        if s.tools and tool is None:
-            report.notes.append(f"{name}: llama-speculative-simple was not found: no comparison with llama.cpp's loop")
-        try:
-            report.targets[name] = measure_target(s, models[name], models[s.draft], tool)
-        except Exception as e:  # one chance on the machine: keep what the other targets measured
-            report.notes.append(f"{name}: measurement failed: {type(e).__name__}: {e}")
-            log(report.notes[-1])
-            continue
-        finally:
-            report.phases[f"measure_{name}"] = time.perf_counter() - phase
-        report.build.setdefault("device", report.targets[name].get("device"))
+    backend._init_llama()  # quiet llama.cpp's log
+    name = s.only_target
+    assert name is not None
+    crash = os.environ.get("GPU_CHECK_CRASH_ONCE")  # tests: the first child dies as a crashing library would
+    if crash and not Path(crash).exists():
+        Path(crash).touch()
+        os.kill(os.getpid(), signal.SIGSEGV)
+    try:
+        measure_target(s, name, model_path(s, name), model_path(s, s.draft), Deadline(t0, s.deadline_s), report)
+    finally:
+        write_outputs(s, report, quiet=True)
 
 
-def measure_target(s: Settings, target_path: Path, draft_path: Path, tool: Path | None) -> dict[str, Any]:
+def measure_target(
+    s: Settings, name: str, target_path: Path, draft_path: Path, deadline: Deadline, report: Report
+) -> None:
+    """Every phase for one target, each if the deadline leaves room for it; the report is written after each."""
     from engine_overhead import PROMPT  # type: ignore[import-not-found]
 
     from localspec.backends import llama_cpp as backend
-    from localspec.decoding.calibrate import measure
-    from localspec.decoding.drafters import ModelDrafter
 
     ngl = 0 if s.cpu else -1
     load = dict(n_ctx=4096, threads=s.threads, n_gpu_layers=ngl)
     result: dict[str, Any] = {"target": target_path.name, "draft": draft_path.name}
+    report.targets[name] = result
+    expected = 0.0 if s.cpu else EXPECTED_TARGET_S.get(name, 60.0)
+
+    def run_phase(key: str, fn: Callable[[], Any]) -> None:
+        if not deadline.allows(expected * PHASE_SHARE[key]):
+            report.notes.append(f"{name}: {key} skipped, {deadline.left():.0f} s were left of the deadline")
+            log(report.notes[-1])
+            return
+        t = time.perf_counter()
+        try:
+            value = fn()
+            if value is not None:
+                result[key] = value
+        except Exception as e:  # keep the other phases' figures
+            report.notes.append(f"{name}: {key} failed: {type(e).__name__}: {e}")
+            log(report.notes[-1])
+        finally:
+            report.phases[f"{name}_{key}"] = time.perf_counter() - t
+            write_outputs(s, report, quiet=True)
+
     target = backend.load(target_path, **load)
     draft = backend.load(draft_path, **load)
     try:
         prompt = target.tokenize(PROMPT, add_special=True, parse_special=True)
         result["device"] = target.info.device
         result["prompt_tokens"] = len(prompt)
-        target.rollback(0)
-        target.forward(prompt, all_logits=False)
-        costs = measure(
-            target,
-            ModelDrafter(draft),
-            prompt,
-            max_batch=max(s.sizes),
-            sizes=s.sizes,
-            reps=s.reps,
-            stat=statistics.median,
-        ).costs
-        result["target_s"] = {str(n): costs.target_s(n) for n in s.sizes}
-        result["draft_token_s"] = costs.draft_token
-        log(f"{target_path.name}: T(1) {costs.target_s(1) * 1e3:.2f} ms, T(8) {costs.target_s(8) * 1e3:.2f} ms, "
-            f"T(64) {costs.target_s(64) * 1e3:.2f} ms; draft {costs.draft_token * 1e3 if costs.draft_token else 0:.2f} ms/token")  # fmt: skip
+        run_phase("costs", lambda: measure_costs(s, target, draft, prompt, result))
+        run_phase("plain", lambda: plain_vs_llama_cpp_python(s, target, target_path, prompt))
+        run_phase("llama_simple", lambda: run_llama_simple(s, target_path, PROMPT, result))
+        run_phase("rounds", lambda: self_draft_rounds(s, target, target_path, load, prompt))
+        run_phase("copies", lambda: copy_runs(s, target, draft, prompt))
+        run_phase("crowd", lambda: crowd_runs(s, target, result))
     finally:
         draft.close()
-    try:
-        result["plain"] = plain_vs_llama_cpp_python(s, target, target_path, prompt)
-        self_draft = backend.load(target_path, **load)
-        try:
-            result["rounds"] = {str(k): spec_rounds(s, target, self_draft, prompt, k) for k in OVERHEAD_KS}
-        finally:
-            self_draft.close()
-    finally:
         target.close()
-    if tool is not None:
-        result["llama_speculative_simple"] = {
-            str(k): run_speculative_simple(s, tool, target_path, PROMPT, k) for k in OVERHEAD_KS
-        }
-    result["allowed_speedup"] = allowed_speedups(result)
-    return result
+    run_phase("llama_speculative_simple", lambda: speculative_simple_runs(s, target_path, PROMPT))
+    if "target_s" in result:
+        result["allowed_speedup"] = allowed_speedups(result)
+
+
+def measure_costs(s: Settings, target: Any, draft: Any, prompt: list[int], result: dict[str, Any]) -> None:
+    """T(n) for the batch sizes and the draft's cost per token (into `result`)."""
+    from localspec.decoding.calibrate import measure
+    from localspec.decoding.drafters import ModelDrafter
+
+    target.rollback(0)
+    target.forward(prompt, all_logits=False)
+    costs = measure(
+        target, ModelDrafter(draft), prompt, max_batch=max(s.sizes), sizes=s.sizes, reps=s.reps, stat=statistics.median
+    ).costs
+    result["target_s"] = {str(n): costs.target_s(n) for n in s.sizes}
+    result["draft_token_s"] = costs.draft_token
+    d = costs.draft_token * 1e3 if costs.draft_token else 0.0
+    log(f"T(1) {costs.target_s(1) * 1e3:.2f} ms, T(8) {costs.target_s(8) * 1e3:.2f} ms, "
+        f"T({max(s.sizes)}) {costs.target_s(max(s.sizes)) * 1e3:.2f} ms; draft {d:.2f} ms/token")  # fmt: skip
+
+
+def self_draft_rounds(s: Settings, target: Any, path: Path, load: dict[str, Any], prompt: list[int]) -> dict[str, Any]:
+    """Per-round cost at each k with draft = target (every draft accepted but at near-ties)."""
+    from localspec.backends import llama_cpp as backend
+
+    self_draft = backend.load(path, **load)
+    try:
+        return {str(k): spec_rounds(s, target, self_draft, prompt, k) for k in OVERHEAD_KS}
+    finally:
+        self_draft.close()
+
+
+def speculative_simple_runs(s: Settings, path: Path, prompt: str) -> dict[str, Any] | None:
+    tool = tool_path(s, "llama-speculative-simple")
+    if tool is None:
+        return None
+    return {str(k): run_speculative_simple(s, tool, path, prompt, k) for k in OVERHEAD_KS}
 
 
 def plain_vs_llama_cpp_python(s: Settings, target: Any, path: Path, prompt: list[int]) -> dict[str, Any]:
@@ -540,38 +687,211 @@ class TimedForward:
             self.seconds += time.perf_counter() - t0
 
 
+def timed_generate(
+    target: Any, drafter: Any, prompt: list[int], tokens: int, k: int, draft: Any = None
+) -> dict[str, Any]:
+    """One greedy generation, its decoding split per round into the target's forward passes, the draft model's
+    (when `draft`, a TimedForward the drafter runs on, is given) and the rest: localspec's own cost."""
+    from localspec.decoding.engine import Done, GenerationConfig, generate
+    from localspec.sampling import SamplingParams
+
+    done = None
+    n_rounds = 0
+    sources: dict[str, int] = {}  # rounds by where their draft came from ("none": no draft)
+    config = GenerationConfig(max_tokens=tokens, num_draft=k, sampling=SamplingParams())
+    for i, ev in enumerate(generate(target, drafter, prompt, config)):
+        if i == 0:  # the first token: the prompt passes are over, decoding starts
+            target.seconds = 0.0
+            if draft is not None:
+                draft.seconds = 0.0
+        if isinstance(ev, Done):
+            done = ev
+        elif ev.round is not None:
+            n_rounds += 1
+            sources[ev.round.source] = sources.get(ev.round.source, 0) + 1
+    assert done is not None and n_rounds
+    st = done.stats
+    draft_s = draft.seconds if draft is not None else 0.0
+    return {
+        "decode_tps": st.decode_tps, "tokens": st.n_generated, "rounds": n_rounds,
+        "acceptance": st.acceptance_rate, "drafted": st.n_drafted, "accepted": st.n_accepted,
+        "tokens_per_pass": st.n_generated / n_rounds, "round_s": st.decode_s / n_rounds,
+        "target_forward_s": target.seconds / n_rounds, "draft_forward_s": draft_s / n_rounds,
+        "overhead_s": (st.decode_s - target.seconds - draft_s) / n_rounds, "sources": sources,
+    }  # fmt: skip
+
+
 def spec_rounds(s: Settings, target: Any, self_draft: Any, prompt: list[int], k: int) -> dict[str, Any]:
     """Speculative decoding with draft = target at temperature 0 (every draft accepted but at near-ties):
     per round, the time inside both models' forward passes and the rest, localspec's overhead."""
     from localspec.decoding.drafters import ModelDrafter
-    from localspec.decoding.engine import Done, GenerationConfig, generate
-    from localspec.sampling import SamplingParams
 
     runs = []
     for _ in range(s.reps):
-        done = None
-        n_rounds = 0
         tgt, dft = TimedForward(target), TimedForward(self_draft)
-        config = GenerationConfig(max_tokens=s.tokens, num_draft=k, sampling=SamplingParams())
-        for i, ev in enumerate(generate(tgt, ModelDrafter(dft), prompt, config)):  # type: ignore[arg-type]
-            if i == 0:  # the first token: the prompt passes are over, decoding starts
-                tgt.seconds = dft.seconds = 0.0
-            if isinstance(ev, Done):
-                done = ev
-            elif ev.round is not None:
-                n_rounds += 1
-        assert done is not None and n_rounds
-        st = done.stats
-        runs.append({
-            "decode_tps": st.decode_tps, "tokens": st.n_generated, "rounds": n_rounds,
-            "acceptance": st.acceptance_rate, "round_s": st.decode_s / n_rounds,
-            "target_forward_s": tgt.seconds / n_rounds, "draft_forward_s": dft.seconds / n_rounds,
-            "overhead_s": (st.decode_s - tgt.seconds - dft.seconds) / n_rounds,
-        })  # fmt: skip
-    best = sorted(runs, key=lambda r: r["decode_tps"])[len(runs) // 2]  # the median run
+        runs.append(timed_generate(tgt, ModelDrafter(dft), prompt, s.tokens, k, draft=dft))
+    best = _median_run(runs)
     log(f"k={k} draft=target: {best['decode_tps']:.1f} tok/s, acceptance {best['acceptance']:.0%}, round "
         f"{best['round_s'] * 1e3:.2f} ms of which overhead {best['overhead_s'] * 1e3:.2f} ms")  # fmt: skip
     return {"median": best, "runs": runs}
+
+
+def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    return sorted(runs, key=lambda r: r["decode_tps"])[len(runs) // 2]
+
+
+COPY_TOKENS = 128
+
+
+def copy_prompt(target: Any, prompt: list[int]) -> tuple[list[int], list[int]]:
+    """A prompt whose continuation repeats text it holds: the prompt, the target's own greedy answer to it, and the
+    prompt again (a random-weight model's next token depends mostly on the last few, so its answer after the second
+    copy retraces the first, as an answer asked again does). Returns (that prompt, the earlier answer)."""
+    from localspec.decoding.drafters import NoDrafter
+    from localspec.decoding.engine import Done, GenerationConfig, generate
+    from localspec.sampling import SamplingParams
+
+    config = GenerationConfig(max_tokens=COPY_TOKENS, num_draft=0, sampling=SamplingParams())
+    done = [ev for ev in generate(target, NoDrafter(), prompt, config) if isinstance(ev, Done)][-1]
+    answer = list(done.tokens)
+    return [*prompt, *answer, *prompt[1:]], answer  # the BOS only once
+
+
+def copy_runs(s: Settings, target: Any, draft: Any, prompt: list[int]) -> dict[str, Any]:
+    """Plain, suffix and auto (with the draft model) decoding of a continuation that repeats (copy_prompt): what
+    lookups win where the text copies itself, at each method's default k, the draft model's passes timed apart,
+    the methods alternating `reps` times. `repeats`: the share of the plain answer that retraces the earlier one."""
+    from localspec.decoding.drafters import NoDrafter
+    from localspec.decoding.engine import Done, GenerationConfig, generate
+    from localspec.options import default_k
+    from localspec.pipeline import make_drafter
+    from localspec.sampling import SamplingParams
+
+    again, answer = copy_prompt(target, prompt)
+    config = GenerationConfig(max_tokens=COPY_TOKENS, num_draft=0, sampling=SamplingParams())
+    plain = [ev for ev in generate(target, NoDrafter(), again, config) if isinstance(ev, Done)][-1].tokens
+    repeats = sum(a == b for a, b in zip(plain, answer)) / max(len(answer), 1)
+    runs: dict[str, list[dict[str, Any]]] = {"none": [], "suffix": [], "auto": []}
+    for _ in range(s.reps):
+        for method in runs:
+            tgt = TimedForward(target)
+            dft = TimedForward(draft) if method == "auto" else None
+            drafter = make_drafter(method, tgt, dft)  # type: ignore[arg-type]
+            try:
+                runs[method].append(timed_generate(tgt, drafter, again, COPY_TOKENS, default_k(method), draft=dft))
+            finally:
+                drafter.close()
+    out: dict[str, Any] = {"prompt_tokens": len(again), "repeats": repeats}
+    base = _median_run(runs["none"])["decode_tps"]
+    for method, rs in runs.items():
+        best = _median_run(rs)
+        out[method] = {"median": best, "runs": rs, "k": default_k(method), "vs_plain": best["decode_tps"] / base}
+        log(f"copies, {method}: {best['decode_tps']:.1f} tok/s ({best['decode_tps'] / base:.2f}x plain), "
+            f"acceptance {best['acceptance']:.0%}, {best['tokens_per_pass']:.2f} tokens per pass, "
+            f"round's own cost {best['overhead_s'] * 1e3:.2f} ms")  # fmt: skip
+    return out
+
+
+CROWD_PROMPTS = (
+    "Write a Python class for a bank account with deposits, withdrawals and a statement.",
+    "Explain how a hash map resolves collisions, with a short example in C.",
+    "Write a shell script that backs up a folder every night and keeps seven copies.",
+    "Describe the steps of a TCP handshake and what each flag means.",
+)
+
+
+def crowd_runs(s: Settings, target: Any, result: dict[str, Any]) -> dict[str, Any]:
+    """CROWD sequences decoded together in one pass (plain, then with suffix drafts planned by the crowd policy
+    on this target's measured T(n)) against the same sequences decoded one at a time: total tokens/s."""
+    from localspec.backends.llama_multi import LlamaSlots
+    from localspec.decoding.engine import CrowdDecoder, Done, GenerationConfig, Job, generate
+    from localspec.decoding.policy import CostModel
+    from localspec.pipeline import make_drafter
+    from localspec.sampling import SamplingParams
+
+    template = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
+    prompts = [target.tokenize(template.format(q), add_special=True, parse_special=True) for q in CROWD_PROMPTS]
+    curve = {int(n): t for n, t in result.get("target_s", {}).items()}
+    config = GenerationConfig(max_tokens=s.tokens, num_draft=8, sampling=SamplingParams())
+    slots = LlamaSlots(target, CROWD, 1024)
+    out: dict[str, Any] = {}
+    try:
+
+        def alone(method: str) -> float:
+            n, t = 0, 0.0
+            for i, prompt in enumerate(prompts):
+                slot = slots.slots[i]
+                drafter = make_drafter(method, slot, None)
+                t0 = time.perf_counter()
+                done = [ev for ev in generate(slot, drafter, prompt, config) if isinstance(ev, Done)][-1]
+                t += time.perf_counter() - t0
+                n += done.stats.n_generated
+                slot.rollback(0)
+            return n / t
+
+        def together(method: str) -> dict[str, Any]:
+            crowd = CrowdDecoder(slots, costs=CostModel(target=dict(curve)) if curve else None)
+            t0 = time.perf_counter()
+            dones: list[Any] = []
+            passes, sizes = 0, []
+            for i, prompt in enumerate(prompts):
+                job = Job(i, slots.slots[i], make_drafter(method, slots.slots[i], None), prompt, config)
+                dones += [ev for ev in crowd.add(i, job) if isinstance(ev, Done)]
+            while crowd.members:
+                dones += [ev for _, ev in crowd.step() if isinstance(ev, Done)]
+                passes += 1
+                if crowd.last_pass is not None:
+                    sizes.append(crowd.last_pass.n_tokens)
+            seconds = time.perf_counter() - t0
+            for slot in slots.slots:
+                slot.rollback(0)
+            n = sum(d.stats.n_generated for d in dones)
+            drafted = sum(d.stats.n_drafted for d in dones)
+            accepted = sum(d.stats.n_accepted for d in dones)
+            return {"tps": n / seconds, "tokens": n, "passes": passes, "mean_pass_tokens": statistics.mean(sizes),
+                    "acceptance": accepted / drafted if drafted else 0.0, "drafted": drafted}  # fmt: skip
+
+        out["alone_plain_tps"] = statistics.median(alone("none") for _ in range(s.reps))
+        out["together_plain"] = together("none")
+        out["alone_suffix_tps"] = statistics.median(alone("suffix") for _ in range(s.reps))
+        out["together_suffix"] = together("suffix")
+    finally:
+        slots.close()
+    log(f"crowd of {CROWD}: plain {out['alone_plain_tps']:.1f} tok/s one at a time, "
+        f"{out['together_plain']['tps']:.1f} together; suffix {out['alone_suffix_tps']:.1f} one at a time, "
+        f"{out['together_suffix']['tps']:.1f} together (acceptance {out['together_suffix']['acceptance']:.0%})")  # fmt: skip
+    return out
+
+
+_PERF_EVAL = re.compile(r"^\S+:\s+eval time =\s+([\d.]+) ms /\s+(\d+) runs", re.MULTILINE)
+
+
+def run_llama_simple(s: Settings, model: Path, prompt: str, result: dict[str, Any]) -> dict[str, Any] | None:
+    """llama.cpp's own greedy decode loop (`llama-simple`): its decode rate from llama.cpp's perf counters
+    (prompt pass excluded), against the engine's plain rate measured in the plain phase."""
+    tool = tool_path(s, "llama-simple")
+    if tool is None:
+        return None
+    ngl = "0" if s.cpu else "99"
+    runs = []
+    for _ in range(s.reps):
+        proc = subprocess.run([str(tool), "-m", str(model), "-n", str(s.tokens), "-ngl", ngl, prompt],
+                              capture_output=True, text=True, encoding="utf-8", errors="replace", timeout=300)  # fmt: skip
+        text = proc.stdout + proc.stderr
+        m = _PERF_EVAL.search(text)
+        if proc.returncode != 0 or m is None:
+            return {"error": f"exit {proc.returncode}", "log_tail": text.splitlines()[-15:]}
+        ms, n = float(m.group(1)), int(m.group(2))
+        runs.append({"tokens": n, "decode_tps": n / (ms / 1e3)})
+    out: dict[str, Any] = {"runs": runs, "decode_tps": statistics.median(r["decode_tps"] for r in runs)}
+    plain = result.get("plain")
+    if plain:
+        out["engine_ratio"] = statistics.median(plain["engine_tps"]) / out["decode_tps"]
+    log(
+        f"llama-simple: {out['decode_tps']:.1f} tok/s"
+        + (f"; engine / llama.cpp {out['engine_ratio']:.3f}" if plain else "")
+    )
+    return out
 
 
 _DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds, speed:\s+([\d.]+) t/s")
@@ -637,14 +957,23 @@ def overhead_line(result: dict[str, Any]):  # type: ignore[no-untyped-def]
 # -- output -------------------------------------------------------------------------------------
 
 
-def write_outputs(s: Settings, report: Report) -> None:
+def write_outputs(s: Settings, report: Report, *, quiet: bool = False) -> None:
+    """gpu_check.json and gpu_check.txt as they stand (written after every phase); the table printed unless quiet."""
     data = asdict(report)
-    (s.out / "gpu_check.json").write_text(json.dumps(data, indent=1))
+    _write_atomic(s.out / "gpu_check.json", json.dumps(data, indent=1))
     text = "\n".join(table_lines(report))
-    (s.out / "gpu_check.txt").write_text(text + "\n")
+    _write_atomic(s.out / "gpu_check.txt", text + "\n")
     if (s.work / "build.log").exists():
         shutil.copy2(s.work / "build.log", s.out / "build.log")
-    print(text, flush=True)
+    if not quiet:
+        print(text, flush=True)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """A kill between two writes leaves the previous whole file, never half of one."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def table_lines(r: Report) -> list[str]:
@@ -655,8 +984,8 @@ def table_lines(r: Report) -> list[str]:
         lines.append(f"machine: {r.machine['cpus']} CPUs, load average {r.machine['load_start']:.1f} at the start, "
                      f"{r.machine.get('load_end', 0.0):.1f} at the end")  # fmt: skip
     for name, m in r.models.items():
-        made = "reused" if m.get("reused") else f"from F16 {m.get('f16_bytes', 0) / 2**30:.2f} GiB"
-        lines.append(f"model {name}: Q4_K_M {m.get('q4_k_m_bytes', 0) / 2**30:.2f} GiB ({made})")
+        made = "reused" if m.get("reused") else f"written in {m.get('write_s', 0.0):.1f} s"
+        lines.append(f"model {name}: Q4_K {m.get('bytes', 0) / 2**30:.2f} GiB ({made})")
     for name, t in r.targets.items():
         lines += ["", f"== target {name} ({t['target']}), draft {t['draft']}; {t.get('device', '')}"]
         if "target_s" not in t:
@@ -675,6 +1004,12 @@ def table_lines(r: Report) -> list[str]:
                 f"plain decoding ({p['tokens']} tokens): engine {statistics.median(p['engine_tps']):.1f} tok/s, "
                 f"llama-cpp-python {statistics.median(p['llama_cpp_python_tps']):.1f} tok/s, ratio {p['ratio']:.3f}"
             )
+        ls = t.get("llama_simple")
+        if ls and "decode_tps" in ls:
+            ratio = f"; engine / llama.cpp {ls['engine_ratio']:.3f}" if "engine_ratio" in ls else ""
+            lines.append(f"plain decoding, llama.cpp's own loop (llama-simple): {ls['decode_tps']:.1f} tok/s{ratio}")
+        elif ls:
+            lines.append(f"llama-simple failed: {ls.get('error')}")
         for k, v in t.get("rounds", {}).items():
             m = v["median"]
             lines.append(
@@ -690,13 +1025,42 @@ def table_lines(r: Report) -> list[str]:
                              f"(acceptance {acc:.0%}); localspec / llama.cpp {m['decode_tps'] / sm['decode_tps']:.2f}")  # fmt: skip
             elif sim:
                 lines.append(f"                 llama-speculative-simple failed: {sim.get('error')}")
-        lines.append("acceptance  best k  speedup allowed (model passes)  best k  with localspec's overhead")
+        lines += copy_lines(t.get("copies", {})) + crowd_lines(t.get("crowd"))
+        if "allowed_speedup" in t:
+            lines.append("acceptance  best k  speedup allowed (model passes)  best k  with localspec's overhead")
         for a, v in t.get("allowed_speedup", {}).items():
             lines.append(
                 f"{float(a):10.2f}  {v['k']:6d}  {v['bound']:29.2f}x  {v['k_with_overhead']:6d}  {v['with_overhead']:24.2f}x"
             )
     lines += [f"note: {n}" for n in r.notes]
     return lines
+
+
+def copy_lines(copies: dict[str, Any]) -> list[str]:
+    if not copies:
+        return []
+    methods = {m: v for m, v in copies.items() if isinstance(v, dict)}
+    lines = [f"a continuation that repeats ({COPY_TOKENS} tokens after a {copies['prompt_tokens']}-token prompt that "
+             f"holds an earlier answer; plain retraces {copies['repeats']:.0%} of it):"]  # fmt: skip
+    lines.append("method   k   tok/s  vs plain  acceptance  tokens/pass  round ms  own ms")
+    for method, v in methods.items():
+        m = v["median"]
+        lines.append(f"{method:7s} {v['k']:2d} {m['decode_tps']:7.1f} {v['vs_plain']:8.2f}x {m['acceptance']:10.0%} "
+                     f"{m['tokens_per_pass']:12.2f} {m['round_s'] * 1e3:9.2f} {m['overhead_s'] * 1e3:7.2f}")  # fmt: skip
+    return lines
+
+
+def crowd_lines(crowd: dict[str, Any] | None) -> list[str]:
+    if not crowd:
+        return []
+    tp, ts = crowd["together_plain"], crowd["together_suffix"]
+    return [
+        f"crowd of {CROWD} sequences: plain {crowd['alone_plain_tps']:.1f} tok/s one at a time, {tp['tps']:.1f} "
+        f"together ({tp['tps'] / crowd['alone_plain_tps']:.2f}x)",
+        f"                    suffix {crowd['alone_suffix_tps']:.1f} tok/s one at a time, {ts['tps']:.1f} together "
+        f"({ts['tps'] / crowd['alone_plain_tps']:.2f}x plain alone; acceptance {ts['acceptance']:.0%}, "
+        f"{ts['mean_pass_tokens']:.1f} tokens a pass)",
+    ]
 
 
 if __name__ == "__main__":

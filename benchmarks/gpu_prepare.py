@@ -3,7 +3,7 @@
 Writes an ignored folder of the repository (default `benchmarks/gpu_payload/`) holding:
 
 - `llama.cpp/`: the llama.cpp sources vendored in llama-cpp-python's sdist, trimmed to what the
-  shared library (CPU and CUDA backends) and `llama-speculative-simple` need to build;
+  shared library (CPU and CUDA backends) and `llama-speculative-simple` and `llama-simple` need to build;
 - `site/`: pure-Python packages put first on PYTHONPATH there: the llama_cpp bindings of the same
   sdist (the check copies the library it builds into `llama_cpp/lib`), `gguf` from the same
   llama.cpp, localspec itself (with `localspec.backends`), and the few pure-Python packages those
@@ -35,12 +35,22 @@ LIMIT_BYTES = 64 * 1024 * 1024
 SDIST_VERSION = "0.3.36"  # the llama-cpp-python release whose bindings and llama.cpp travel together
 
 # llama.cpp paths the library and llama-speculative-simple need (the rest is docs, models, tests, tools).
-KEEP_TOP = ("CMakeLists.txt", "LICENSE", "cmake", "include", "src", "common", "vendor", "examples/speculative-simple")
+KEEP_TOP = (
+    "CMakeLists.txt",
+    "LICENSE",
+    "cmake",
+    "include",
+    "src",
+    "common",
+    "vendor",
+    "examples/speculative-simple",
+    "examples/simple",
+)
 KEEP_GGML = ("CMakeLists.txt", "cmake", "include", "src")
 GGML_BACKENDS = ("ggml-cpu", "ggml-cuda")  # every other backend directory under ggml/src is left out
 # Replacements for CMake files that would otherwise pull in every example and proof of concept.
 GENERATED = {
-    "examples/CMakeLists.txt": "# trimmed by benchmarks/gpu_prepare.py\nadd_subdirectory(speculative-simple)\n",
+    "examples/CMakeLists.txt": "# trimmed by benchmarks/gpu_prepare.py\nadd_subdirectory(speculative-simple)\nadd_subdirectory(simple)\n",
     "pocs/CMakeLists.txt": "# trimmed by benchmarks/gpu_prepare.py\n",
 }
 # Pure-Python packages the carried code imports that a bare Python with numpy may lack.

@@ -53,6 +53,38 @@ def probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     return x
 
 
+class LazyProbabilities:
+    """probabilities(logits, params) row by row, each computed the first time it is read: the exact rule reads
+    the rows up to its first rejection (and the bonus row only when every draft passed), so the rows after a
+    rejection, a full-vocabulary pass each, are never computed. Reads as the [n, V] array would: p[i], p[i, t]."""
+
+    def __init__(self, logits: np.ndarray, params: SamplingParams) -> None:
+        self._logits = np.atleast_2d(logits)
+        self._params = params
+        self._rows: dict[int, np.ndarray] = {}
+        self.shape = self._logits.shape
+
+    def row(self, i: int) -> np.ndarray:
+        r = self._rows.get(i)
+        if r is None:
+            r = self._rows[i] = _row_probs(np.array(self._logits[i], dtype=np.float64), self._params)
+        return r
+
+    def __getitem__(self, key: int | tuple[int, int]) -> np.ndarray | float:
+        if isinstance(key, tuple):
+            i, t = key
+            return self.row(int(i))[t]
+        return self.row(int(key))
+
+    def __array__(self, dtype: object = None, copy: object = None) -> np.ndarray:
+        out = np.stack([self.row(i) for i in range(self.shape[0])])
+        return out if dtype is None else out.astype(dtype)
+
+    @property
+    def rows_computed(self) -> int:
+        return len(self._rows)
+
+
 def _row_probs(z: np.ndarray, params: SamplingParams) -> np.ndarray:
     """One row [V] of float64 logits, turned into probabilities in place (and returned).
 
@@ -150,6 +182,33 @@ def sample(p: np.ndarray, rng: np.random.Generator) -> int:
 def greedy(logits: np.ndarray) -> np.ndarray:
     """Argmax per row: [n, V] -> [n]."""
     return np.argmax(logits, axis=-1)
+
+
+def near_ties(rows: np.ndarray, best: np.ndarray, limit: float) -> list[tuple[int, int, int, float]]:
+    """(row, best, runner-up, logit gap) for each row of [n, V] logits whose runner-up is within `limit` of its
+    best (`best`: each row's argmax, already known). One vectorized comparison finds the close rows; only those
+    are searched for their runner-up (a greedy round used to spend two arg-max passes a row on it)."""
+    rows = np.atleast_2d(rows)
+    n = rows.shape[0]
+    if n == 0:
+        return []
+    top = rows[np.arange(n), best[:n]]
+    close = np.count_nonzero(rows >= (top - limit)[:, None], axis=1)
+    out = []
+    for i in np.flatnonzero(close > 1):
+        b = int(best[i])
+        _, second, gap = _runner_up(rows[i], b)
+        if gap < limit:
+            out.append((int(i), b, second, gap))
+    return out
+
+
+def _runner_up(row: np.ndarray, best: int) -> tuple[int, int, float]:
+    top = row[best]
+    row[best] = -np.inf  # in place and restored: no copy of a 150k-entry row per token
+    second = int(np.argmax(row))
+    row[best] = top
+    return best, second, float(top) - float(row[second])
 
 
 def runner_up_gaps(logits: np.ndarray) -> list[tuple[int, int, float]]:

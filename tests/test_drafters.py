@@ -249,6 +249,20 @@ def test_common_prefix(cached: list[int], tokens: list[int], limit: int, expecte
     assert common_prefix(cached, tokens, limit=limit) == expected
 
 
+def test_common_prefix_of_long_sequences_parting_anywhere() -> None:
+    """Lists take a fast path (compared in C, the tail scanned); every parting point, and arrays, agree with a
+    plain scan."""
+    rng = np.random.default_rng(0)
+    base = [int(t) for t in rng.integers(0, 1000, 300)]
+    for cut in (0, 1, 100, 235, 236, 250, 299, 300):
+        other = base[:cut] + [1000 + t for t in base[cut:]]
+        for a, b in ((base, other), (other, base), (np.array(base), other), (tuple(base), other)):
+            for limit in (300, 240, 10):
+                expected = min(cut, limit)
+                assert common_prefix(a, b, limit=limit) == expected, (cut, limit, type(a))
+    assert common_prefix(base, base + [1, 2], limit=999) == 300
+
+
 def test_model_drafter_never_overflows_its_window() -> None:
     backend = FakeBackend(hashed_logits(3), n_ctx=10)
     d = ModelDrafter(backend)

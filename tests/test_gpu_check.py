@@ -50,7 +50,9 @@ def test_payload_without_sources_carries_the_bindings_localspec_and_the_tokenize
     assert gpu_prepare.tree_size(payload) < gpu_prepare.LIMIT_BYTES
 
 
-def run_check(payload: Path, tmp: Path, *extra: str) -> tuple[subprocess.CompletedProcess[str], dict]:  # type: ignore[type-arg]
+def run_check(
+    payload: Path, tmp: Path, *extra: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess[str], dict]:  # type: ignore[type-arg]
     out = tmp / "out"
     cmd = [
         sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--cpu", "--shapes", "tiny",
@@ -58,15 +60,17 @@ def run_check(payload: Path, tmp: Path, *extra: str) -> tuple[subprocess.Complet
         "--lib-dir", str(installed_lib_dir()), "--threads", "1", "--tokens", "24", "--reps", "1",
         "--sizes", "1,2,3,4,5,6,8,9", *extra,
     ]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | (env or {})
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc, json.loads((out / "gpu_check.json").read_text())
 
 
 def test_cpu_mode_runs_every_measurement_on_tiny_shapes(payload: Path, tmp_path: Path) -> None:
-    proc, report = run_check(payload, tmp_path, "--no-tools")
+    # The first process measuring the target dies as a crash inside the library would: it is measured again.
+    proc, report = run_check(payload, tmp_path, "--no-tools", env={"GPU_CHECK_CRASH_ONCE": str(tmp_path / "crashed")})
     assert report["mode"] == "cpu"
+    assert "tiny: its measuring process died of SIGSEGV (attempt 1)" in report["notes"]
     # Everything ran on the payload's copies of the code, with the library copied in beside the bindings.
     site = (tmp_path / "work" / "site").resolve()
     for module, path in report["build"]["code"].items():
@@ -76,7 +80,7 @@ def test_cpu_mode_runs_every_measurement_on_tiny_shapes(payload: Path, tmp_path:
     # The models were written, quantized to Q4_K_M (smaller than F16) and loaded from the payload's code.
     for name in ("tiny", "tiny-draft"):
         m = report["models"][name]
-        assert 0 < m["q4_k_m_bytes"] < m["f16_bytes"]
+        assert m["bytes"] > 0 and m["write_s"] >= 0
     t = report["targets"]["tiny"]
     assert t["device"].startswith("CPU")
     costs = {int(n): s for n, s in t["target_s"].items()}
@@ -93,8 +97,20 @@ def test_cpu_mode_runs_every_measurement_on_tiny_shapes(payload: Path, tmp_path:
     assert set(allowed) == {"0.6", "0.8", "0.95"}
     assert allowed["0.95"]["bound"] >= allowed["0.6"]["bound"] > 0
     assert allowed["0.95"]["with_overhead"] <= allowed["0.95"]["bound"] + 1e-9
+    # A continuation that repeats an earlier answer: plain retraces it, the suffix drafter copies it.
+    copies = t["copies"]
+    assert copies["repeats"] > 0.5
+    assert copies["suffix"]["median"]["acceptance"] > 0.9 and copies["suffix"]["median"]["tokens_per_pass"] > 4
+    assert copies["none"]["median"]["drafted"] == 0 and copies["auto"]["median"]["rounds"] > 0
+    # Four sequences in one pass, plain and with suffix drafts, against one at a time.
+    crowd = t["crowd"]
+    assert crowd["together_plain"]["tokens"] > 0 and crowd["alone_plain_tps"] > 0
+    assert crowd["together_plain"]["mean_pass_tokens"] >= 2  # several sequences shared passes
+    assert "llama_simple" not in t  # --no-tools
+    assert {f"tiny_{k}" for k in ("costs", "plain", "rounds", "copies", "crowd")} <= set(report["phases"])
     table = (tmp_path / "out" / "gpu_check.txt").read_text()
     assert "== target tiny" in table and "speedup allowed" in table and "draft=target k=8" in table
+    assert "a continuation that repeats" in table and "crowd of 4 sequences" in table
     assert table.strip() in proc.stdout  # the table is also printed
     assert "llama-speculative-simple" not in json.dumps(t)
 
@@ -128,11 +144,11 @@ def test_trimmed_sources_configure_for_the_library_and_speculative_simple(tmp_pa
 
     settings = gpu_check.Settings(
         cpu=True, targets=("tiny",), draft="tiny-draft", payload=out, out=tmp_path / "out", work=tmp_path / "work",
-        lib_dir=None, tools_dir=None, tools=True, threads=1, tokens=8, reps=1, sizes=(1,), budget_s=60.0,
+        lib_dir=None, tools_dir=None, tools=True, threads=1, tokens=8, reps=1, sizes=(1,), deadline_s=60.0,
         build_jobs=1, reuse_models=False,
     )  # fmt: skip
     (configure, build_cmd), env = gpu_check.build_command(settings)  # the check's own commands
-    assert build_cmd[-2:] == ["llama", "llama-speculative-simple"]
+    assert build_cmd[-3:] == ["llama", "llama-speculative-simple", "llama-simple"]
     subprocess.run(configure, check=True, capture_output=True, env=env)
     build = tmp_path / "work" / "build"
     targets = subprocess.run(["ninja", "-C", str(build), "-t", "targets", "all"], capture_output=True, text=True).stdout

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from localspec.backends.base import ChatMessage
+from localspec.backends.messages import ChatMessage
 from localspec.errors import GenerationError, UsageError
 
 if TYPE_CHECKING:

@@ -217,3 +217,20 @@ class LlamaSlot(Slot):
             return
         self._owner.remove(self.index, n_keep)
         del self._tokens[n_keep:]
+
+
+# -- the backend table's entry points for serve --parallel (registry.BackendSpec.slots_module) ---------------
+
+
+def open_slots(model: LlamaCppBackend, n_slots: int, n_ctx: int) -> LlamaSlots:
+    return LlamaSlots(model, n_slots, n_ctx)
+
+
+def unbatchable(model: LlamaCppBackend) -> str:
+    """Why the model's sequences cannot share a context: only recurrent layers (checked before this), so ""."""
+    return ""
+
+
+def batches_pay(model: LlamaCppBackend, n_gpu_layers: int) -> bool:
+    """Several sequences per pass pay by default where the passes run on a GPU (a CPU's cost grows per token)."""
+    return n_gpu_layers != 0 and bool(llama_cpp.llama_supports_gpu_offload())

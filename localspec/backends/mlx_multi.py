@@ -209,6 +209,15 @@ def unbatchable(target: MLXBackend) -> str:
     return f"{target.info.name} has {reasons}, which localspec's batched MLX cache does not hold per sequence"
 
 
+def open_slots(model: MLXBackend, n_slots: int, n_ctx: int) -> MLXSlots:
+    return MLXSlots(model, n_slots, n_ctx)
+
+
+def batches_pay(model: MLXBackend, n_gpu_layers: int) -> bool:
+    """Several sequences per pass pay by default on Metal (on a CPU the cost grows per token)."""
+    return model.info.device.startswith("Metal")
+
+
 def check_batchable(target: MLXBackend) -> None:
     """UnsupportedModelError unless every layer of the target keeps a plain KVCache."""
     why = unbatchable(target)

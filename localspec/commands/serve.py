@@ -10,8 +10,9 @@ import socket
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
+from localspec.backends.registry import BACKENDS, backend_label
 from localspec.commands.first_use import model_options_from_args
 from localspec.errors import UsageError
 from localspec.options import (
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
 
     from localspec.backends.base import Backend
+    from localspec.backends.registry import SlotsModule
     from localspec.pipeline import Pipeline
     from localspec.server.crowd_scheduler import Slots
 
@@ -222,16 +224,14 @@ def resolve_parallel(asked: int | None, pipeline: Pipeline) -> int:
     """--parallel as given, else its default for this target (see GPU_PARALLEL); refused where it cannot run."""
     info = pipeline.target.info
     head = pipeline.options.family.is_head
+    slots = _slots_module(pipeline.target)
     if asked is None:
-        if info.is_recurrent or head or _unbatchable(pipeline):
+        if slots is None or info.is_recurrent or head or _unbatchable(pipeline):
             return 1
-        if info.backend == "mlx":
-            return GPU_PARALLEL if info.device.startswith("Metal") else 1
-        can = info.backend == "llama" and pipeline.options.n_gpu_layers != 0
-        return GPU_PARALLEL if can and _gpu_offload() else 1
-    if asked > 1 and info.backend not in ("llama", "mlx"):
-        raise UsageError(f"--parallel {asked} needs the llama.cpp or MLX backend: the {info.backend} backend decodes one "
-                         "sequence at a time here", "serve it with --parallel 1")  # fmt: skip
+        return GPU_PARALLEL if slots.batches_pay(pipeline.target, pipeline.options.n_gpu_layers) else 1
+    if asked > 1 and slots is None:
+        raise UsageError(f"--parallel {asked}: the {backend_label(info.backend)} backend decodes one sequence at a "
+                         "time here", "serve it with --parallel 1")  # fmt: skip
     if asked > 1 and info.is_recurrent:
         raise UsageError(f"--parallel {asked}: {info.name} has recurrent layers ({info.recurrent}), whose per-sequence "
                          "state snapshots localspec does not keep", "serve it with --parallel 1")  # fmt: skip
@@ -245,13 +245,16 @@ def resolve_parallel(asked: int | None, pipeline: Pipeline) -> int:
     return asked
 
 
-def _unbatchable(pipeline: Pipeline) -> str:
-    """Why the target's slots cannot be opened (MLX: a layer cache other than a plain KVCache), else ""."""
-    if pipeline.target.info.backend != "mlx":
-        return ""
-    from localspec.backends.mlx_multi import unbatchable
+def _slots_module(model: Backend) -> SlotsModule | None:
+    """The model's backend's module for several sequences in one pass (the backend table), or None."""
+    spec = BACKENDS.get(model.info.backend)
+    return spec.slots() if spec is not None else None
 
-    return unbatchable(pipeline.target)  # type: ignore[arg-type]
+
+def _unbatchable(pipeline: Pipeline) -> str:
+    """Why the target's slots cannot be opened (its backend says: MLX, a layer cache other than a KVCache), else ""."""
+    slots = _slots_module(pipeline.target)
+    return "" if slots is None else slots.unbatchable(pipeline.target)
 
 
 def open_slots(pipeline: Pipeline, parallel: int) -> Slots | None:
@@ -277,20 +280,14 @@ def open_draft_slots(pipeline: Pipeline, parallel: int) -> Slots | str | None:
 
 
 def _slots_of(model: Backend, parallel: int) -> Slots:
-    """`parallel` slots on a loaded model, each as long as its context, by its backend."""
-    if model.info.backend == "mlx":
-        from localspec.backends.mlx_multi import MLXSlots
+    """`parallel` slots on a loaded model, each as long as its context, through its backend's table entry."""
+    slots = _slots_module(model)
+    if slots is None:
+        from localspec.errors import UnsupportedModelError
 
-        return MLXSlots(model, parallel, model.n_ctx)  # type: ignore[arg-type]
-    from localspec.backends.llama_multi import LlamaSlots
-
-    return LlamaSlots(model, parallel, model.n_ctx)  # type: ignore[arg-type]
-
-
-def _gpu_offload() -> bool:
-    import llama_cpp
-
-    return bool(llama_cpp.llama_supports_gpu_offload())
+        raise UnsupportedModelError(f"the {backend_label(model.info.backend)} backend decodes one sequence at a time",
+                                    "serve it with --parallel 1")  # fmt: skip
+    return cast("Slots", slots.open_slots(model, parallel, model.n_ctx))
 
 
 def _parallel_text(n: int) -> str:

@@ -26,7 +26,7 @@ from localspec.decoding.policy import MODEL_PRIOR, Acceptance, CostModel
 from localspec.decoding.stats import NEAR_TIE_GAP, NearTie, RoundStats, SpecStats, StatsCollector, StopReason
 from localspec.draft import Draft
 from localspec.errors import ContextOverflowError, Interrupted, UsageError
-from localspec.sampling import SamplingParams, greedy, probabilities, runner_up_gaps, sample
+from localspec.sampling import LazyProbabilities, SamplingParams, greedy, near_ties, probabilities, sample
 
 Origin = Literal["draft", "target"]  # accepted draft token, or a token the target chose itself
 Segment = tuple[str, Origin]  # a run of text whose tokens share one origin
@@ -239,10 +239,9 @@ class _Run:
         draft, masks = pending.draft, pending.masks
         if masks is not None:
             logits = apply_mask(logits, masks)
-        verdict = self._verify(draft, logits, masks)
+        verdict = self._verify(draft, logits, masks)  # greedy: notes the emitted rows' near-ties too
         if self.constraint is not None:
             self.constraint.commit(verdict.n_accepted, verdict.token)
-        self._note_ties(logits[: verdict.n_accepted + 1])
         # Only a recurrent state costs anything to cut back (a KV cache drops positions in microseconds).
         t_rollback = self.clock() if self.recurrent else 0.0
         self.target.rollback(pending.n_before + 1 + verdict.n_accepted)
@@ -289,13 +288,17 @@ class _Run:
 
     def _verify(self, draft: Draft, logits: np.ndarray, masks: np.ndarray | None = None) -> verify.Verdict:
         if self.sampling.greedy:
-            return verify.verify_greedy(draft.tokens, greedy(logits))
-        p = probabilities(logits, self.sampling)  # [k+1, V]
+            best = greedy(logits)  # one arg-max pass over the rows, for the verdict and the near-ties both
+            verdict = verify.verify_greedy(draft.tokens, best)
+            self._note_ties(logits[: verdict.n_accepted + 1], best)
+            return verdict
+        self.pending_ties = []
+        p: np.ndarray | LazyProbabilities = LazyProbabilities(logits, self.sampling)  # [k+1, V], rows when read
         q = draft.q
         if q is not None and masks is not None:
             q = mask_q(q, masks)  # the kept draft tokens are drawn from q restricted to the grammar
         if q is not None and q.shape[1] != p.shape[1]:
-            p, q = _same_width(p, q)
+            p, q = _same_width(np.asarray(p), q)
         return verify.RULES[self.config.rule](draft.tokens, q, p, self.rng)
 
     def _emit(self, tokens: list[int], origins: list[Origin], stats: RoundStats | None) -> Iterator[Event]:
@@ -353,19 +356,16 @@ class _Run:
             return -1
         return max(0, min(self.config.num_draft, room_ctx, room_out))
 
-    def _note_ties(self, rows: np.ndarray) -> None:
-        """Keep the greedy choices about to be emitted whose runner-up was close (see NearTie)."""
-        self.pending_ties = []
-        if not self.sampling.greedy:
-            return
-        for offset, (best, second, gap) in enumerate(runner_up_gaps(rows)):
-            if gap < NEAR_TIE_GAP:
-                self.pending_ties.append((offset, best, second, gap))
+    def _note_ties(self, rows: np.ndarray, best: np.ndarray) -> None:
+        """Keep the greedy choices about to be emitted (`rows`, their arg-maxes `best`) whose runner-up was close
+        (see NearTie)."""
+        self.pending_ties = near_ties(rows, best, NEAR_TIE_GAP)
 
     def _sample_one(self, logits: np.ndarray) -> int:
         if self.sampling.greedy:
-            self._note_ties(logits)
-            return int(np.argmax(logits))
+            best = greedy(np.atleast_2d(logits))
+            self._note_ties(logits, best)
+            return int(best[0])
         return sample(probabilities(logits, self.sampling), self.rng)
 
     def _stats(self, reason: StopReason | None, decode_s: float) -> SpecStats:

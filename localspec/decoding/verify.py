@@ -17,7 +17,7 @@ from typing import Literal
 
 import numpy as np
 
-from localspec.sampling import sample
+from localspec.sampling import LazyProbabilities, sample
 
 Kind = Literal["recovered", "bonus"]
 
@@ -29,10 +29,11 @@ class Verdict:
     kind: Kind
 
 
-Rule = Callable[[Sequence[int], "np.ndarray | None", np.ndarray, np.random.Generator], Verdict]
+Probs = np.ndarray | LazyProbabilities  # p: an array, or rows computed as the rule reads them
+Rule = Callable[[Sequence[int], "np.ndarray | None", Probs, np.random.Generator], Verdict]
 
 
-def verify_exact(draft: Sequence[int], q: np.ndarray | None, p: np.ndarray, rng: np.random.Generator) -> Verdict:
+def verify_exact(draft: Sequence[int], q: np.ndarray | None, p: Probs, rng: np.random.Generator) -> Verdict:
     """Speculative sampling (Leviathan et al., Chen et al.): output distributed exactly as p."""
     for i, d in enumerate(draft):
         p_d = p[i, d]
@@ -57,7 +58,7 @@ def _recover(p_i: np.ndarray, q: np.ndarray | None, i: int, d: int, rng: np.rand
     return sample(residual, rng)
 
 
-def verify_match(draft: Sequence[int], q: np.ndarray | None, p: np.ndarray, rng: np.random.Generator) -> Verdict:
+def verify_match(draft: Sequence[int], q: np.ndarray | None, p: Probs, rng: np.random.Generator) -> Verdict:
     """Accept while the target's own sample equals the draft (llama.cpp, mlx-lm). Lossless, accepts less."""
     for i, d in enumerate(draft):
         x = sample(p[i], rng)

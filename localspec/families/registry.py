@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from localspec.backends.registry import backend_spec
+from localspec.backends.registry import BACKENDS, backend_spec
 from localspec.errors import LocalspecError, UsageError, error_text
 from localspec.families.auto import AUTO
 from localspec.families.base import BuildContext, CheckContext, DrafterFamily
@@ -182,6 +182,13 @@ def _check_runnable(fam: DrafterFamily, backend: str) -> None:
         raise UsageError(
             f"--draft-method {fam.name} runs on {' and '.join(s.label for s in specs)} only",
             f"use --backend {specs[0].name} with a {specs[0].model_format}, or another method",
+        )
+    spec = BACKENDS.get(backend)
+    if fam.is_head and spec is not None and not spec.hidden_states:
+        raise UsageError(
+            f"--draft-method {fam.name} reads the target's hidden states, which the {spec.label} backend does not "
+            "hand out",
+            "use a draft model or a lookup (--draft-method auto, model, suffix)",
         )
     if fam.require is not None:
         fam.require(backend)  # the reason, where this build cannot run the family

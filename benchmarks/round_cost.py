@@ -1,0 +1,170 @@
+"""localspec's own time per round, with the models taken out: a backend whose forward pass costs only handing
+back logits rows (151,936-token vocabulary, as Qwen2.5's), so everything a round spends is the engine's,
+the drafter's, the sampling's and the verification's. Per drafter (model, suffix, auto), greedy and
+sampled, at k = 4 and 8; the forward passes are timed apart and left out.
+
+The text is a loop of LOOP tokens (each token's logits pick the next one, with a runner-up close behind), so
+a lookup drafter finds copies and a model drafter (the same table) is always right: every round drafts. A pass
+sleeps for what the H200 took for the 1.5B target (tests/gpu_curves.py's figures: 2.9 ms for one token,
+5.7 ms for 16) and a draft token for the 0.5B's 1.2 ms, so that auto decides as it would on that GPU; the
+sleeps are part of the passes' time, which is left out.
+
+    python benchmarks/round_cost.py [--rounds 150] [--profile model:8:0] [--no-sleep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from localspec.backends.base import ByteDetokenizer, ModelInfo
+from localspec.decoding.drafters import ModelDrafter
+from localspec.decoding.engine import Done, GenerationConfig, generate
+from localspec.pipeline import make_drafter
+from localspec.sampling import SamplingParams
+from localspec.vocab import VocabInfo
+
+VOCAB = 151_936
+LOOP = 48  # distinct rows: the text repeats with this period
+EOG = VOCAB - 1
+
+
+def h200_pass_s(n: int) -> float:
+    """The H200's T(n) for the 1.5B (a few of gpu_check's sizes, interpolated)."""
+    return float(np.interp(n, (1, 2, 4, 8, 16, 32, 64), (2.94, 3.85, 4.04, 4.45, 5.72, 6.90, 8.32))) / 1e3
+
+
+class TableBackend:
+    """The Backend protocol over a fixed table: after token t the logits are row t % LOOP (pre-built)."""
+
+    def __init__(self, table: np.ndarray, name: str, pass_s: Callable[[int], float] | None = None) -> None:
+        self._pass_s = pass_s
+        self._table = table
+        self._tokens: list[int] = []
+        self.seconds = 0.0  # time spent handing back rows (the "forward pass")
+        self.info = ModelInfo("llama", f"/table/{name}", name, "table", "CPU", 1 << 16)
+        self.n_vocab, self.n_ctx, self.eog_ids = VOCAB, 1 << 16, frozenset({EOG})
+        self._rows = np.empty((64, VOCAB), np.float32)
+
+    @property
+    def cached_tokens(self) -> Sequence[int]:
+        return self._tokens
+
+    def forward(self, tokens: Sequence[int], *, all_logits: bool = True) -> np.ndarray:
+        t0 = time.perf_counter()
+        self._tokens += tokens
+        picked = tokens if all_logits else tokens[-1:]
+        out = self._rows[: len(picked)]  # one buffer, as llama.cpp's: valid until the next forward
+        np.take(self._table, [t % LOOP for t in picked], axis=0, out=out)
+        if self._pass_s is not None:
+            time.sleep(max(self._pass_s(len(tokens)) - (time.perf_counter() - t0), 0.0))
+        self.seconds += time.perf_counter() - t0
+        return out
+
+    def rollback(self, n_keep: int) -> None:
+        del self._tokens[n_keep:]
+
+    def can_rollback(self, n_keep: int) -> bool:
+        return True
+
+    def checkpoint(self) -> None:
+        pass
+
+    def abort(self, on: bool = True) -> None:
+        pass
+
+    def detokenizer(self) -> ByteDetokenizer:
+        return ByteDetokenizer(lambda t: b"x")
+
+    def vocab_info(self) -> VocabInfo:
+        return VocabInfo("table", VOCAB, None, EOG, False, False, [])
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        return [ord(c) % LOOP for c in text]
+
+    def close(self) -> None:
+        pass
+
+
+def make_table(seed: int = 0) -> np.ndarray:
+    """Row t: token (t + 1) % LOOP on top, a runner-up 0.5 below it, the rest a spread of logits."""
+    rng = np.random.default_rng(seed)
+    table = (rng.standard_normal((LOOP, VOCAB)) * 2.0).astype(np.float32)
+    for t in range(LOOP):
+        table[t, (t + 1) % LOOP] = 20.0
+        table[t, (t + 2) % LOOP] = 19.5
+    return table
+
+
+@dataclass(frozen=True)
+class Case:
+    method: str
+    k: int
+    temperature: float
+
+    @property
+    def label(self) -> str:
+        return f"{self.method} k={self.k} {'greedy' if self.temperature == 0 else f'T={self.temperature}'}"
+
+
+def run_case(table: np.ndarray, case: Case, rounds: int, sleep: bool = True) -> dict[str, float]:
+    target = TableBackend(table, "target", h200_pass_s if sleep else None)
+    draft = TableBackend(table, "draft", (lambda n: 1.19e-3 * n) if sleep else None)
+    drafter = ModelDrafter(draft) if case.method == "model" else make_drafter(case.method, target, draft)  # type: ignore[arg-type]
+    prompt = [i % LOOP for i in range(200)]  # the loop twice and more: lookups match from the start
+    config = GenerationConfig(max_tokens=rounds * (case.k + 1), num_draft=case.k,
+                              sampling=SamplingParams(temperature=case.temperature, seed=1))  # fmt: skip
+    n_rounds, done = 0, None
+    for i, ev in enumerate(generate(target, drafter, prompt, config)):  # type: ignore[arg-type]
+        if i == 0:
+            target.seconds = draft.seconds = 0.0
+        if isinstance(ev, Done):
+            done = ev
+        elif ev.round is not None:
+            n_rounds += 1
+    assert done is not None and n_rounds
+    st = done.stats
+    own = (st.decode_s - target.seconds - draft.seconds) / n_rounds
+    return {"own_ms": own * 1e3, "tokens_per_round": st.n_generated / n_rounds, "acceptance": st.acceptance_rate}
+
+
+CASES = [Case(m, k, t) for m in ("model", "suffix", "auto") for t in (0.0, 0.7) for k in (4, 8)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=150)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--profile", help="METHOD:K:TEMPERATURE: profile one case instead")
+    ap.add_argument("--no-sleep", action="store_true", help="passes cost only their rows (auto then sees free passes)")
+    args = ap.parse_args()
+    table = make_table()
+    if args.profile:
+        m, k, t = args.profile.split(":")
+        case = Case(m, int(k), float(t))
+        run_case(table, case, 20, not args.no_sleep)
+        prof = cProfile.Profile()
+        prof.enable()
+        print(run_case(table, case, args.rounds, not args.no_sleep))
+        prof.disable()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+        return
+    print(f"localspec's own time per round, vocabulary {VOCAB:,}, median of {args.reps} runs of {args.rounds} rounds")
+    print(f"{'case':24s} {'own ms/round':>12s} {'tokens/round':>12s} {'acceptance':>10s}")
+    for case in CASES:
+        run_case(table, case, 10, not args.no_sleep)  # warm-up
+        runs = [run_case(table, case, args.rounds, not args.no_sleep) for _ in range(args.reps)]
+        own = statistics.median(r["own_ms"] for r in runs)
+        r = runs[0]
+        print(f"{case.label:24s} {own:12.3f} {r['tokens_per_round']:12.2f} {r['acceptance']:10.0%}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""serve --parallel reaches a backend's several-sequences support through the backend table alone: a backend
+registered with a slots module gets slots, its default and its refusals, without a word of serve changed."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import toy_slots
+from fakes import FakeBackend, hashed_logits
+
+from localspec.backends import registry
+from localspec.commands.serve import GPU_PARALLEL, open_slots, resolve_parallel
+from localspec.errors import UsageError
+from localspec.options import ModelOptions
+from localspec.pipeline import DraftSlot, Pipeline, make_drafter
+
+TOY = dataclasses.replace(registry.LLAMA, name="fake", label="Toy", slots_module="toy_slots")
+
+
+def pipeline(n_gpu_layers: int = -1) -> Pipeline:
+    target = FakeBackend(hashed_logits(1))  # its ModelInfo names the backend "fake"
+    options = ModelOptions(target="/fake/target", draft_method="ngram", n_gpu_layers=n_gpu_layers)
+    return Pipeline(options, "fake", target, DraftSlot(), make_drafter("ngram", target, None))
+
+
+@pytest.fixture
+def toy(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(registry.BACKENDS, "fake", TOY)
+    monkeypatch.setitem(toy_slots.SAYS, "unbatchable", "")
+    monkeypatch.setitem(toy_slots.SAYS, "batches_pay", True)
+
+
+def test_a_registered_backends_slots_are_opened_through_the_table(toy: None) -> None:
+    p = pipeline()
+    assert resolve_parallel(None, p) == GPU_PARALLEL  # the toy says batches pay here
+    slots = open_slots(p, 3)
+    assert isinstance(slots, toy_slots.ToySlots)
+    assert (slots.model, slots.n_slots, slots.n_ctx) == (p.target, 3, p.target.n_ctx)
+    assert open_slots(p, 1) is None
+
+
+def test_the_default_and_the_refusals_are_the_backends_word(toy: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert resolve_parallel(None, pipeline(n_gpu_layers=0)) == 1  # batches do not pay on its CPU
+    monkeypatch.setitem(toy_slots.SAYS, "unbatchable", "the toy's layers keep one sequence")
+    assert resolve_parallel(None, pipeline()) == 1
+    with pytest.raises(UsageError, match="the toy's layers keep one sequence"):
+        resolve_parallel(2, pipeline())
+
+
+def test_a_backend_without_slots_decodes_one_sequence_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(registry.BACKENDS, "fake", dataclasses.replace(TOY, slots_module=None))
+    assert resolve_parallel(None, pipeline()) == 1
+    with pytest.raises(UsageError, match="the Toy backend decodes one sequence at a time"):
+        resolve_parallel(2, pipeline())
+
+
+def test_every_field_of_the_table_is_read() -> None:
+    """A field nobody reads is a promise nobody keeps (hidden_states once said False for MLX, which runs heads)."""
+    from pathlib import Path
+
+    root = Path(registry.__file__).resolve().parents[1]
+    code = "\n".join(p.read_text() for p in root.rglob("*.py"))
+    for f in dataclasses.fields(registry.BackendSpec):
+        assert f".{f.name}" in code, f"BackendSpec.{f.name} is read nowhere"
+
+
+def test_a_backend_that_hands_out_no_hidden_states_runs_no_head(monkeypatch: pytest.MonkeyPatch) -> None:
+    from localspec.families import registry as families
+
+    monkeypatch.setitem(registry.BACKENDS, "llama", dataclasses.replace(registry.LLAMA, hidden_states=False))
+    ctx = dataclasses.replace(families.BuildContext(target=FakeBackend(hashed_logits(1)), backend="llama"), head="h")
+    with pytest.raises(UsageError, match="reads the target's hidden states, which the llama.cpp backend"):
+        families.build_drafter("eagle3", ctx)
