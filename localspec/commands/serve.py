@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import socket
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -26,6 +27,7 @@ from localspec.server.reasoning import FORMATS as REASONING_FORMATS
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
+OLLAMA_PORT = 11434  # where Ollama clients look when told nothing (OLLAMA_HOST unset)
 DEFAULT_MAX_QUEUE = 16
 # A GPU verifies a few sequences' tokens in about the time of one (its T(n) is flat at first), so several
 # requests share its passes nearly for free; a CPU's T(n) grows with every token, so one at a time is the default.
@@ -49,7 +51,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "serve",
         help="serve the pair over an OpenAI-compatible HTTP API",
         description="Serve one target/draft pair over the OpenAI-compatible HTTP API (/v1/chat/completions, "
-        "/v1/completions, /v1/models, /health, /metrics) and Anthropic's Messages API (/v1/messages) with "
+        "/v1/completions, /v1/models, /health, /metrics), Anthropic's Messages API (/v1/messages) and Ollama's "
+        "API (/api/chat, /api/generate, /api/tags, ...) with "
         "speculative decoding; every response carries "
         "the run's speculative stats in `timings`. The generation flags are the defaults for requests "
         "that leave a field out.",
@@ -67,6 +70,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     g = p.add_argument_group("server")
     g.add_argument("--host", default=DEFAULT_HOST, help=f"address to bind (default: {DEFAULT_HOST}, this machine only)")
     g.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default: {DEFAULT_PORT})")
+    g.add_argument("--ollama-port", type=int, default=None, metavar="PORT",
+                   help="also listen on PORT, the same server (Ollama's API under /api, and every other route): "
+                        f"{OLLAMA_PORT} is where Ollama clients look when OLLAMA_HOST is unset (default: --port only; "
+                        "Ollama clients reach it with OLLAMA_HOST=HOST:PORT)")  # fmt: skip
     g.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
                    help=f"require `Authorization: Bearer KEY` or `x-api-key: KEY` "
                         f"(default: ${API_KEY_ENV}, else none)")  # fmt: skip
@@ -112,6 +119,7 @@ def serve(args: argparse.Namespace) -> int:
 
     import uvicorn
 
+    sockets = listening_sockets(args.host, args.port, args.ollama_port)  # a port in use fails before the models load
     print(
         f"loading {opts.target}" + (f" and {opts.draft}" if opts.uses_draft_model else "") + " …",
         file=sys.stderr,
@@ -121,13 +129,66 @@ def serve(args: argparse.Namespace) -> int:
     try:
         for note in pipeline.notes:
             print(f"note: {note}", file=sys.stderr)
+        host = _url_host(args.host)
         print(f"serving {name!r} ({opts.draft_method} drafting, {_parallel_text(args.parallel)}) on "
-              f"http://{_url_host(args.host)}:{args.port}/v1", file=sys.stderr, flush=True)  # fmt: skip
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False,
-                    timeout_graceful_shutdown=3)  # fmt: skip
+              f"http://{host}:{args.port}/v1", file=sys.stderr, flush=True)  # fmt: skip
+        print(ollama_line(args.host, args.ollama_port or args.port), file=sys.stderr, flush=True)
+        config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False,
+                                timeout_graceful_shutdown=3)  # fmt: skip
+        uvicorn.Server(config).run(sockets=sockets)
     finally:
         pipeline.close()
+        for sock in sockets:
+            sock.close()
     return 0
+
+
+def ollama_line(host: str, port: int) -> str:
+    """Where Ollama's clients find the server, and what they need to be told."""
+    where = f"{_url_host(host)}:{port}"
+    told = ("Ollama clients find it as they are" if port == OLLAMA_PORT and is_loopback(host)
+            else f"Ollama clients: OLLAMA_HOST={where}")  # fmt: skip
+    return f"Ollama's API on http://{where}/api ({told})"
+
+
+def listening_sockets(host: str, port: int, ollama_port: int | None = None) -> list[socket.socket]:
+    """Sockets bound to `port` and, with --ollama-port, to that port too (one server answers on both), on every
+    address `host` names; a UsageError naming the port when one is taken."""
+    out: list[socket.socket] = []
+    try:
+        for p in dict.fromkeys(q for q in (port, ollama_port) if q is not None):
+            out += bind(host, p, ollama=p == ollama_port)
+    except BaseException:
+        for sock in out:
+            sock.close()
+        raise
+    return out
+
+
+def bind(host: str, port: int, *, ollama: bool = False) -> list[socket.socket]:
+    """Sockets on every address of `host` (both of localhost's, as asyncio's create_server binds them)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise UsageError(f"--host {host}: {e.strerror}", "give an address of this machine, e.g. 127.0.0.1") from None
+    out: list[socket.socket] = []
+    for family, kind, proto, _, address in dict.fromkeys(infos):
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)  # its IPv4 twin has a socket of its own
+        try:
+            sock.bind(address)
+        except OSError as e:
+            sock.close()
+            for other in out:
+                other.close()
+            flag = "--ollama-port" if ollama else "--port"
+            busy = " (is Ollama itself running? quit it, or pick another --ollama-port)" if ollama else ""
+            raise UsageError(f"cannot listen on {host}:{port}: {e.strerror}{busy}",
+                             f"choose a free port with {flag}") from None  # fmt: skip
+        out.append(sock)
+    return out
 
 
 def build_server(args: argparse.Namespace, opts: ModelOptions) -> tuple[FastAPI, Pipeline, str]:
@@ -240,6 +301,9 @@ def check_server_args(args: argparse.Namespace) -> None:
         raise UsageError(f"--parallel must be 1 or more, got {args.parallel}", "e.g. --parallel 4")
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port {args.port} is not a port number", "use 1..65535, e.g. --port 8080")
+    if args.ollama_port is not None and not 1 <= args.ollama_port <= 65535:
+        raise UsageError(f"--ollama-port {args.ollama_port} is not a port number",
+                         f"use 1..65535, e.g. --ollama-port {OLLAMA_PORT}")  # fmt: skip
     if args.max_queue < 0:
         raise UsageError(
             f"--max-queue must be 0 or more, got {args.max_queue}", f"e.g. --max-queue {DEFAULT_MAX_QUEUE}"

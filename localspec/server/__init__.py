@@ -1,5 +1,5 @@
-"""`localspec serve`: an OpenAI- (Chat Completions, Responses) and Anthropic-compatible HTTP server over one
-loaded pipeline: one generation core, one thin adapter per protocol (parse its request into a
+"""`localspec serve`: an OpenAI- (Chat Completions, Responses), Anthropic- and Ollama-compatible HTTP server over
+one loaded pipeline: one generation core, one thin adapter per protocol (parse its request into a
 GenerationRequest, render the core's events).
 
 core.py      the generation core: start a job, read it as typed events (text, reasoning, tool calls, the end)
@@ -13,6 +13,11 @@ anthropic_schemas.py  its request bodies
 responses_api.py  OpenAI's Responses API (/v1/responses) translated onto the chat path, its output items and events
 responses_schemas.py  its request bodies
 response_store.py  the stored responses (store, previous_response_id), the most recent in memory
+ollama.py    Ollama's API (/api/chat, /api/generate, /api/tags, /api/show, /api/ps, /api/pull, refusals)
+ollama_requests.py  an Ollama request -> the chat or completion request it asks for (options, think, names)
+ollama_schemas.py   its request bodies
+ollama_models.py    the served model as Ollama describes one (details, model_info, capabilities, digest)
+ollama_pull.py      /api/pull as `localspec pull` for the catalog's pairs, with Ollama's status lines
 tools/       tool calls: the call formats, reading calls out of an answer as it streams, the call grammars
 tool_requests.py  a chat request's tools, read and checked
 stops.py     stop strings over a text stream, holding back what could still become one

@@ -22,7 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from localspec.options import GenerationSettings
 from localspec.pipeline import Pipeline
-from localspec.server import anthropic, openai_routes, responses_api
+from localspec.server import anthropic, ollama, openai_routes, responses_api
 from localspec.server.core import Core
 from localspec.server.errors import APIError, ErrorShape
 from localspec.server.metrics import Metrics
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 DEFAULT_MAX_BODY = 8 * 1024 * 1024
 OPEN_PATHS = ("/health",)  # answered without the API key (load balancers, `curl` checks)
 # Each protocol's error shape, by the paths it owns; OpenAI's for every other path.
-SHAPES: tuple[ErrorShape, ...] = (anthropic.ERRORS, responses_api.ERRORS)
+SHAPES: tuple[ErrorShape, ...] = (anthropic.ERRORS, responses_api.ERRORS, ollama.ERRORS)
 
 
 def error_shape(path: str, shapes: Sequence[ErrorShape] = SHAPES) -> ErrorShape:
@@ -126,6 +126,7 @@ def create_app(
     app.include_router(openai_routes.openai_router(core))
     app.include_router(anthropic.messages_router(core))
     app.include_router(responses_api.responses_router(core, ResponseStore()))
+    app.include_router(ollama.ollama_router(core, settings.log))
 
     app.add_middleware(Guard, api_key=settings.api_key, max_body=settings.max_body_bytes, metrics=metrics)
     if settings.cors_origins:
