@@ -26,7 +26,7 @@ from localspec.backends.base import Backend, BackendModule, ChatMessage, chat_pr
 from localspec.backends.chat_template import ChatFormat, choose_chat_format
 from localspec.backends.registry import backend_spec, resolve_backend
 from localspec.decoding.cost_cache import CostStore
-from localspec.decoding.drafters import Drafter
+from localspec.decoding.drafters import Drafter, holding
 from localspec.decoding.engine import Done, Event, GenerationConfig, generate
 from localspec.decoding.suffix_memory import SuffixMemory
 from localspec.errors import UsageError
@@ -107,7 +107,7 @@ class DraftSlot:
 
     factory: Callable[[threading.Event], Backend] | None = None  # None: no draft model to load
     backend: Backend | None = None
-    load_s: float = 0.0  # what loading it took (a late load happens inside a round)
+    load_s: float = 0.0  # what loading it took (auto's late load runs beside the answer: LazyModelDrafter.start)
     cancel: threading.Event = field(default_factory=threading.Event, repr=False)  # set: a load in progress stops
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -134,7 +134,8 @@ class DraftSlot:
     def close(self) -> None:
         with self._lock:
             if self.backend is not None:
-                self.backend.close()
+                with holding(self.backend):  # a drafter reading into it in the background finishes first
+                    self.backend.close()
                 self.backend = None
 
 
@@ -187,10 +188,10 @@ class Pipeline:
         auto_head = self.options.auto_head if method == "auto" and not self.draft_note and models else None
         head = self.options.draft if registry.family(method).is_head or auto_head else None
         lazy = self.draft_slot.get if self.draft_slot.available and not self.draft_note and models else None
-        if (
-            draft is not None and method == "auto" and models
-        ):  # auto reads the prompt into it only when it wants model drafts
-            lazy, draft = (lambda given=draft: given), None
+        if draft is not None and method == "auto" and models:
+            # A slot's draft, loaded: auto reads the prompt into it only when it wants model drafts, on this thread
+            # (the slots share one context, so never in the background, as a lazy draft model would).
+            lazy = None
         elif draft is None:
             draft = self.draft_slot.get() if method == "model" and self.draft_slot.available else self.draft
         draft = draft if models else None
