@@ -116,7 +116,8 @@ def follow(anchor: Anchor, src: Sequence[int], cur: Sequence[int], edits: Edits)
         if r is None or r.pending or r.verified < LEARN_MIN:
             return r if tail <= WINDOW else None
         if r.new and r.skipped:
-            edits.learn(src[anchor.src : anchor.src + r.skipped], cur[anchor.cur : anchor.cur + r.new])
+            if r.new <= MAX_EDIT:  # a rename; a longer replacement (a merged type hint) is not made again
+                edits.learn(src[anchor.src : anchor.src + r.skipped], cur[anchor.cur : anchor.cur + r.new])
         elif r.new:
             edits.inserted(cur[anchor.cur : anchor.cur + r.new])
             if anchor.src > 0 and anchor.cur > 0 and cur[anchor.cur - 1] == src[anchor.src - 1]:
