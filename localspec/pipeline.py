@@ -250,6 +250,7 @@ class Pipeline:
             self.draft_slot.cancel.clear()
 
     def close(self) -> None:
+        self.abort()  # a draft model auto is loading, or reading into, in the background stops now
         self.drafter.close()
         self.draft_slot.close()
         self.target.close()
