@@ -54,6 +54,7 @@ IDLE_TOP = 33  # the top size timed in idle time before any answer said its k (a
 IDLE_TRIES = 3  # idle calibrations per drafter at most (a machine too busy to measure stays so for a while)
 SAVE_EVERY = 16  # rounds between writes of a learnt curve
 CHECK_SHARE = 0.01  # checks of a remembered curve may cost at most this share of plain rounds' time
+READ_INLINE = 32  # a lazy draft model catches up on at most this many tokens in a round; more, beside it
 FILLER = "The quick brown fox jumps over the lazy dog. " * 2  # idle timing on an empty cache needs a context
 
 
@@ -209,15 +210,29 @@ class AutoDrafter:
     # -- idle time (serve between requests, chat between turns) -------------------------------------
 
     def idle_due(self) -> bool:
-        """Whether timing passes are still wanted where nobody waits (no trusted curve yet)."""
+        """Whether timing passes are still wanted where nobody waits (no trusted curve yet), or the draft model
+        is still to be loaded there (a lazy one that may pay)."""
+        return self._timing_due() or self._preload_due()
+
+    def _timing_due(self) -> bool:
         if not self.learning or self.target is None:
             return False
         return self._idle_run is not None or (self._idle_tries < IDLE_TRIES and not self._idle_later)
 
+    def _preload_due(self) -> bool:
+        model = self.model
+        if not isinstance(model, LazyModelDrafter) or model.loaded or model.loading:
+            return False
+        return self.controller.model_can_pay(max(self.max_k, IDLE_TOP - 1))
+
     def idle_step(self) -> bool:
-        """One piece of calibration (one pair of forward passes) on the target's cache, which it leaves as it
-        found it; run only where nobody waits. True while more pieces are wanted."""
-        if not self.idle_due():
+        """One piece of idle work: the draft model's load begun on a thread of its own where a model draft may
+        pay (an answer then finds it loaded), or calibration (one pair of forward passes) on the target's cache,
+        which it leaves as it found it; run only where nobody waits. True while more pieces are wanted."""
+        if self._preload_due():
+            assert isinstance(self.model, LazyModelDrafter)
+            self.model.start([])
+        if not self._timing_due():
             return False
         target = self.target
         assert target is not None
@@ -404,7 +419,7 @@ class AutoDrafter:
         if not isinstance(self.model, LazyModelDrafter):
             return self.model is not None
         try:
-            if self.model.ready():
+            if self.model.ready() and self._model_gap(context) <= READ_INLINE:
                 return True
         except Interrupted:
             return False  # an abort stopped the load: it starts again when a round next wants the model
@@ -413,7 +428,7 @@ class AutoDrafter:
             self.model = None
             return False
         self._model_mark = None
-        self.model.start(context)
+        self.model.start(context)  # loaded where it is not, and the text read into it
         return False
 
     def _model_gap(self, context: Sequence[int]) -> int:

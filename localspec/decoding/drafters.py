@@ -290,8 +290,9 @@ class LazyModelDrafter:
         return self._drafter is not None
 
     def start(self, context: Sequence[int]) -> None:
-        """Load the model and read `context` (all but its last token, as catch_up) on a thread of its own."""
-        if self._drafter is not None or self._job is not None:
+        """Load the model if it is not yet, and read `context` into it (all but its last token, as catch_up;
+        nothing when it is empty), on a thread of its own."""
+        if self._job is not None:
             return
         self._error = None
         self._job = threading.Thread(
@@ -302,7 +303,7 @@ class LazyModelDrafter:
     def _background(self, context: list[int]) -> None:
         try:
             drafter = self._made()
-            if not self._stop.is_set():
+            if context and not self._stop.is_set():
                 drafter.catch_up(context)
         except BaseException as e:  # handed to the drafting thread by ready()
             self._error = e
