@@ -205,6 +205,7 @@ class Pipeline:
             n_gpu_layers=self.options.n_gpu_layers,
             load_draft=lazy,
             draft_name=_model_name(self.options.draft),
+            draft_size=_model_size(self.options.draft) if lazy is not None else None,
             auto_head=auto_head,
             memory=self.memory,
         )
@@ -313,7 +314,7 @@ def load_pipeline(
         drafter = make_drafter(
             opts.draft_method, target, slot.backend, clock=clock, store=store, head=head, n_gpu_layers=opts.n_gpu_layers,
             load_draft=lazy, draft_name=_model_name(opts.draft), auto_head=None if skip_note else opts.auto_head,
-            memory=memory,
+            memory=memory, draft_size=_model_size(opts.draft) if lazy is not None else None,
         )  # fmt: skip
         chat_format = choose_chat_format(target, opts.chat_template)
     except BaseException:
@@ -355,6 +356,16 @@ class _Background:
 
 def _model_name(path: str | None) -> str:
     return Path(path).stem if path else ""
+
+
+def _model_size(path: str | None) -> int | None:
+    """A model's weights in bytes from its files (a GGUF, or a directory's safetensors); None when unknown."""
+    p = Path(path) if path else None
+    if p is None or not p.exists():
+        return None
+    if p.is_file():
+        return p.stat().st_size
+    return sum(f.stat().st_size for f in p.glob("*.safetensors")) or None
 
 
 def cost_store(opts: ModelOptions, target: Backend) -> CostStore:
@@ -428,15 +439,18 @@ def make_drafter(
     draft_name: str = "",
     auto_head: str | None = None,
     memory: SuffixMemory | None = None,
+    draft_size: int | None = None,
 ) -> Drafter:
     """The drafter for a method over loaded models (the family registry builds it).
     `store`: where auto finds and keeps its measured costs (None: measure afresh, keep nothing).
     `head`: the file of a head that reads the target's hidden states (the drafter loads and owns it).
     `load_draft`: for auto without a loaded `draft`, how to load the draft model when a round first needs it.
     `auto_head`: for auto, a head family (`head`'s, or one inside the target) that drafts in the draft model's place.
-    `memory`: earlier sessions' texts for a drafter that copies from them (suffix, auto's lookup)."""
+    `memory`: earlier sessions' texts for a drafter that copies from them (suffix, auto's lookup).
+    `draft_size`: for auto's draft model not loaded yet, its weights in bytes (the prior cost of a draft token)."""
     ctx = BuildContext(
         target=target, backend=target.info.backend, draft=draft, head=head, n_gpu_layers=n_gpu_layers, clock=clock,
         store=store, load_draft=load_draft, draft_name=draft_name, auto_head=auto_head, memory=memory,
+        draft_size=draft_size,
     )  # fmt: skip
     return registry.build_drafter(method, ctx)

@@ -317,6 +317,28 @@ def test_the_first_answer_goes_on_while_the_draft_model_loads_and_reads_the_prom
     drafter.close()
 
 
+def test_a_draft_model_the_prior_rules_out_is_never_loaded_for_an_answer() -> None:
+    """Before anything is measured, a draft token is priced at the draft's weights over the target's (files it
+    knows before it loads): on a CPU-like curve a draft nearly as big as the target could not pay even with
+    every token accepted, so no answer loads it; a small one is tried."""
+    from dataclasses import replace
+
+    from localspec.decoding.drafters import LazyModelDrafter
+
+    loads: list[int] = []
+    for size, tried in ((950_000, False), (100_000, True)):
+        clock = FakeClock()
+        fn = scripted_tokens(list(range(10, 250)))
+        target = CostedBackend(fn, clock, true_cost, name="target")
+        target._info = replace(target.info, size_bytes=1_000_000)
+        draft = CostedBackend(scripted_draft(fn, lambda pos: True), clock, lambda n: 0.0, name="draft")
+        lazy = LazyModelDrafter(lambda d=draft: loads.append(size) or d, "draft", size_bytes=size)  # type: ignore[misc]
+        drafter = AutoDrafter(ngram=auto_lookup(), model=lazy, target=target, clock=clock)
+        _run_loading(target, drafter, clock, list(range(10, 30)), 60, 8)
+        assert (size in loads) == tried
+        drafter.close()
+
+
 # -- long prompts: costs at the context length the answer runs at ---------------------------------------------
 
 

@@ -165,11 +165,11 @@ def test_auto_loads_the_draft_model_only_when_a_round_wants_it(tiny_ggufs, monke
     config = GenerationConfig(max_tokens=8, num_draft=32, sampling=GREEDY)
     cold = load_pipeline(opts)
     try:
-        # Nothing measured yet: not loaded with the target, but on the first round, to be timed.
+        # Nothing measured yet: not loaded with the target; and the draft's file is as big as the target's, so
+        # the prior (a draft token costs the share of the weights it streams) says a model draft cannot pay.
         assert cold.draft is None and cold.has_draft_model and not cold.draft_note
         done = _generate_waiting(cold, "Say hi", config)
-        assert isinstance(done, Done) and cold.draft is not None and cold.draft_slot.load_s > 0
-        assert cold.drafter.model.loaded_by == "localspec-draft-load"  # type: ignore[attr-defined]  # beside the answer
+        assert isinstance(done, Done) and cold.draft is None
         store = cold.cost_store
     finally:
         cold.close()
@@ -201,7 +201,8 @@ def test_auto_loads_the_draft_model_only_when_a_round_wants_it(tiny_ggufs, monke
     try:
         assert fast.draft is None and not fast.draft_note  # it can pay, but no round has asked yet
         done = _generate_waiting(fast, "Say hi", config)
-        assert isinstance(done, Done) and fast.draft is not None
+        assert isinstance(done, Done) and fast.draft is not None and fast.draft_slot.load_s > 0
+        assert fast.drafter.model.loaded_by == "localspec-draft-load"  # type: ignore[attr-defined]  # beside the answer
         assert any(s.source == "model" and s.drafted > 0 for s in done.stats.sources)
     finally:
         fast.close()

@@ -71,9 +71,11 @@ def auto_lookup(memory: SuffixMemory | None = None) -> SuffixDrafter:
 
 def draft_ratio(model: Drafter | None, target: Backend | None) -> float:
     """The prior share of T(1) a draft token costs: the draft's weights over the target's (a pass streams them
-    all), where both sizes are known; DRAFT_RATIO otherwise."""
+    all), where both sizes are known (a draft model not loaded yet may know its own); DRAFT_RATIO otherwise.
+    Where even that share rules a model draft out, auto never loads the draft model for an answer."""
     draft = getattr(model, "backend", None)
     sizes = [getattr(getattr(b, "info", None), "size_bytes", None) for b in (draft, target)]
+    sizes[0] = sizes[0] or getattr(model, "size_bytes", None)
     if sizes[0] and sizes[1]:
         return min(max(sizes[0] / sizes[1], 0.02), 1.0)
     return DRAFT_RATIO

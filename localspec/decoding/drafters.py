@@ -276,10 +276,11 @@ class LazyModelDrafter:
 
     method = "model"
 
-    def __init__(self, load: Callable[[], Backend], name: str) -> None:
+    def __init__(self, load: Callable[[], Backend], name: str, *, size_bytes: int | None = None) -> None:
         self._load = load
         self._drafter: ModelDrafter | None = None
         self.name = name
+        self.size_bytes = size_bytes  # the model's weights, known before it loads (auto's prior cost of a token)
         self._job: threading.Thread | None = None
         self._error: BaseException | None = None
         self._stop = threading.Event()  # close(): a load in progress skips reading the text
