@@ -26,7 +26,7 @@ from localspec.backends.base import Backend, BackendModule, ChatMessage, chat_pr
 from localspec.backends.chat_template import ChatFormat, choose_chat_format
 from localspec.backends.registry import backend_spec, resolve_backend
 from localspec.decoding.cost_cache import CostStore
-from localspec.decoding.drafters import Drafter
+from localspec.decoding.drafters import Drafter, holding
 from localspec.decoding.engine import Done, Event, GenerationConfig, generate
 from localspec.decoding.suffix_memory import SuffixMemory
 from localspec.errors import UsageError
@@ -107,7 +107,7 @@ class DraftSlot:
 
     factory: Callable[[threading.Event], Backend] | None = None  # None: no draft model to load
     backend: Backend | None = None
-    load_s: float = 0.0  # what loading it took (a late load happens inside a round)
+    load_s: float = 0.0  # what loading it took (auto's late load runs beside the answer: LazyModelDrafter.start)
     cancel: threading.Event = field(default_factory=threading.Event, repr=False)  # set: a load in progress stops
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -134,7 +134,8 @@ class DraftSlot:
     def close(self) -> None:
         with self._lock:
             if self.backend is not None:
-                self.backend.close()
+                with holding(self.backend):  # a drafter reading into it in the background finishes first
+                    self.backend.close()
                 self.backend = None
 
 
@@ -187,10 +188,10 @@ class Pipeline:
         auto_head = self.options.auto_head if method == "auto" and not self.draft_note and models else None
         head = self.options.draft if registry.family(method).is_head or auto_head else None
         lazy = self.draft_slot.get if self.draft_slot.available and not self.draft_note and models else None
-        if (
-            draft is not None and method == "auto" and models
-        ):  # auto reads the prompt into it only when it wants model drafts
-            lazy, draft = (lambda given=draft: given), None
+        if draft is not None and method == "auto" and models:
+            # A slot's draft, loaded: auto reads the prompt into it only when it wants model drafts, on this thread
+            # (the slots share one context, so never in the background, as a lazy draft model would).
+            lazy = None
         elif draft is None:
             draft = self.draft_slot.get() if method == "model" and self.draft_slot.available else self.draft
         draft = draft if models else None
@@ -204,6 +205,7 @@ class Pipeline:
             n_gpu_layers=self.options.n_gpu_layers,
             load_draft=lazy,
             draft_name=_model_name(self.options.draft),
+            draft_size=_model_size(self.options.draft) if lazy is not None else None,
             auto_head=auto_head,
             memory=self.memory,
         )
@@ -249,6 +251,7 @@ class Pipeline:
             self.draft_slot.cancel.clear()
 
     def close(self) -> None:
+        self.abort()  # a draft model auto is loading, or reading into, in the background stops now
         self.drafter.close()
         self.draft_slot.close()
         self.target.close()
@@ -311,7 +314,7 @@ def load_pipeline(
         drafter = make_drafter(
             opts.draft_method, target, slot.backend, clock=clock, store=store, head=head, n_gpu_layers=opts.n_gpu_layers,
             load_draft=lazy, draft_name=_model_name(opts.draft), auto_head=None if skip_note else opts.auto_head,
-            memory=memory,
+            memory=memory, draft_size=_model_size(opts.draft) if lazy is not None else None,
         )  # fmt: skip
         chat_format = choose_chat_format(target, opts.chat_template)
     except BaseException:
@@ -353,6 +356,16 @@ class _Background:
 
 def _model_name(path: str | None) -> str:
     return Path(path).stem if path else ""
+
+
+def _model_size(path: str | None) -> int | None:
+    """A model's weights in bytes from its files (a GGUF, or a directory's safetensors); None when unknown."""
+    p = Path(path) if path else None
+    if p is None or not p.exists():
+        return None
+    if p.is_file():
+        return p.stat().st_size
+    return sum(f.stat().st_size for f in p.glob("*.safetensors")) or None
 
 
 def cost_store(opts: ModelOptions, target: Backend) -> CostStore:
@@ -426,15 +439,18 @@ def make_drafter(
     draft_name: str = "",
     auto_head: str | None = None,
     memory: SuffixMemory | None = None,
+    draft_size: int | None = None,
 ) -> Drafter:
     """The drafter for a method over loaded models (the family registry builds it).
     `store`: where auto finds and keeps its measured costs (None: measure afresh, keep nothing).
     `head`: the file of a head that reads the target's hidden states (the drafter loads and owns it).
     `load_draft`: for auto without a loaded `draft`, how to load the draft model when a round first needs it.
     `auto_head`: for auto, a head family (`head`'s, or one inside the target) that drafts in the draft model's place.
-    `memory`: earlier sessions' texts for a drafter that copies from them (suffix, auto's lookup)."""
+    `memory`: earlier sessions' texts for a drafter that copies from them (suffix, auto's lookup).
+    `draft_size`: for auto's draft model not loaded yet, its weights in bytes (the prior cost of a draft token)."""
     ctx = BuildContext(
         target=target, backend=target.info.backend, draft=draft, head=head, n_gpu_layers=n_gpu_layers, clock=clock,
         store=store, load_draft=load_draft, draft_name=draft_name, auto_head=auto_head, memory=memory,
+        draft_size=draft_size,
     )  # fmt: skip
     return registry.build_drafter(method, ctx)

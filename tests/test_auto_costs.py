@@ -11,13 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 from fakes import CostedBackend, FakeClock, scripted_draft, scripted_tokens
-from test_adaptive import _run
+from test_adaptive import GREEDY, _run
 
 from localspec.decoding.auto import AutoDrafter, auto_lookup
 from localspec.decoding.calibrate import time_target_paired
 from localspec.decoding.cost_cache import CONTRADICTION, CostStore, CurveCheck
-from localspec.decoding.drafters import ModelDrafter
-from localspec.decoding.engine import Done
+from localspec.decoding.drafters import ModelDrafter, NoDrafter
+from localspec.decoding.engine import Done, GenerationConfig, generate
 from localspec.decoding.policy import CostModel
 from localspec.decoding.stats import RoundStats
 from localspec.sampling import SamplingParams
@@ -119,8 +119,8 @@ STEEP = {1: 0.042, 2: 0.69, 4: 0.75, 8: 0.85, 16: 1.05, 24: 1.3, 33: 1.55}  # T(
 
 
 def test_a_remembered_curve_sixteen_times_too_steep_is_caught_in_a_plain_answer_and_replaced(tmp_path: Path) -> None:
-    """Plain rounds never time a batch: a check round (one token drafted) does, now and then; the curve is
-    dropped and measured afresh within the answer, and suffix drafts take over."""
+    """Plain rounds never time a batch: a check round (one token drafted: the lookup's next one, which holds
+    here) does, now and then; the curve is dropped and measured afresh, and suffix drafts take over."""
     store = _store(tmp_path)
     store.save(CostModel(target=dict(STEEP)))
     clock = FakeClock()
@@ -128,14 +128,14 @@ def test_a_remembered_curve_sixteen_times_too_steep_is_caught_in_a_plain_answer_
     drafter = AutoDrafter(ngram=auto_lookup(), target=target, clock=clock, store=store)
     rounds, done = _generate(target, drafter, clock, REPEATS[:20], 96, 32)
     assert list(done.tokens) == REPEATS[20:116]
-    saved = _saved_ratios(store)  # replaced within the answer, before the drafter closes
-    assert saved is not None and saved == pytest.approx(_true_ratios(sorted(saved)), rel=0.02)
     said = [i for i, r in enumerate(rounds) if "contradicted by live rounds" in r.note]
-    assert len(said) == 1
+    assert len(said) == 1 and said[0] <= 8
+    checks = [r for r in rounds[: said[0]] if r.source == "check"]
+    assert checks and all(r.n_accepted == 1 for r in checks)  # the lookup's token: the checks paid for themselves
     assert sum(r.source != "none" and r.n_drafted > 0 for r in rounds[said[0] :]) >= 3  # suffix drafts now
-    drafter.close()  # the curve as the answer's rounds refined it
+    drafter.close()  # the curve as the answer's rounds refined it, once it has enough timings
     closed = _saved_ratios(store)
-    assert closed is not None and closed == pytest.approx(_true_ratios(sorted(closed)), rel=0.1)
+    assert closed is None or closed == pytest.approx(_true_ratios(sorted(closed)), rel=0.1)
 
 
 INVERTED = {1: 0.516, 2: 0.302, 3: 0.33, 5: 0.4, 9: 0.55}  # T(1) > T(2): plain decoding looks slow
@@ -201,27 +201,55 @@ def test_a_curve_check_needs_pairs_and_a_median_beyond_the_factor() -> None:
 # -- the first answer on a machine: no stall, and a draft model that pays is tried ---------------------------
 
 
+def _run_loading(
+    target: CostedBackend, drafter: AutoDrafter, clock: FakeClock, prompt: list[int], n: int, k: int
+) -> tuple[list[RoundStats], Done]:
+    """A generation that, between rounds, waits for a draft model loading in the background: the round after
+    the one that started the load has it (deterministic; a real answer goes on without waiting)."""
+    from localspec.decoding.drafters import LazyModelDrafter
+
+    rounds: list[RoundStats] = []
+    done = None
+    for ev in generate(
+        target, drafter, prompt, GenerationConfig(max_tokens=n, num_draft=k, sampling=GREEDY), clock=clock
+    ):
+        if isinstance(ev, Done):
+            done = ev
+        elif ev.round is not None:
+            rounds.append(ev.round)
+        if isinstance(drafter.model, LazyModelDrafter):
+            assert drafter.model.wait(30)
+    assert done is not None
+    return rounds, done
+
+
 def test_a_first_answer_on_a_gpu_like_machine_tries_the_draft_model_without_a_calibration_stall(tmp_path: Path) -> None:
     """No remembered costs, a flat (GPU-like) curve, a cheap draft that agrees: the answer times T(1) in its
-    first round, probes the draft model with a short draft in its second, and drafts long from then on. The
-    target ran nothing but the prompt and one verify pass per round (no filler passes)."""
+    first round, starts loading the draft model in the background in its second (which decodes on without
+    it), probes it with a short draft in its third, and drafts long from then on. The target ran nothing but
+    the prompt and one verify pass per round (no filler passes)."""
     from localspec.decoding.drafters import LazyModelDrafter
 
     def flat(n: int) -> float:
         return 0.020 + 0.0002 * (n - 1)
 
+    import threading
+
+    answer_thread = threading.current_thread()
     store = _store(tmp_path)
     clock = FakeClock()
     fn = scripted_tokens(list(range(10, 250)))
     target = CostedBackend(fn, clock, flat, name="target")
-    draft = CostedBackend(scripted_draft(fn, lambda pos: True), clock, lambda n: 0.002, name="draft")
+    # The background read of the prompt costs the answer's clock nothing (it runs beside the rounds).
+    draft_cost = lambda n: 0.002 if threading.current_thread() is answer_thread else 0.0  # noqa: E731
+    draft = CostedBackend(scripted_draft(fn, lambda pos: True), clock, draft_cost, name="draft")
     drafter = AutoDrafter(
         ngram=auto_lookup(), model=LazyModelDrafter(lambda: draft, "draft"), target=target, clock=clock, store=store
     )
-    rounds, done = _generate(target, drafter, clock, list(range(10, 30)), 150, 8)
+    rounds, done = _run_loading(target, drafter, clock, list(range(10, 30)), 150, 8)
     assert list(done.tokens) == list(range(30, 180))
     assert target.forward_calls == [20] + [r.n_drafted + 1 for r in rounds]  # verify passes only
-    assert rounds[0].n_drafted == 0 and "probe model k=2" in rounds[1].note
+    assert rounds[0].n_drafted == 0 and rounds[1].n_drafted == 0 and "probe model k=2" in rounds[2].note
     assert sum(r.source == "model" and r.n_drafted >= 6 for r in rounds) >= len(rounds) // 2
     assert done.stats.decode_s < 0.5 * 149 * flat(1)  # faster than plain decoding in the very first answer
     assert drafter.controller.costs.target_s(9) == pytest.approx(flat(9))  # learnt from the rounds
@@ -231,6 +259,89 @@ def test_a_first_answer_on_a_gpu_like_machine_tries_the_draft_model_without_a_ca
         assert saved is None and drafter.live.storable() == "too few 1-token timings"
     else:
         assert saved is not None and saved == pytest.approx({n: flat(n) / flat(1) for n in saved}, rel=0.01)
+
+
+def test_the_first_answer_goes_on_while_the_draft_model_loads_and_reads_the_prompt(tmp_path: Path) -> None:
+    """A draft model slow to load (here: until the test lets it) costs the first answer no stall: it loads, and
+    reads the text so far, on a thread of its own while the target decodes, and the rounds after that use it."""
+    import threading
+
+    from localspec.decoding.drafters import LazyModelDrafter
+
+    def flat(n: int) -> float:
+        return 0.020 + 0.0002 * (n - 1)
+
+    answer_thread = threading.current_thread()
+    release = threading.Event()
+    loaded_on: list[threading.Thread] = []
+    reads: list[tuple[threading.Thread, int]] = []  # the draft's forward passes: (thread, tokens)
+
+    def draft_cost(n: int) -> float:
+        reads.append((threading.current_thread(), n))
+        return 0.002 if threading.current_thread() is answer_thread else 0.0  # off the answer's clock
+
+    clock = FakeClock()
+    fn = scripted_tokens(list(range(10, 250)))
+    target = CostedBackend(fn, clock, flat, name="target")
+    draft = CostedBackend(scripted_draft(fn, lambda pos: True), clock, draft_cost, name="draft")
+
+    def slow_load() -> CostedBackend:
+        loaded_on.append(threading.current_thread())
+        release.wait(10)  # a load that takes as long as the test wants (10 s at most, should it fail first)
+        return draft
+
+    lazy = LazyModelDrafter(slow_load, "draft")
+    drafter = AutoDrafter(ngram=auto_lookup(), model=lazy, target=target, clock=clock, store=_store(tmp_path))
+    prompt = list(range(10, 30))
+    events = generate(
+        target, drafter, prompt, GenerationConfig(max_tokens=150, num_draft=8, sampling=GREEDY), clock=clock
+    )
+    rounds = []
+    for ev in events:
+        if isinstance(ev, Done):
+            break
+        if ev.round is not None:
+            rounds.append(ev.round)
+        if len(rounds) == 40:
+            break
+    assert len(loaded_on) == 1 and loaded_on[0] is not answer_thread  # the load began beside the answer
+    assert lazy.loading and not reads  # forty rounds decoded while it was still loading
+    assert all(r.n_drafted == 0 or r.source != "model" for r in rounds)
+    release.set()
+    assert lazy.wait(30) and lazy.loaded_by == loaded_on[0].name
+    assert reads[0][0] is not answer_thread and reads[0][1] >= len(prompt)  # it read the prompt there too
+    rest = []
+    for ev in events:  # waiting between rounds from here on, for the text it missed meanwhile (read beside too)
+        rest.append(ev)
+        assert lazy.wait(30)
+    *rest, done = rest
+    assert isinstance(done, Done) and list(done.tokens) == list(range(30, 180))
+    assert all(thread is not answer_thread for thread, _ in reads[:2])
+    later = [e.round for e in rest if e.round is not None]
+    assert sum(r.source == "model" and r.n_accepted > 0 for r in later) >= 3  # then it drafts
+    drafter.close()
+
+
+def test_a_draft_model_the_prior_rules_out_is_never_loaded_for_an_answer() -> None:
+    """Before anything is measured, a draft token is priced at the draft's weights over the target's (files it
+    knows before it loads): on a CPU-like curve a draft nearly as big as the target could not pay even with
+    every token accepted, so no answer loads it; a small one is tried."""
+    from dataclasses import replace
+
+    from localspec.decoding.drafters import LazyModelDrafter
+
+    loads: list[int] = []
+    for size, tried in ((950_000, False), (100_000, True)):
+        clock = FakeClock()
+        fn = scripted_tokens(list(range(10, 250)))
+        target = CostedBackend(fn, clock, true_cost, name="target")
+        target._info = replace(target.info, size_bytes=1_000_000)
+        draft = CostedBackend(scripted_draft(fn, lambda pos: True), clock, lambda n: 0.0, name="draft")
+        lazy = LazyModelDrafter(lambda d=draft: loads.append(size) or d, "draft", size_bytes=size)  # type: ignore[misc]
+        drafter = AutoDrafter(ngram=auto_lookup(), model=lazy, target=target, clock=clock)
+        _run_loading(target, drafter, clock, list(range(10, 30)), 60, 8)
+        assert (size in loads) == tried
+        drafter.close()
 
 
 # -- long prompts: costs at the context length the answer runs at ---------------------------------------------
@@ -337,3 +448,73 @@ def test_a_forecast_lookup_is_the_rounds_draft_made_once() -> None:
     assert calls == [8]  # no second lookup for this context
     drafter.propose([*context, 9], 2, SamplingParams(temperature=0.0), np.random.default_rng(0))
     assert len(calls) == 2  # another context: a lookup of its own
+
+
+# -- a plain round under auto: the host work of a plain round of `none`, and no more than a constant besides ------
+
+
+class _WatchedDraft(CostedBackend):
+    """A draft model that counts reads of its cache (each one what a lag check compares the whole text with)."""
+
+    cache_reads = 0
+
+    @property
+    def cached_tokens(self) -> list[int]:
+        self.cache_reads += 1
+        return self._tokens
+
+
+NEW_TEXT = [int(t) for t in np.random.default_rng(7).permutation(np.arange(300, 4400))]  # no token twice: no copy
+
+
+def _plain_rounds(method: str, k: int, prompt: int) -> tuple[list[int], list[int], _WatchedDraft]:
+    """A greedy answer on new text, with auto over the lookup and a loaded draft model that the costs say cannot
+    pay: the Python calls made from one round's event to the next (each a plain round), the target's passes,
+    and the draft model."""
+    import sys
+
+    clock = FakeClock()
+    vocab = {"n_vocab": 4400}
+    target = CostedBackend(scripted_tokens(NEW_TEXT, **vocab), clock, true_cost, name="target", **vocab)
+    draft = _WatchedDraft(scripted_tokens(NEW_TEXT[::-1], **vocab), clock, lambda n: 0.03, name="draft", **vocab)
+    costs = CostModel(target={n: true_cost(n) for n in (1, 2, 4, 8, 16, 33)}, draft_token=0.03)
+    drafter = (
+        AutoDrafter(ngram=auto_lookup(), model=ModelDrafter(draft), target=target, clock=clock, costs=costs)
+        if method == "auto"
+        else NoDrafter()
+    )
+    calls = [0]
+
+    def count(frame: object, event: str, arg: object) -> None:
+        if event in ("call", "c_call"):
+            calls[0] += 1
+
+    per_round: list[int] = []
+    config = GenerationConfig(max_tokens=120, num_draft=k, sampling=GREEDY)
+    sys.setprofile(count)
+    try:
+        for ev in generate(target, drafter, NEW_TEXT[:prompt], config, clock=clock):
+            if not isinstance(ev, Done) and ev.round is not None:
+                assert ev.round.n_drafted == 0  # new text: every round is plain
+                per_round.append(calls[0])
+            calls[0] = 0
+    finally:
+        sys.setprofile(None)
+    return per_round[2:], target.forward_calls, draft
+
+
+def test_a_plain_round_under_auto_does_no_work_that_grows_and_touches_neither_draft_nor_more_logits() -> None:
+    """Counted, not timed: auto's plain rounds run the target's passes of `none` (one token, one logits row
+    each); the draft model is not touched (its cache compared with the text once an answer, not every round);
+    and what auto adds to a round (the lookup, the plan, the bookkeeping) does not grow with the longest draft
+    it may plan (k) or with the length of the text."""
+    none, none_passes, _ = _plain_rounds("none", 0, 200)
+    short, short_passes, draft = _plain_rounds("auto", 4, 200)
+    assert short_passes == none_passes  # the same passes, the same rows read
+    assert not draft.forward_calls and draft.cache_reads <= 1  # once for the answer, then counted
+    wide, _, _ = _plain_rounds("auto", 32, 200)
+    long, _, long_draft = _plain_rounds("auto", 32, 3000)
+    assert long_draft.cache_reads <= 1
+    base = np.median(short)
+    assert np.median(wide) == base and np.median(long) == base  # no work per draft length or per text token
+    assert base > np.median(none)  # (what it adds is counted: a lookup and a plan)

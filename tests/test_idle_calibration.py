@@ -64,6 +64,33 @@ def test_idle_work_is_only_for_auto_without_a_trusted_curve() -> None:
     assert idle_work(AutoDrafter(ngram=auto_lookup(), target=target, costs=remembered)) is None
 
 
+def test_idle_time_loads_a_draft_model_that_may_pay_before_an_answer_wants_it() -> None:
+    """Where nobody waits, a lazy draft model that a model draft may pay for is loaded (on a thread of its own:
+    the idle loop goes on at once), so that no answer waits for it; where the costs say it cannot pay, never."""
+    from localspec.decoding.drafters import LazyModelDrafter
+    from localspec.decoding.policy import CostModel
+
+    loaded_on: list[str] = []
+    draft = FakeBackend(scripted_tokens(SCRIPT), name="draft")
+
+    def load() -> FakeBackend:
+        loaded_on.append(threading.current_thread().name)
+        return draft
+
+    flat = CostModel(target={1: 0.03, 2: 0.031, 9: 0.035, 33: 0.05}, draft_token=0.003)  # a draft that pays
+    lazy = LazyModelDrafter(load, "draft")
+    drafter = AutoDrafter(ngram=auto_lookup(), model=lazy, target=FakeBackend(scripted_tokens(SCRIPT)), costs=flat)
+    step = idle_work(drafter)
+    assert step is not None and step() is False  # a trusted curve: the load is all there is to do
+    assert lazy.wait(10) and lazy.loaded and loaded_on == ["localspec-draft-load"]
+    assert not draft.forward_calls  # nothing read into it yet: no text is known
+    assert idle_work(drafter) is None
+    steep = CostModel(target={1: 0.03, 2: 0.06, 9: 0.27, 33: 0.99}, draft_token=0.03)  # it cannot pay here
+    never = LazyModelDrafter(load, "draft")
+    assert idle_work(AutoDrafter(ngram=auto_lookup(), model=never, target=draft, costs=steep)) is None
+    assert not never.loaded and len(loaded_on) == 1
+
+
 def test_serve_times_the_curve_between_requests_and_a_request_waits_at_most_one_piece() -> None:
     schedulers: list[Scheduler] = []
     target = HeldBackend(scripted_tokens(SCRIPT), lambda: schedulers[0].idle_pieces if schedulers else -1)

@@ -11,7 +11,7 @@ from localspec.decoding.auto import AutoDrafter, auto_lookup
 from localspec.decoding.drafters import NoDrafter
 from localspec.decoding.engine import Done, GenerationConfig, generate
 from localspec.decoding.policy import RESUMED, RESYNC, match_bucket
-from localspec.decoding.resync import MAX_EDIT, WINDOW
+from localspec.decoding.resync import MAX_EDIT, MAX_NEW, WINDOW
 from localspec.decoding.stats import RoundStats
 from localspec.decoding.suffix import MAX_CANDIDATES, SuffixDrafter, SuffixIndex
 from localspec.sampling import SamplingParams
@@ -223,6 +223,30 @@ def test_a_learned_insertion_is_made_again_in_the_same_context_only() -> None:
     assert half.tokens[:3] == [8, 1020, source[42]]
 
 
+def test_an_insertion_written_before_in_this_answer_resumes_the_copy_as_soon_as_it_is_complete() -> None:
+    """Type hints at every signature: once `: str` was confirmed as an insertion, the next `: str` that the text
+    writes where it left its source ends there, and the copy resumes at once (no token after it needed)."""
+    d = _copying(SOURCE[:20])
+    ctx = [*SOURCE, 1, 2, *SOURCE[:20], 7, 8, *SOURCE[20:30]]  # 7, 8 inserted after SOURCE[19]: confirmed
+    assert d.lookup(ctx, 32).tokens[:4] == SOURCE[30:34]
+    ctx += [7, 8]  # the same span again, after SOURCE[29] (another context)
+    got = d.lookup(ctx, 32)
+    assert got.tokens[:4] == SOURCE[30:34] and got.order == RESYNC + 1
+    before = SuffixDrafter(gate=False)  # without the first one: nothing to go on yet
+    before.prepare([*SOURCE, 1, 2], 32)
+    before.lookup([*SOURCE, 1, 2, *SOURCE[:30]], 32)
+    assert not before.lookup([*SOURCE, 1, 2, *SOURCE[:30], 7, 8], 32).tokens
+
+
+def test_a_long_replacement_of_a_merged_token_resumes_the_copy() -> None:
+    """BPE merges a type hint's last token with the source's next one (`]]:\n` for `):\n`): one source token
+    replaced by eight; the copy resumes after the first token that follows it in the source."""
+    d = _copying(SOURCE[:20])
+    hint = [7, 8, 9, 10, 11, 12, 13, 14]  # in place of SOURCE[20]
+    got = d.lookup([*SOURCE, 1, 2, *SOURCE[:20], *hint, SOURCE[21]], 32)
+    assert got.order == RESYNC + 1 and got.tokens == SOURCE[22:26]
+
+
 def test_a_deletion_resumes_the_copy_after_the_skipped_source_tokens() -> None:
     d = _copying(SOURCE[:20])
     got = d.lookup([*SOURCE, 1, 2, *SOURCE[:20], *SOURCE[23:26]], 32)  # SOURCE[20:23] left out
@@ -252,8 +276,10 @@ def test_no_resync_when_the_tail_does_not_agree_with_the_source() -> None:
     base = [*SOURCE, 1, 2, *SOURCE[:20]]
     assert d.lookup([*base, 7, 8], 32).tokens == []  # two new tokens: nothing confirms a resumed copy
     assert d.lookup([*base, 7, SOURCE[20], 8], 32).tokens == []  # a coincidence undone by the next token
-    longer = [*base, *range(1, MAX_EDIT + 2), SOURCE[21]]  # an edit longer than MAX_EDIT
+    longer = [*base, *range(1, MAX_NEW + 2), SOURCE[21]]  # an edit writing more than MAX_NEW tokens
     assert d.lookup(longer, 32).tokens == []
+    wider = [*base, 7, SOURCE[20 + MAX_EDIT + 1]]  # ... or replacing more than MAX_EDIT
+    assert d.lookup(wider, 32).tokens == []
 
 
 def test_the_anchor_is_dropped_past_the_window_and_resync_off_drafts_as_before() -> None:

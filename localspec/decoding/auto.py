@@ -20,8 +20,9 @@ timings, plausible, not spread like a busy machine's); a busy machine's is used 
 A curve from the cache is a hypothesis: pairs of neighbouring rounds (one a 1-token pass, one a batch)
 test it (cost_cache.CurveCheck), and where the rounds do not form such pairs by themselves (a run that
 decodes plainly throughout, or drafts throughout) a check round makes one now and then: a draft of one
-token in a plain run, a plain round in a drafting one, paid for from EXPLORE of the rounds' time. A curve
-the rounds contradict is dropped from the cache and learnt afresh from the rounds.
+token in a plain run (the lookup's next one where it has one), paid for from CHECK_SHARE (1%) of the plain
+rounds' time, and a plain round in a drafting one, from EXPLORE of the drafting rounds' time. A curve the
+rounds contradict is dropped from the cache and learnt afresh from the rounds.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import numpy as np
 from localspec.backends.base import Backend
 from localspec.decoding.calibrate import PairedRun
 from localspec.decoding.cost_cache import CHECK_PAIRS, CONTRADICTION, CostStore, CurveCheck
-from localspec.decoding.drafters import Drafter, LazyModelDrafter, NgramDrafter
+from localspec.decoding.drafters import Drafter, LazyModelDrafter, ModelDrafter, NgramDrafter
 from localspec.decoding.live_costs import LiveCurve, context_bucket
 from localspec.decoding.policy import DRAFT_RATIO, EXPLORE, MAX_BACKOFF, Controller, CostModel, Plan
 from localspec.decoding.stats import RoundStats
@@ -52,6 +53,8 @@ CALIBRATION_REPS = 3  # pairs per batch size: their median outlasts one pair tha
 IDLE_TOP = 33  # the top size timed in idle time before any answer said its k (auto's default k + 1)
 IDLE_TRIES = 3  # idle calibrations per drafter at most (a machine too busy to measure stays so for a while)
 SAVE_EVERY = 16  # rounds between writes of a learnt curve
+CHECK_SHARE = 0.01  # checks of a remembered curve may cost at most this share of plain rounds' time
+READ_INLINE = 32  # a lazy draft model catches up on at most this many tokens in a round; more, beside it
 FILLER = "The quick brown fox jumps over the lazy dog. " * 2  # idle timing on an empty cache needs a context
 
 
@@ -68,9 +71,11 @@ def auto_lookup(memory: SuffixMemory | None = None) -> SuffixDrafter:
 
 def draft_ratio(model: Drafter | None, target: Backend | None) -> float:
     """The prior share of T(1) a draft token costs: the draft's weights over the target's (a pass streams them
-    all), where both sizes are known; DRAFT_RATIO otherwise."""
+    all), where both sizes are known (a draft model not loaded yet may know its own); DRAFT_RATIO otherwise.
+    Where even that share rules a model draft out, auto never loads the draft model for an answer."""
     draft = getattr(model, "backend", None)
     sizes = [getattr(getattr(b, "info", None), "size_bytes", None) for b in (draft, target)]
+    sizes[0] = sizes[0] or getattr(model, "size_bytes", None)
     if sizes[0] and sizes[1]:
         return min(max(sizes[0] / sizes[1], 0.02), 1.0)
     return DRAFT_RATIO
@@ -124,7 +129,7 @@ class AutoDrafter:
         self._bucket: int | None = None
         self._bucket_scale: dict[int, float] = {}
         self._fresh_bucket = False
-        self._check_credit = 0.0  # seconds check rounds may still cost (EXPLORE of the rounds' time)
+        self._check_credit = 0.0  # seconds check rounds may still cost (a share of the rounds' time)
         self._checks_agreed = 0  # pairs in a row that agreed with the curve: checks back off
         self._checking = False  # this round is a check round
         self._cost_note = ""  # what became of the costs, said once in the next round's note
@@ -135,7 +140,7 @@ class AutoDrafter:
         self._plan: Plan | None = None
         self._order = 0
         self._catch_up_s = 0.0
-        self._setup_s = 0.0  # this round's one-off seconds (loading the draft model)
+        self._model_mark: tuple[int, int] | None = None  # (context length, the model's lag then): see _model_gap
         self.model_note = ""  # why the draft model was dropped mid-run, if it was
         self._shadows: list[tuple[list[int], int, int]] = []  # (proposal, n-gram order, context length then)
 
@@ -152,6 +157,7 @@ class AutoDrafter:
         self._busy_said = False
         self._idle_later = False
         self._prev_plain = None
+        self._model_mark = None  # a new text: the model's cache is compared with it once
         # The draft model does not read the prompt now: it catches up in one batch when a plan first needs it
         # (the policy counts that cost), so a run where model drafts never pay never pays for it.
 
@@ -206,15 +212,29 @@ class AutoDrafter:
     # -- idle time (serve between requests, chat between turns) -------------------------------------
 
     def idle_due(self) -> bool:
-        """Whether timing passes are still wanted where nobody waits (no trusted curve yet)."""
+        """Whether timing passes are still wanted where nobody waits (no trusted curve yet), or the draft model
+        is still to be loaded there (a lazy one that may pay)."""
+        return self._timing_due() or self._preload_due()
+
+    def _timing_due(self) -> bool:
         if not self.learning or self.target is None:
             return False
         return self._idle_run is not None or (self._idle_tries < IDLE_TRIES and not self._idle_later)
 
+    def _preload_due(self) -> bool:
+        model = self.model
+        if not isinstance(model, LazyModelDrafter) or model.loaded or model.loading:
+            return False
+        return self.controller.model_can_pay(max(self.max_k, IDLE_TOP - 1))
+
     def idle_step(self) -> bool:
-        """One piece of calibration (one pair of forward passes) on the target's cache, which it leaves as it
-        found it; run only where nobody waits. True while more pieces are wanted."""
-        if not self.idle_due():
+        """One piece of idle work: the draft model's load begun on a thread of its own where a model draft may
+        pay (an answer then finds it loaded), or calibration (one pair of forward passes) on the target's cache,
+        which it leaves as it found it; run only where nobody waits. True while more pieces are wanted."""
+        if self._preload_due():
+            assert isinstance(self.model, LazyModelDrafter)
+            self.model.start([])
+        if not self._timing_due():
             return False
         target = self.target
         assert target is not None
@@ -276,18 +296,22 @@ class AutoDrafter:
             self._grade_shadows(context)
             ng = self._lookup(context, k, sampling, rng)
             self._order = ng.order if ng.tokens else 0
-        self._setup_s = 0.0
         self._context = len(context)
         if self.learning:
             self._use_live(len(context))
         else:
             self._enter_bucket(context_bucket(len(context)))
-        gap = self.model.lag(context) if self.model is not None else 0
+        loading = self._model_loading()
+        gap = self._model_gap(context) if self.model is not None and not loading else 0
         k_plan = min(k, self._explore_k()) if self.learning else k
         plan = self.controller.plan(
-            k_plan, model=self.model is not None, ngram_avail=len(ng.tokens), ngram_order=self._order, model_gap=gap
+            k_plan,
+            model=self.model is not None and not loading,
+            ngram_avail=len(ng.tokens),
+            ngram_order=self._order,
+            model_gap=gap,
         )
-        if plan.method == "model" and not self._load_model():
+        if plan.method == "model" and not self._model_ready(context):
             plan = self.controller.plan(k_plan, model=False, ngram_avail=len(ng.tokens), ngram_order=self._order)
         if self.learning and plan.method != "none":
             self._lookup_probes = 0
@@ -317,10 +341,11 @@ class AutoDrafter:
             d = self.model.propose(
                 context, plan.k, sampling, rng, min_confidence=max(min_confidence, plan.min_confidence)
             )
+            self._model_mark = None  # the model's cache moved: its lag is read again next time
             note = _join(said, plan.note() + (f"; {d.note}" if d.note else ""))
             return Draft(d.tokens, d.q, note, d.source if d.source != "none" else "model")  # a head says its family
         if self._checking:
-            return self._check_draft(context, said)
+            return self._check_draft(context, said, ng)
         return Draft([], None, _join(said, plan.note()))
 
     def _check_due(self, plan: Plan, k: int, lookup: int = 0) -> bool:
@@ -338,15 +363,17 @@ class AutoDrafter:
         last = self.check.last if self.check is not None else None
         return last is not None and (plan.method == "none") == (last[0] == 1)
 
-    def _check_draft(self, context: Sequence[int], said: str) -> Draft:
+    def _check_draft(self, context: Sequence[int], said: str, lookup: Draft) -> Draft:
         if self.learning:
             return Draft([], None, _join(said, "auto: plain, to time T(1) for the cost curve"))
         assert self.check is not None and self.check.last is not None
         if self.check.last[0] > 1:
             return Draft([], None, _join(said, "auto: plain, to check T(1) against the remembered costs"))
-        # The cheapest batch: one token drafted (the last one again; verified like any draft, so harmless).
+        # The cheapest batch: one token drafted, the lookup's next one where it has one (the check then pays for
+        # itself when it holds), else the last one again (verified like any draft, so harmless).
+        guess = lookup.tokens[:1] or [int(context[-1])]
         note = _join(said, "auto: check T(2) against the remembered costs")
-        return Draft([int(context[-1])], None, note, "check")
+        return Draft(list(guess), None, note, "check")
 
     def _check_curve(self, stats: RoundStats) -> None:
         """Test the remembered curve against this round, pay for a check round; drop a contradicted curve."""
@@ -360,12 +387,13 @@ class AutoDrafter:
         before = self.check.last
         deviation = self.check.observe(stats.n_drafted + 1, seconds)
         if self._checking and before is not None:
-            # What the check cost over the round it replaced: the batch's extra seconds in a plain run; a
-            # whole plain round (at most) where the run drafts. It backs off while the curve holds.
-            cost = seconds - before[1] if stats.n_drafted else seconds
+            # What the check cost over the round it replaced: the batch's extra seconds in a plain run, less a
+            # plain round for a token it drafted and got accepted; a whole plain round (at most) where the run
+            # drafts. It backs off while the curve holds.
+            cost = seconds - before[1] * (1 + stats.n_accepted) if stats.n_drafted else seconds
             self._check_credit -= max(cost, 0.0) * 2 ** min(self._checks_agreed, MAX_BACKOFF)
-        else:
-            self._check_credit += EXPLORE * seconds
+        else:  # a plain answer (auto cannot help there) pays CHECK_SHARE for its checks; a drafting one EXPLORE
+            self._check_credit += (EXPLORE if stats.n_drafted else CHECK_SHARE) * seconds
         if deviation is not None:
             held = 1 / CONTRADICTION <= deviation <= CONTRADICTION
             self._checks_agreed = self._checks_agreed + 1 if held else 0
@@ -381,23 +409,40 @@ class AutoDrafter:
         self.learning = self.target is not None  # learnt afresh from the rounds (and idle pairs)
         self._since_save = SAVE_EVERY
 
-    def _load_model(self) -> bool:
-        """Make sure the draft model is loaded (a lazy one loads now, its seconds kept out of the round's
-        draft cost); False when there is none, or it failed to load (auto then goes on without it)."""
-        if not isinstance(self.model, LazyModelDrafter) or self.model.loaded:
+    def _model_loading(self) -> bool:
+        """Whether the draft model is loading (and reading the text) in the background: no model rounds till then."""
+        return isinstance(self.model, LazyModelDrafter) and self.model.loading
+
+    def _model_ready(self, context: Sequence[int]) -> bool:
+        """Whether the draft model can draft this round. A lazy one not loaded yet starts loading, and reading
+        the text so far, on a thread of its own (LazyModelDrafter.start): the answer goes on without it until it
+        is ready, so neither costs the answer a stall. False when there is none, or it failed to load (auto
+        then goes on without it, and says so once)."""
+        if not isinstance(self.model, LazyModelDrafter):
             return self.model is not None
-        t0 = self.clock()
         try:
-            self.model.load()
+            if self.model.ready() and self._model_gap(context) <= READ_INLINE:
+                return True
         except Interrupted:
-            raise
+            return False  # an abort stopped the load: it starts again when a round next wants the model
         except LocalspecError as e:
             self.model_note = f"auto: draft model dropped: {e}"
             self.model = None
             return False
-        finally:
-            self._setup_s += self.clock() - t0
-        return True
+        self._model_mark = None
+        self.model.start(context)  # loaded where it is not, and the text read into it
+        return False
+
+    def _model_gap(self, context: Sequence[int]) -> int:
+        """Tokens the draft model would first catch up on. Read from the model once, then counted: rounds the
+        model does not draft only add tokens to the context (a model's lag compares its whole cache)."""
+        assert self.model is not None
+        if not isinstance(self.model, (ModelDrafter, LazyModelDrafter)):
+            return self.model.lag(context)  # a head follows the target's own cache
+        mark = self._model_mark
+        if mark is None or mark[0] > len(context):
+            mark = self._model_mark = (len(context), self.model.lag(context))
+        return mark[1] + len(context) - mark[0]
 
     def _grade_shadows(self, context: Sequence[int]) -> None:
         """Score earlier unused n-gram proposals against what the target actually wrote.
@@ -447,15 +492,13 @@ class AutoDrafter:
             self._first_at_length(stats.n_drafted + 1, stats.verify_s - stats.rollback_s)
         if self._plan is not None:
             # Catching the draft's cache up after plain rounds is a one-off, not the draft's per-token cost.
-            # So are calibration and loading the draft model.
-            drafting = replace(stats, draft_s=max(stats.draft_s - self._catch_up_s - self._setup_s, 0.0))
+            drafting = replace(stats, draft_s=max(stats.draft_s - self._catch_up_s, 0.0)) if self._catch_up_s else stats
             self.controller.observe(self._plan, drafting, self._order)
         self._learn(stats.n_drafted + 1, stats.verify_s - stats.rollback_s)
         self._check_curve(stats)
         self._plan = None
         self._checking = False
         self._catch_up_s = 0.0
-        self._setup_s = 0.0
 
     def lag(self, context: Sequence[int]) -> int:
         return 0  # auto catches its model draft up itself, when a plan needs it
@@ -468,6 +511,7 @@ class AutoDrafter:
         assert self.model is not None
         t0 = self.clock()
         self.model.catch_up(context)
+        self._model_mark = None
         return self.clock() - t0
 
     def close(self) -> None:

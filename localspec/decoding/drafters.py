@@ -7,7 +7,10 @@ the committed context itself, through backends.base.sync_cache.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import threading
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Protocol
 
 import numpy as np
@@ -188,6 +191,20 @@ class NgramDrafter(Stateless):
         self._n_indexed = len(context)
 
 
+_LOCKS: weakref.WeakKeyDictionary[Backend, threading.Lock] = weakref.WeakKeyDictionary()
+_LOCKS_GUARD = threading.Lock()
+
+
+@contextmanager
+def holding(backend: Backend) -> Iterator[None]:
+    """The draft model to oneself: a background read of the prompt (LazyModelDrafter.start) and another drafter
+    over the same model (serve keeps one per method) take turns. Uncontended, it costs a lock's acquire."""
+    with _LOCKS_GUARD:
+        lock = _LOCKS.setdefault(backend, threading.Lock())
+    with lock:
+        yield
+
+
 class ModelDrafter:
     """A small draft model through the same backend interface; owns the draft model's cache (not the model).
 
@@ -211,7 +228,8 @@ class ModelDrafter:
         return len(context) - 1 - common_prefix(self.backend.cached_tokens, context, limit=len(context) - 1)
 
     def catch_up(self, context: Sequence[int]) -> None:
-        sync_cache(self.backend, context[:-1], logits=False)
+        with holding(self.backend):
+            sync_cache(self.backend, context[:-1], logits=False)
 
     def propose(
         self,
@@ -227,12 +245,13 @@ class ModelDrafter:
         k = min(k, self.backend.n_ctx - len(context) + 1)
         if k <= 0:
             return EMPTY_DRAFT
-        _, logits = sync_cache(self.backend, context, logits=True)
-        assert logits is not None
-        # The next round keeps at least `context`: a recurrent draft saves its state here, since the
-        # one-token passes below leave no snapshot that reaches back this far.
-        self.backend.checkpoint()
-        tokens, q, note = sample_draft(logits, self._step, k, sampling, rng, min_confidence, self.backend.eog_ids)
+        with holding(self.backend):
+            _, logits = sync_cache(self.backend, context, logits=True)
+            assert logits is not None
+            # The next round keeps at least `context`: a recurrent draft saves its state here, since the
+            # one-token passes below leave no snapshot that reaches back this far.
+            self.backend.checkpoint()
+            tokens, q, note = sample_draft(logits, self._step, k, sampling, rng, min_confidence, self.backend.eog_ids)
         return Draft(tokens, q, note, source="model")
 
     def _step(self, token: int) -> np.ndarray:
@@ -246,34 +265,94 @@ class ModelDrafter:
 
 
 class LazyModelDrafter:
-    """A ModelDrafter whose draft model is loaded the first time a draft (or a catch-up) needs it.
+    """A ModelDrafter whose draft model is loaded the first time a round wants it, off the answer's path.
 
-    `auto` holds its model draft this way: a run whose rounds never want a model draft never pays for
-    loading one. Until then the drafter has read nothing, so its lag is the whole context.
+    `auto` holds its model draft this way: a run whose rounds never want a model draft never pays for loading
+    one, and one that does goes on without it while `start` loads it and reads the text so far into it on a
+    thread of its own; `ready` says when it can draft. Until then the drafter has read nothing, so its lag is
+    the whole context. `load` and the Drafter methods load it on the calling thread (waiting for a load in
+    progress), for a caller that wants it now.
     """
 
     method = "model"
 
-    def __init__(self, load: Callable[[], Backend], name: str) -> None:
+    def __init__(self, load: Callable[[], Backend], name: str, *, size_bytes: int | None = None) -> None:
         self._load = load
         self._drafter: ModelDrafter | None = None
         self.name = name
+        self.size_bytes = size_bytes  # the model's weights, known before it loads (auto's prior cost of a token)
+        self._job: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._stop = threading.Event()  # close(): a load in progress skips reading the text
+        self.loaded_by: str = ""  # the name of the thread that loaded the model (where its load cost fell)
 
     @property
     def loaded(self) -> bool:
         return self._drafter is not None
 
-    def load(self) -> ModelDrafter:
+    def start(self, context: Sequence[int]) -> None:
+        """Load the model if it is not yet, and read `context` into it (all but its last token, as catch_up;
+        nothing when it is empty), on a thread of its own."""
+        if self._job is not None:
+            return
+        self._error = None
+        self._job = threading.Thread(
+            target=self._background, args=(list(context),), name="localspec-draft-load", daemon=True
+        )
+        self._job.start()
+
+    def _background(self, context: list[int]) -> None:
+        try:
+            drafter = self._made()
+            if context and not self._stop.is_set():
+                drafter.catch_up(context)
+        except BaseException as e:  # handed to the drafting thread by ready()
+            self._error = e
+
+    def _made(self) -> ModelDrafter:
         if self._drafter is None:
-            self._drafter = ModelDrafter(self._load())
+            backend = self._load()
+            self.loaded_by = threading.current_thread().name
+            self._drafter = ModelDrafter(backend)
         return self._drafter
 
+    @property
+    def loading(self) -> bool:
+        return self._job is not None and self._job.is_alive()
+
+    def ready(self) -> bool:
+        """Whether the model can draft now without waiting (a background load done). Raises what the load
+        raised, once; an interrupted load may be started again."""
+        if self._job is None:
+            return self._drafter is not None
+        if self._job.is_alive():
+            return False
+        self._job = None
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+        return self._drafter is not None
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for a background load (tests, and close); whether none is running now."""
+        job = self._job
+        if job is not None:
+            job.join(timeout)
+        return not self.loading
+
+    def load(self) -> ModelDrafter:
+        self.wait()
+        self._job = None
+        return self._made()
+
     def prepare(self, context: Sequence[int], max_k: int) -> None:
-        if self._drafter is not None:
+        if self._drafter is not None and not self.loading:
             self._drafter.prepare(context, max_k)
 
     def lag(self, context: Sequence[int]) -> int:
-        return self._drafter.lag(context) if self._drafter is not None else max(len(context) - 1, 0)
+        if self._drafter is None or self.loading:
+            return max(len(context) - 1, 0)
+        return self._drafter.lag(context)
 
     def catch_up(self, context: Sequence[int]) -> None:
         self.load().catch_up(context)
@@ -294,5 +373,7 @@ class LazyModelDrafter:
             self._drafter.observe(stats)
 
     def close(self) -> None:
+        self._stop.set()
+        self.wait()
         if self._drafter is not None:
             self._drafter.close()

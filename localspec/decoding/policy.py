@@ -300,26 +300,29 @@ class Controller:
         return [self.ngram_acceptance(order + i).alpha for i in range(k_max)]
 
     def best(self, method: Method, k_max: int, order: int = 0, extra: float = 0.0) -> Plan:
-        """The best draft length for one source (ignoring plain decoding); `extra`: seconds added per round."""
+        """The best draft length for one source (ignoring plain decoding); `extra`: seconds added per round.
+        In array operations: a round weighs up to 32 lengths, and auto plans every round."""
         plain = self.plain_rate()
+        if k_max <= 0:
+            return Plan("none", 0, plain, plain)
         alphas = self._alphas(method, order, k_max)
-        best = Plan("none", 0, plain, plain)
-        expected = 1.0
-        verify = self.costs.target_curve(k_max + 1)  # verify[j] = T(j + 1)
-        for j, held in enumerate(survival(alphas), start=1):
-            expected += held
-            cost = self._draft_cost(method, j) + float(verify[j]) + self.costs.rollback_s(held, j) + extra
-            rate = expected / cost if cost > 0 else 0.0
-            if best.method == "none" or rate > best.rate:
-                best = Plan(method, j, rate, plain, alphas[0])
-        return best
+        held = np.cumprod(alphas)  # survival(alphas)
+        expected = 1.0 + np.cumsum(held)
+        j = np.arange(1, k_max + 1)
+        verify = self.costs.target_curve(k_max + 1)[1:]  # T(j + 1)
+        rollback = (1.0 - held) * self.costs.rollback_round
+        cost = self._draft_costs(method, j) + verify + rollback + extra
+        rates = np.divide(expected, cost, out=np.zeros(k_max), where=cost > 0)
+        top = int(np.argmax(rates))  # the first of equal rates: the shortest draft
+        return Plan(method, top + 1, float(rates[top]), plain, alphas[0])
 
     def plain_rate(self) -> float:
         t1 = self.costs.target_s(1)
         return 1.0 / t1 if t1 and t1 > 0 and not math.isnan(t1) else 0.0
 
-    def _draft_cost(self, method: Method, j: int, optimistic: bool = False) -> float:
-        """A j-token draft's cost; `optimistic`: the prior's where it is lower than a timing not yet settled."""
+    def _draft_costs(self, method: Method, j: np.ndarray, optimistic: bool = False) -> np.ndarray | float:
+        """What drafts of j tokens cost (j an array of lengths); `optimistic`: the prior's cost where it is lower
+        than a timing not yet settled."""
         if method == "ngram":
             return self.costs.ngram_round
         d = self.costs.draft_s()
@@ -401,12 +404,13 @@ class Controller:
         self, method: Method, k_max: int, ngram_avail: int = 0, extra: float = 0.0, optimistic: bool = False
     ) -> float:
         """The best rate a source could reach if every draft token were accepted (`extra`: seconds added per round;
-        `optimistic`: see _draft_cost)."""
+        `optimistic`: see _draft_costs)."""
         k_top = k_max if method == "model" else min(k_max, max(ngram_avail, 1))
-        verify = self.costs.target_curve(k_top + 1)
-        rates = [(j + 1) / (self._draft_cost(method, j, optimistic) + float(verify[j]) + extra)
-                 for j in range(1, k_top + 1)]  # fmt: skip
-        return max(rates, default=0.0)
+        if k_top <= 0:
+            return 0.0
+        j = np.arange(1, k_top + 1)
+        verify = self.costs.target_curve(k_top + 1)[1:]
+        return float(np.max((j + 1) / (self._draft_costs(method, j, optimistic) + verify + extra)))
 
     def _with_confidence(self, plan: Plan) -> Plan:
         """Model drafts stop at a token whose confidence c cannot pay for itself: c * rate < d + dT.

@@ -5,19 +5,22 @@ text's suffix matches nothing, or only short common pieces elsewhere, although t
 goes on copying its source right after the edit. So the suffix drafter keeps an alignment with the
 source of its last long match (an anchor: current position `cur` copies source position `src`) and
 walks it forward while the two agree. Where they diverge it tries small edits: ε new tokens in place
-of δ source tokens (ε, δ <= MAX_EDIT). An edit holds when the context tokens after it (its verified
-tail, v tokens) equal the source there; the longest verified tail wins (then the edit whose lengths
-are closest). An edit verified by LEARN_MIN tokens moves the anchor past it, and a substitution (a
+of δ source tokens (ε <= MAX_NEW, δ <= MAX_EDIT). An edit holds when the context tokens after it (its
+verified tail, v tokens) equal the source there; the longest verified tail wins (then the edit whose
+lengths are closest). An edit verified by LEARN_MIN tokens moves the anchor past it, and a substitution (a
 rename) is remembered for the rest of the generation (Edits): the walk steps over it, and drafts copied
 from a source get it applied, so a rename does not collapse the match at every later occurrence. An
 insertion (a type hint after a parameter) is remembered with the source token on each side as its
-context, and made again only between those two tokens. The
+context, and made again only between those two tokens; what it wrote is remembered on its own too, so
+that where the text writes the same span again after leaving its source (`: str` at the next parameter),
+the copy resumes the moment the span is complete, as sure as one confirming token would make it. The
 draft is the source's continuation from the anchor. With nothing verified (v = 0) one guess is made:
 right after the first differing token, that it replaced one source token.
 
 Cost per round: the anchor's walk over the tokens added since the last round (each step checks at most
-MAX_KEPT remembered edits), plus at most (MAX_EDIT + 1)**2 comparisons of at most VERIFY tokens per edit
-found; state: one anchor and at most MAX_KEPT edits of at most MAX_EDIT tokens a side. An edit still
+MAX_KEPT remembered edits), plus at most (MAX_NEW + 1)(MAX_EDIT + 1) comparisons of at most VERIFY tokens
+per edit found and one set lookup; state: one anchor, at most MAX_KEPT edits of at most MAX_NEW tokens a side
+and MAX_SPANS inserted spans. An edit still
 unconfirmed WINDOW tokens after a divergence drops the anchor (a plain match has had room to form).
 """
 
@@ -26,12 +29,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-MAX_EDIT = 6  # most tokens an edit inserts (ε) or replaces (δ): a type hint with a return type is about 6
-WINDOW = 12  # tokens after a divergence within which an edit is sought
+MAX_EDIT = 6  # most source tokens an edit replaces (δ)
+# Most tokens an edit writes (ε): a type hint with a return type is about 6, but BPE merges its last token with
+# the source's next (`]]:\n` for `):\n`), which makes it a replacement of ~8 tokens for one.
+MAX_NEW = 12
+WINDOW = 16  # tokens after a divergence within which an edit is sought
 VERIFY = 6  # tokens after an edit compared with the source (enough to confirm it)
 LEARN_MIN = 2  # an edit confirmed by this many tokens moves the anchor past it (a rename is remembered)
 ANCHOR_MIN = 6  # a suffix match at least this long (re)sets the anchor
 MAX_KEPT = 8  # substitutions remembered per generation
+MAX_SPANS = 16  # inserted spans remembered per generation
 
 
 @dataclass
@@ -57,6 +64,11 @@ class Edits:
 
     def __init__(self) -> None:
         self.subs: dict[tuple[int, ...], tuple[int, ...]] = {}
+        self.spans: set[tuple[int, ...]] = set()  # what confirmed insertions wrote (`: str`), in any context
+
+    def inserted(self, new: Sequence[int]) -> None:
+        if new and len(self.spans) < MAX_SPANS:
+            self.spans.add(tuple(new))
 
     def learn(self, old: Sequence[int], new: Sequence[int]) -> None:
         if old and new and tuple(old) != tuple(new) and len(self.subs) < MAX_KEPT:
@@ -97,14 +109,21 @@ def follow(anchor: Anchor, src: Sequence[int], cur: Sequence[int], edits: Edits)
             v = anchor.cur - anchor.since
             return Resync(anchor.doc, anchor.src, v) if anchor.src < len(src) else None
         r = _known(anchor, src, cur, edits) or _align(anchor, src, cur)
+        if (r is None or not r.verified) and tuple(cur[anchor.cur :]) in edits.spans and anchor.src < len(src):
+            # The text since the divergence is what an insertion of this answer wrote before: it ends here, and
+            # the copy resumes at once (as sure as one confirming token would make it).
+            return Resync(anchor.doc, anchor.src, 1, tail, 0)
         if r is None or r.pending or r.verified < LEARN_MIN:
             return r if tail <= WINDOW else None
         if r.new and r.skipped:
-            edits.learn(src[anchor.src : anchor.src + r.skipped], cur[anchor.cur : anchor.cur + r.new])
-        elif r.new and anchor.src > 0 and anchor.cur > 0 and cur[anchor.cur - 1] == src[anchor.src - 1]:
-            # An insertion after a copied token: kept with the source tokens on both sides as context.
-            a, b = src[anchor.src - 1], src[anchor.src]
-            edits.learn((a, b), (a, *cur[anchor.cur : anchor.cur + r.new], b))
+            if r.new <= MAX_EDIT:  # a rename; a longer replacement (a merged type hint) is not made again
+                edits.learn(src[anchor.src : anchor.src + r.skipped], cur[anchor.cur : anchor.cur + r.new])
+        elif r.new:
+            edits.inserted(cur[anchor.cur : anchor.cur + r.new])
+            if anchor.src > 0 and anchor.cur > 0 and cur[anchor.cur - 1] == src[anchor.src - 1]:
+                # An insertion after a copied token: kept with the source tokens on both sides as context.
+                a, b = src[anchor.src - 1], src[anchor.src]
+                edits.learn((a, b), (a, *cur[anchor.cur : anchor.cur + r.new], b))
         anchor.cur += r.new
         anchor.src += r.skipped
         anchor.since = anchor.cur
@@ -143,7 +162,7 @@ def _align(anchor: Anchor, src: Sequence[int], cur: Sequence[int]) -> Resync | N
     """The best edit at the anchor's divergence that the text after it confirms."""
     p, q = anchor.cur, anchor.src
     tail = len(cur) - p
-    for new in range(min(MAX_EDIT, tail) + 1):  # fewest new tokens first: the longest verified tail
+    for new in range(min(MAX_NEW, tail) + 1):  # fewest new tokens first: the longest verified tail
         v = tail - new
         if v == 0 and tail > 1:
             break  # unconfirmed: guessed only right after the first differing token (a one-token rename)

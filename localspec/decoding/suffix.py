@@ -28,7 +28,7 @@ MAX_CANDIDATES backward comparisons of at most MAX_MATCH tokens and `limit` coun
 surviving candidates. benchmarks/suffix_cost.py measures it in CPython on a 65k-token session: a
 median of about 0.15 ms per round with 32-token drafts (under 1% of a 1.5B target's 30-40 ms token on
 a CPU); evicting an old document costs about 15 us per token of it, once. Resync adds one anchor and at
-most MAX_KEPT renames of state, a walk over the round's new tokens and at most (MAX_EDIT + 1)**2
+most MAX_KEPT renames of state, a walk over the round's new tokens and at most (MAX_NEW + 1)(MAX_EDIT + 1)
 comparisons of at most VERIFY tokens per edit found (localspec.decoding.resync).
 """
 

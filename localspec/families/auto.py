@@ -18,7 +18,7 @@ def _build(ctx: BuildContext) -> Drafter:
     elif ctx.draft is not None:
         model = ModelDrafter(ctx.draft)
     elif ctx.load_draft is not None:
-        model = LazyModelDrafter(ctx.load_draft, ctx.draft_name or "draft")
+        model = LazyModelDrafter(ctx.load_draft, ctx.draft_name or "draft", size_bytes=ctx.draft_size)
     return AutoDrafter(ngram=auto_lookup(ctx.memory), model=model, target=ctx.target, clock=ctx.clock, store=ctx.store)
 
 

@@ -36,6 +36,7 @@ class BuildContext:
     store: CostStore | None = None  # where auto keeps its measured costs (None: nowhere)
     load_draft: Callable[[], Backend] | None = None  # auto: load the draft model when a round first wants it
     draft_name: str = ""
+    draft_size: int | None = None  # auto: the draft model's weights in bytes, before it loads (its prior cost)
     auto_head: str | None = None  # auto: the head family drafting in the draft model's place
     head_drafter: Callable[[], Drafter] | None = None  # auto: builds that head's drafter (the registry sets it)
     memory: SuffixMemory | None = None  # earlier sessions' texts, for drafters that copy from them
