@@ -116,11 +116,11 @@ class Case:
         return f"{self.method} k={self.k} {'greedy' if self.temperature == 0 else f'T={self.temperature}'}"
 
 
-def run_case(table: np.ndarray, case: Case, rounds: int, sleep: bool = True) -> dict[str, float]:
+def run_case(table: np.ndarray, case: Case, rounds: int, sleep: bool = True, prompt_len: int = 200) -> dict[str, float]:
     target = TableBackend(table, "target", h200_pass_s if sleep else None)
     draft = TableBackend(table, "draft", (lambda n: 1.19e-3 * n) if sleep else None)
     drafter = ModelDrafter(draft) if case.method == "model" else make_drafter(case.method, target, draft)  # type: ignore[arg-type]
-    prompt = [i % LOOP for i in range(200)]  # the loop twice and more: lookups match from the start
+    prompt = [i % LOOP for i in range(prompt_len)]  # the loop again and again: lookups match from the start
     config = GenerationConfig(max_tokens=rounds * (case.k + 1), num_draft=case.k,
                               sampling=SamplingParams(temperature=case.temperature, seed=1))  # fmt: skip
     n_rounds, done, cpu0 = 0, None, 0.0
@@ -150,6 +150,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--profile", help="METHOD:K:TEMPERATURE: profile one case instead")
     ap.add_argument("--no-sleep", action="store_true", help="passes cost only their rows (auto then sees free passes)")
+    ap.add_argument("--prompt-tokens", type=int, default=200, help="context length (work that grows with it shows)")
+    ap.add_argument("--only", help="a comma-separated list of case labels' methods to run (model,suffix,auto)")
     args = ap.parse_args()
     table = make_table()
     if args.profile:
@@ -162,11 +164,15 @@ def main() -> None:
         prof.disable()
         pstats.Stats(prof).sort_stats("tottime").print_stats(25)
         return
-    print(f"localspec's own time per round, vocabulary {VOCAB:,}, median of {args.reps} runs of {args.rounds} rounds")
+    print(f"localspec's own time per round, vocabulary {VOCAB:,}, a {args.prompt_tokens:,}-token context, median of "
+          f"{args.reps} runs of {args.rounds} rounds")  # fmt: skip
     print(f"{'case':24s} {'own ms/round':>12s} {'CPU ms/round':>12s} {'tokens/round':>12s} {'acceptance':>10s}")
+    only = set(args.only.split(",")) if args.only else None
     for case in CASES:
-        run_case(table, case, 10, not args.no_sleep)  # warm-up
-        runs = [run_case(table, case, args.rounds, not args.no_sleep) for _ in range(args.reps)]
+        if only is not None and case.method not in only:
+            continue
+        run_case(table, case, 10, not args.no_sleep, args.prompt_tokens)  # warm-up
+        runs = [run_case(table, case, args.rounds, not args.no_sleep, args.prompt_tokens) for _ in range(args.reps)]
         own = statistics.median(r["own_ms"] for r in runs)
         cpu = statistics.median(r["own_cpu_ms"] for r in runs)
         r = runs[0]
