@@ -26,6 +26,7 @@ from localspec.pipeline import Pipeline
 from localspec.server import anthropic
 from localspec.server.errors import APIError
 from localspec.server.metrics import Metrics
+from localspec.server.notes import warnings_of, with_warnings
 from localspec.server.reasoning import DEFAULT_FORMAT, ReasoningDelta
 from localspec.server.requests import (
     GenerationRequest,
@@ -57,7 +58,7 @@ if TYPE_CHECKING:
 
 DEFAULT_MAX_BODY = 8 * 1024 * 1024
 KEY_HINT = "send it as `Authorization: Bearer KEY`"
-OPEN_PATHS = ("/health",)  # answered without the API key (load balancers, `curl` checks)
+OPEN_PATHS = ("/", "/health")  # answered without the API key (load balancers, `curl` checks, HEAD /)
 
 
 @dataclass(frozen=True)
@@ -132,6 +133,11 @@ def create_app(
                                                  None, "method_not_allowed", dict(allow)))  # fmt: skip
 
     # -- routes ---------------------------------------------------------------------------------------
+
+    @app.api_route("/", methods=["GET", "HEAD"])
+    async def root() -> dict[str, Any]:
+        """What a client's reachability check asks (Claude Code sends HEAD /): the server is up."""
+        return {"status": "ok", "model": settings.model_name}
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -216,11 +222,13 @@ def create_app(
                         job.stop.set()  # parallel_tool_calls false: nothing after the one call is wanted
                 if isinstance(item, Outcome):
                     if reader is None:
-                        return JSONResponse(full_response(ids, req.echo + item.text, item.finish_reason, item.stats,
-                                                          reasoning=item.reasoning))  # fmt: skip
+                        return JSONResponse(with_warnings(full_response(ids, req.echo + item.text, item.finish_reason,
+                                                                        item.stats, reasoning=item.reasoning),
+                                                          req.notes))  # fmt: skip
                     reader.finish()
-                    return JSONResponse(full_response(ids, "".join(reader.content), item.finish_reason, item.stats,
-                                                      reader.calls, item.reasoning))  # fmt: skip
+                    body = full_response(ids, "".join(reader.content), item.finish_reason, item.stats, reader.calls,
+                                         item.reasoning)  # fmt: skip
+                    return JSONResponse(with_warnings(body, warnings_of(req.notes, reader.calls, req.tools)))
         finally:
             watcher.cancel()
             scheduler.cancel(job)  # a no-op once it has finished
@@ -255,7 +263,9 @@ def create_app(
                         for body in tool_chunks(ids, reader.finish(), usage):
                             yield sse(body)
                         finish = calls_finish_reason(finish, reader.calls)
-                    yield sse(chunk(ids, finish_reason=finish, stats=item.stats, include_usage=usage))
+                    calls = reader.calls if reader is not None else []
+                    last = chunk(ids, finish_reason=finish, stats=item.stats, include_usage=usage)
+                    yield sse(with_warnings(last, warnings_of(job.request.notes, calls, job.request.tools)))
                     if usage:
                         yield sse(usage_chunk(ids, item.stats))
                     break
