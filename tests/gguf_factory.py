@@ -515,7 +515,14 @@ def _random_tensors(
 
 
 def _write(
-    path: Path, arch: str, name: str, meta: dict, tensors: dict[str, np.ndarray], n_embd: int, n_layer: int, hparams,
+    path: Path,
+    arch: str,
+    name: str,
+    meta: dict,
+    tensors: dict[str, np.ndarray],
+    n_embd: int,
+    n_layer: int,
+    hparams,
     context_length: int = 2048,
 ) -> None:  # type: ignore[no-untyped-def]
     import gguf

@@ -129,6 +129,10 @@ def test_a_claude_code_conversation_reads_only_the_new_tokens(server: InProcess)
     assert t2["cache_n"] >= first.usage.input_tokens, (t1, t2)  # the whole first prompt came from the cache
     assert t2["prompt_n"] == second.usage.input_tokens - t2["cache_n"]
     assert t2["prompt_n"] < 60, t2  # the new turn (and the answer's last token), not the 2000-token prefix
+    events = list(c.beta.messages.create(**claude_code_body(3, second_turn), betas=BETAS, stream=True))  # as sent
+    delta = next(e for e in events if e.type == "message_delta")
+    assert delta.model_extra["timings"]["cache_n"] >= t2["cache_n"]  # the same prompt again: all of it cached
+    assert delta.model_extra["warnings"] == warnings  # the same hints, said on the stream's message_delta
     metrics = httpx.get(f"{server.url}/metrics", headers={"x-api-key": KEY}).text
     cached = next(line for line in metrics.splitlines() if line.startswith("localspec:prompt_tokens_cached_total"))
     assert float(cached.split()[-1]) >= t2["cache_n"]
@@ -187,3 +191,22 @@ def test_reasoning_effort_head_and_get_root(server: InProcess) -> None:
     assert "warnings" not in plain.json()
     assert httpx.head(f"{server.url}/").status_code == 200  # no key needed: a reachability check
     assert httpx.get(f"{server.url}/").json()["model"] == MODEL
+
+
+def test_an_answer_schema_takes_the_same_keywords_and_refuses_what_it_cannot_enforce(server: InProcess) -> None:
+    """response_format (and output_config.format): keywords that constrain nothing pass; one the grammar cannot
+    enforce is a 400 naming it, since the answer is to match the schema."""
+    free_keys = {"type": "object", "properties": {"ok": {"type": "boolean"}, "env": {
+        "type": "object", "propertyNames": {"type": "string"}, "maxProperties": 0}}, "required": ["ok", "env"],
+        "additionalProperties": False, "$schema": "http://json-schema.org/draft-07/schema#"}  # fmt: skip
+    unique = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"},
+                                                        "uniqueItems": True}}}  # fmt: skip
+    headers = {"Authorization": f"Bearer {KEY}"}
+    for schema, status in ((free_keys, 200), (unique, 400)):
+        fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+        body = {"model": MODEL, "max_tokens": 30, "messages": [{"role": "user", "content": "Hi"}],
+                "response_format": fmt}  # fmt: skip
+        r = httpx.post(f"{server.url}/v1/chat/completions", json=body, headers=headers, timeout=60)
+        assert r.status_code == status, r.text
+    assert "uniqueItems" in r.json()["error"]["message"]
+    assert r.json()["error"]["param"] == "response_format.json_schema.schema"

@@ -322,10 +322,6 @@ def text_part(block: TextBlock) -> dict[str, str]:
     return {"type": "text", "text": block.text}
 
 
-def text_parts(blocks: Sequence[TextBlock]) -> list[dict[str, str]]:
-    return [text_part(b) for b in blocks]
-
-
 def generation_request(body: MessagesRequest, served: Served) -> GenerationRequest:
     req = replace(chat_request(chat_body(body), served), path=PATH)
     return replace(req, notes=(*req.notes, *hint_notes(body, req, served)))

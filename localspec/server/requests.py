@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from localspec.backends.base import ChatMessage, chat_prompt_tokens
-from localspec.decoding import grammar
+from localspec.decoding import grammar, schema_fit
 from localspec.decoding.engine import GenerationConfig
 from localspec.decoding.grammar import GrammarSpec
 from localspec.errors import LocalspecError
@@ -227,9 +227,22 @@ def response_grammar(body: SamplingFields, served: Served) -> GrammarSpec | None
                        '"json_schema": {"name": "answer", "schema": {"type": "object"}}})',
                        "response_format.json_schema", "invalid_value")  # fmt: skip
     else:
-        spec = grammar.json_schema(fmt.json_schema.schema_)
+        spec = grammar.json_schema(answer_schema(fmt.json_schema.schema_))
     param = "response_format" if fmt.type == "json_object" else "response_format.json_schema.schema"
     return compiled(spec, served, param)
+
+
+def answer_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """The answer's schema as the grammar takes it (schema_fit: keywords that constrain nothing dropped); a
+    keyword that constrains and that the grammar cannot enforce is a 400: the answer is to match the schema."""
+    fit = schema_fit.fit(schema)
+    if fit.error:
+        return schema  # compiled() refuses it with llguidance's reason
+    if fit.unenforced:
+        raise APIError(400, f"response_format.json_schema.schema: the grammar cannot enforce the schema's "
+                       f"{', '.join(fit.unenforced)}, and the answer is to match the schema; drop the keyword",
+                       "response_format.json_schema.schema", "unsupported_parameter")  # fmt: skip
+    return fit.schema
 
 
 def compiled(spec: GrammarSpec, served: Served, param: str) -> GrammarSpec:
