@@ -95,3 +95,22 @@ def test_serve_without_n_ctx_takes_a_17k_prompt_on_a_model_trained_for_32k(train
         r = s.post("/v1/chat/completions", too_long)
         assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
         assert f"maximum context length is {TRAINED}" in r.json()["error"]["message"]
+
+
+@pytest.mark.mlx
+def test_an_mlx_model_gets_its_trained_context(tmp_path: Path) -> None:
+    """mlx-lm's config.json says the trained context (max_position_embeddings: 4096 in the tiny model's)."""
+    pytest.importorskip("mlx.core")
+    pytest.importorskip("mlx_lm")
+    from mlx_tiny import build
+
+    from localspec.options import ModelOptions
+    from localspec.pipeline import load_pipeline
+
+    config = json.loads((build(tmp_path / "m", seed=0) / "config.json").read_text())
+    pipeline = load_pipeline(ModelOptions(target=str(tmp_path / "m"), backend="mlx", draft_method="none", n_ctx=None))
+    try:
+        assert pipeline.target.n_ctx == config["max_position_embeddings"] == pipeline.options.n_ctx
+        assert pipeline.notes[-1].startswith("context 4,096 tokens: the target's trained context")
+    finally:
+        pipeline.close()
