@@ -7,6 +7,7 @@ stops.py     stop strings over a text stream, holding back what could still beco
 reasoning.py a reasoning model's <think> block split from the answer as it streams (reasoning_content)
 scheduler.py one generation at a time on a worker thread, a bounded FIFO queue, cancellation
 responses.py OpenAI response and chunk bodies, with the run's speculative `timings`
+notes.py     the rule for fields that cannot be honoured, and the `warnings` a response carries
 metrics.py   Prometheus counters (vLLM-like names)
 app.py       the Starlette/FastAPI app: routes, API key, body limit, CORS
 anthropic.py Anthropic's Messages API (/v1/messages, count_tokens) translated onto the chat path
