@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from localspec.backends.registry import AUTO as AUTO_BACKEND
 from localspec.backends.registry import backend_choices, resolve_backend
 from localspec.catalog import LocalPair, load_catalog
+from localspec.context_size import AUTO_MAX_N_CTX, FALLBACK_N_CTX
 from localspec.decoding.engine import GenerationConfig
 from localspec.decoding.verify import RULES
 from localspec.errors import UsageError
@@ -45,7 +46,7 @@ class ModelOptions:
     draft: str | None = None
     backend: str = DEFAULT_BACKEND
     draft_method: str = DEFAULT_DRAFT_METHOD
-    n_ctx: int = DEFAULT_N_CTX
+    n_ctx: int | None = DEFAULT_N_CTX  # None: the target's trained context, bounded by memory (load_pipeline)
     threads: int | None = None
     n_gpu_layers: int = -1  # -1: offload everything the build can
     pair: str | None = None
@@ -56,6 +57,9 @@ class ModelOptions:
     # The suffix drafter reads and writes earlier sessions' texts (localspec.decoding.suffix_memory). Off
     # unless a front end turns it on: run, chat and serve do (--no-suffix-memory), bench only when asked.
     suffix_memory: bool = False
+    # Contexts of n_ctx tokens opened per model (serve --parallel N: the model's own and N slots), which the
+    # memory bound of an automatic n_ctx counts.
+    kv_copies: int = 1
 
     def __post_init__(self) -> None:
         check_choice("backend", self.backend, backend_choices())
@@ -97,8 +101,8 @@ def check_choice(what: str, value: str, choices: tuple[str, ...]) -> None:
         raise UsageError(f"unknown {what} {value!r}", f"choose one of: {', '.join(choices)}")
 
 
-def check_n_ctx(n_ctx: int) -> None:
-    if n_ctx < MIN_N_CTX:
+def check_n_ctx(n_ctx: int | None) -> None:
+    if n_ctx is not None and n_ctx < MIN_N_CTX:
         raise UsageError(
             f"--n-ctx {n_ctx} is below the smallest context llama.cpp builds ({MIN_N_CTX} tokens)",
             f"use at least {MIN_N_CTX}, e.g. --n-ctx {DEFAULT_N_CTX}",
@@ -238,8 +242,10 @@ def add_model_options(
             help=f"{registry.help_text()} (default: {DEFAULT_DRAFT_METHOD})",
         )
     g.add_argument(
-        "--n-ctx", type=int, default=DEFAULT_N_CTX, help=f"context window in tokens (default: {DEFAULT_N_CTX})"
-    )
+        "--n-ctx", type=int, default=None,
+        help=f"context window in tokens (default: the target's trained context, at most {AUTO_MAX_N_CTX:,}, and no "
+        f"more than the free memory holds for the KV caches; {FALLBACK_N_CTX} when the model names none)",
+    )  # fmt: skip
     g.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     g.add_argument("--n-gpu-layers", type=int, default=-1, help="layers to offload to the GPU; -1 all (default)")
     g.add_argument(
@@ -338,6 +344,7 @@ def model_options(args: argparse.Namespace, local: LocalPair | None = None) -> M
         chat_template=getattr(args, "chat_template", None),
         max_draft=k,
         suffix_memory=bool(getattr(args, "suffix_memory", False)),
+        kv_copies=1 + parallel if (parallel := getattr(args, "parallel", None) or 1) > 1 else 1,
     )
 
 

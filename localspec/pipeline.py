@@ -19,12 +19,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from localspec.backends.base import Backend, BackendModule, ChatMessage, chat_prompt_tokens
 from localspec.backends.chat_template import ChatFormat, choose_chat_format
 from localspec.backends.registry import backend_spec, resolve_backend
+from localspec.context_size import choose_n_ctx
 from localspec.decoding.cost_cache import CostStore
 from localspec.decoding.drafters import Drafter, holding
 from localspec.decoding.engine import Done, Event, GenerationConfig, generate
@@ -156,14 +157,15 @@ class Pipeline:
     chat_format: ChatFormat | None = None  # how conversations become prompts (None: chosen per call)
     draft_note: str = ""  # why a draft model that was given is not loaded (auto, measured costs)
     memory: SuffixMemory | None = None  # earlier sessions' texts for the suffix drafter (None: off)
+    context_note: str = ""  # where an automatic context length came from (context_size.ContextChoice.note)
 
     @property
     def notes(self) -> list[str]:
         """What the user should hear once after loading: the backend choice, a skipped draft, a chat-format
-        fallback, a hybrid model's rollback."""
+        fallback, a hybrid model's rollback, an automatic context's length and bound."""
         hybrid = f"target {self.target.info.recurrent}" if self.target.info.recurrent else ""
         fmt = self.chat_format.note if self.chat_format else ""
-        return [n for n in (self.backend_note, self.draft_note, fmt, hybrid) if n]
+        return [n for n in (self.backend_note, self.draft_note, fmt, hybrid, self.context_note) if n]
 
     @property
     def draft(self) -> Backend | None:
@@ -262,6 +264,7 @@ def load_pipeline(
 ) -> Pipeline:
     """Check the pair from metadata, then load the target and (when used) the draft, and build the drafter.
     Setting `cancel` (from another thread) stops a load in progress with Interrupted."""
+    opts, context_note = with_context(opts)
     backend, backend_note = resolve_backend(opts.backend, opts.target)
     module = backend_spec(backend).module()
     # auto where the remembered costs say a draft model (or head) cannot pay: never touched, not even its
@@ -321,7 +324,17 @@ def load_pipeline(
         slot.close()
         target.close()
         raise
-    return Pipeline(opts, backend, target, slot, drafter, backend_note, clock, chat_format, skip_note, memory)
+    return Pipeline(opts, backend, target, slot, drafter, backend_note, clock, chat_format, skip_note, memory,
+                    context_note)  # fmt: skip
+
+
+def with_context(opts: ModelOptions) -> tuple[ModelOptions, str]:
+    """`opts` with its context length chosen when none was given (context_size.choose_n_ctx: the trained context,
+    bounded by memory), and the note that says so (empty when --n-ctx was given)."""
+    if opts.n_ctx is not None:
+        return opts, ""
+    choice = choose_n_ctx(opts.target, opts.draft if opts.uses_draft_model else None, opts.kv_copies)
+    return replace(opts, n_ctx=choice.n_ctx), choice.note
 
 
 def _remembered(events: Iterator[Event], prompt: list[int], memory: SuffixMemory) -> Iterator[Event]:

@@ -39,6 +39,7 @@ def write_tiny_llama(
     chatless: bool = False,
     arch: str = "llama",
     added: tuple[str, ...] = (),
+    context_length: int = 2048,
 ) -> dict[str, np.ndarray]:
     """Write a random model to `path`; return its tensors (pass them as `base` with `noise` for a
     similar "draft" model). Weights are float32, so batched and single-token passes agree closely.
@@ -67,7 +68,7 @@ def write_tiny_llama(
         w.add_layer_norm_rms_eps(1e-5)
         w.add_rope_freq_base(10000.0)
 
-    _write(path, arch, f"tiny-{arch}-{seed}", meta, tensors, n_embd, n_layer, hparams)
+    _write(path, arch, f"tiny-{arch}-{seed}", meta, tensors, n_embd, n_layer, hparams, context_length)
     return tensors
 
 
@@ -519,13 +520,21 @@ def _random_tensors(
 
 
 def _write(
-    path: Path, arch: str, name: str, meta: dict, tensors: dict[str, np.ndarray], n_embd: int, n_layer: int, hparams
+    path: Path,
+    arch: str,
+    name: str,
+    meta: dict,
+    tensors: dict[str, np.ndarray],
+    n_embd: int,
+    n_layer: int,
+    hparams,
+    context_length: int = 2048,
 ) -> None:  # type: ignore[no-untyped-def]
     import gguf
 
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name(name)
-    w.add_context_length(2048)
+    w.add_context_length(context_length)
     w.add_embedding_length(n_embd)
     w.add_block_count(n_layer)
     hparams(w)

@@ -189,6 +189,35 @@ def test_a_named_function_and_a_function_call_output_follow_up(server: InProcess
     assert output in prompts[-1]  # the tool's output, as the template renders it
 
 
+TAGS = {
+    "type": "function",
+    "name": "tag",
+    "description": "Tag the light.",
+    "parameters": {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string", "maxLength": 4},
+                                                             "maxItems": 2, "uniqueItems": True}},
+                   "required": ["tags"], "additionalProperties": False},
+    "strict": False,
+}  # fmt: skip
+
+
+def test_a_keyword_the_grammar_leaves_out_is_checked_and_said_in_warnings(server: InProcess) -> None:
+    """uniqueItems is beyond the grammar: the call is made under the rest of the schema and checked after
+    generation, and the response (whole, and the stream's final one) says so in `warnings`; strict is a 400."""
+    kw = {"input": "Tag the light.", "tools": [TAGS], "tool_choice": "required", "max_output_tokens": 60,
+          "parallel_tool_calls": False}  # fmt: skip
+    r, body = create(server, **kw)
+    (call,) = [item for item in r.output if item.type == "function_call"]
+    (warning,) = body["warnings"]
+    assert warning.startswith("call 1 (tag): the grammar does not enforce the schema's uniqueItems; the arguments "
+                              "were checked after generation: ")  # fmt: skip
+    unique = len(set(tags := json.loads(call.arguments)["tags"])) == len(tags)
+    assert warning.endswith(": valid") == unique, (warning, tags)
+    final = stream_events(server, kw)[-1]["response"]
+    assert final["warnings"][0].startswith("call 1 (tag): the grammar does not enforce the schema's uniqueItems")
+    strict = httpx.post(f"{server.url}{PATH}", json={"model": MODEL, **kw, "tools": [{**TAGS, "strict": True}]})
+    assert_error(strict, "tools[0].function.parameters", "strict", "uniqueItems")
+
+
 def test_text_format_json_schema_validates(server: InProcess) -> None:
     fmt = {"format": {"type": "json_schema", "name": "person", "schema": PERSON, "strict": True}}
     r, body = create(server, input="A person, as JSON.", text=fmt, max_output_tokens=80)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from localspec.backends.registry import LLAMA
+from localspec.context_size import choose_n_ctx, memory, model_shape
 from localspec.formatting import format_bytes
 from localspec.options import DEFAULT_N_CTX, add_model_options
 
@@ -110,9 +111,8 @@ def gather(args: argparse.Namespace) -> Facts:
     f.performance_cores = _int(_sysctl("hw.perflevel0.physicalcpu"))
     f.usable_cpus = _usable_cpus()
     f.load_avg = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    f.mem_total, f.mem_available = _memory()
+    f.mem_total, f.mem_available = memory()
     f.gpu_hardware = _gpu_hardware()
-    f.n_ctx = args.n_ctx
     f.n_gpu_layers = args.n_gpu_layers
     f.backend = args.backend
     _llama_facts(f)
@@ -122,9 +122,17 @@ def gather(args: argparse.Namespace) -> Facts:
     paths = _model_paths(args, f)
     for role, path in paths:
         f.models.append(_model_facts(role, path))
+    f.n_ctx = args.n_ctx if args.n_ctx is not None else _auto_n_ctx(dict(paths))
     if getattr(args, "measure", False) and paths:
         f.measured = _measure(args, dict(paths))
     return f
+
+
+def _auto_n_ctx(paths: dict[str, str]) -> int:
+    """The context run, chat and serve choose without --n-ctx (context_size.choose_n_ctx)."""
+    if "target" not in paths:
+        return DEFAULT_N_CTX
+    return choose_n_ctx(paths["target"], paths.get("draft")).n_ctx
 
 
 def _int(s: str | None) -> int | None:
@@ -174,29 +182,6 @@ def _usable_cpus() -> float | None:
     except (OSError, ValueError):
         pass
     return n
-
-
-def _memory() -> tuple[int | None, int | None]:
-    if sys.platform == "darwin":
-        total = _int(_sysctl("hw.memsize"))
-        try:
-            out = subprocess.run(["vm_stat"], capture_output=True, text=True, timeout=5).stdout
-        except (OSError, subprocess.SubprocessError):
-            return total, None
-        page = 16384 if "16384" in out.splitlines()[0] else 4096
-        free = 0
-        for line in out.splitlines():
-            if line.startswith(("Pages free", "Pages inactive", "Pages speculative", "Pages purgeable")):
-                free += int(line.split(":")[1].strip().rstrip("."))
-        return total, free * page
-    info: dict[str, int] = {}
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            info[key] = int(value.split()[0]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None, None
-    return info.get("MemTotal"), info.get("MemAvailable")
 
 
 def _gpu_hardware() -> list[str]:
@@ -294,11 +279,8 @@ def _model_facts(role: str, path: str) -> dict[str, Any]:
         out["recurrent"] = recurrent.describe(a, recurrent.GGUF)
         out["layers"] = m.get(f"{a}.block_count")
         out["ctx_train"] = m.get(f"{a}.context_length")
-        n_embd, n_head = m.get(f"{a}.embedding_length"), m.get(f"{a}.attention.head_count")
-        n_kv = m.get(f"{a}.attention.head_count_kv", n_head)
-        if n_embd and n_head and out["layers"]:
-            # f16 K and V for every layer: the KV cache's bytes per context token
-            out["kv_bytes_per_token"] = 2 * 2 * int(out["layers"]) * int(n_kv) * (int(n_embd) // int(n_head))
+        # f16 K and V for every layer: the KV cache's bytes per context token
+        out["kv_bytes_per_token"] = model_shape(str(p)).kv_bytes_per_token
     except Exception as e:
         out["error"] = str(getattr(e, "message", e))
     return out
@@ -315,7 +297,7 @@ def _measure(args: argparse.Namespace, paths: dict[str, str]) -> dict[str, Any]:
         draft=paths.get("draft"),
         backend=args.backend,
         draft_method="model" if "draft" in paths else "none",
-        n_ctx=min(args.n_ctx, 2048),
+        n_ctx=min(args.n_ctx or 2048, 2048),
         threads=args.threads,
         n_gpu_layers=args.n_gpu_layers,
     )

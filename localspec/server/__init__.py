@@ -24,6 +24,7 @@ stops.py     stop strings over a text stream, holding back what could still beco
 reasoning.py a reasoning model's <think> block split from the answer as it streams (reasoning_content)
 scheduler.py one generation at a time on a worker thread, a bounded FIFO queue, cancellation
 crowd_scheduler.py  several at once (--parallel N)
+notes.py     the rule for fields that cannot be honoured, and the `warnings` a response carries
 metrics.py   Prometheus counters (vLLM-like names)
 app.py       the Starlette/FastAPI app: mounts the adapters, errors by protocol, API key, body limit, CORS
 vllm.py      the equivalent `vllm serve` command for a catalog pair

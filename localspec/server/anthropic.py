@@ -11,9 +11,11 @@ output_config.format is response_format json_schema (strict). A reasoning model'
 (reasoning.py) comes back as a `thinking` content block before the text, streamed with thinking_delta
 events; its `signature` is an empty string (nothing here signs thinking, and nothing checks it when it is
 sent back: earlier turns' thinking blocks are left out of the prompt, as Anthropic leaves them out of the
-context). `thinking: enabled` is accepted where the served model thinks (its `budget_tokens` is not
-enforced: max_tokens bounds thinking and text together, as on Anthropic), refused elsewhere; content
-other than text, tool_use and tool_result (images, documents) is refused with a 400.
+context). `thinking`, `output_config.effort` and `context_management` follow notes.py's rule: what the served
+model cannot follow (thinking enabled on a model that does not think, a budget, an effort, server-side context
+edits) is accepted and named in the answer's `warnings`. `role: "system"` entries inside `messages` are folded
+into the system text, and Claude Code's billing line is dropped from it (system_parts). Content other than
+text, tool_use and tool_result (images, documents) is refused with a 400.
 
     messages_router(core) -> APIRouter          the two routes, mounted by app.create_app
     ERRORS                                       its error shape: {"type": "error", "error": {"type", "message"}}
@@ -46,6 +48,7 @@ from localspec.server.anthropic_schemas import (
 )
 from localspec.server.core import Core, Failed, Finished, Run
 from localspec.server.errors import APIError, ErrorShape
+from localspec.server.notes import not_acted_on, with_warnings
 from localspec.server.reasoning import ReasoningDelta
 from localspec.server.requests import GenerationRequest, Served, chat_request
 from localspec.server.responses import timings
@@ -105,8 +108,8 @@ def generation_fields(body: MessagesRequest) -> dict[str, Any]:
     return out
 
 
-# `adaptive` lets the model decide whether to think; `enabled` is checked against the served model (thinking_check).
-# `disabled` cannot stop a model whose template opens a think block: its thinking still comes back, as a block.
+# `adaptive` lets the model decide whether to think; `enabled` on a model that does not think, and `disabled` on one
+# whose template opens a think block, are accepted and said back in `warnings` (hint_notes).
 THINKING_ACCEPTED = ("disabled", "adaptive", "enabled")
 
 
@@ -149,24 +152,63 @@ def function_tool(i: int, tool: ToolParam) -> dict[str, Any]:
     if tool.input_schema is None:
         raise APIError(400, f"tools[{i}].input_schema: Field required (the JSON schema of the tool's input)",
                        f"tools[{i}].input_schema")  # fmt: skip
-    function = {"name": tool.name, "parameters": tool.input_schema}
+    function: dict[str, Any] = {"name": tool.name, "parameters": tool.input_schema}
     if tool.description is not None:
         function["description"] = tool.description
+    if tool.strict is not None:
+        function["strict"] = tool.strict
     return {"type": "function", "function": function}
 
 
 def chat_messages(body: Conversation) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
-    if body.system:
-        system = body.system if isinstance(body.system, str) else text_parts(body.system)
+    system = system_parts(body)
+    if system:
         out.append({"role": "system", "content": system})
-    for i, message in enumerate(body.messages):
+    turns = [(i, message) for i, message in enumerate(body.messages) if message.role != "system"]
+    for i, message in turns:
         out.extend(turn(i, message))
-    if body.messages and body.messages[-1].role == "assistant":
-        raise APIError(400, f"messages[{len(body.messages) - 1}]: the conversation ends with an assistant message, "
+    if turns and turns[-1][1].role == "assistant":
+        raise APIError(400, f"messages[{turns[-1][0]}]: the conversation ends with an assistant message, "
                        "and continuing it (prefill) is not supported by localspec serve; end with a user message",
                        "messages")  # fmt: skip
     return out
+
+
+# Claude Code opens its system prompt with a line for Anthropic's billing (`x-anthropic-billing-header: cc_version=...;
+# cch=...;`) that may change on every request. Addressed to Anthropic's servers, not to the model, it is dropped: left
+# in, it would sit before the system prompt and the tools and change the prompt's first tokens every turn, so no
+# request could reuse the cached prefix of the one before.
+BILLING_HEADER = "x-anthropic-billing-header:"
+
+
+def system_parts(body: Conversation) -> list[dict[str, str]]:
+    """The system text as text parts: the top-level `system` without the billing line, then the text of each
+    `role: "system"` entry inside `messages` (Claude Code sends one), in order, a blank line apart. Chat templates
+    take one system message, at the start; llama-server and Ollama accept such entries too."""
+    if isinstance(body.system, str):
+        first, _, rest = body.system.partition("\n")
+        text = rest if first.lstrip().startswith(BILLING_HEADER) else body.system
+        parts = [{"type": "text", "text": text}] if text else []
+    else:
+        parts = [text_part(b) for b in body.system or () if not b.text.lstrip().startswith(BILLING_HEADER)]
+    for i, message in enumerate(body.messages):
+        if message.role != "system":
+            continue
+        text = system_entry_text(i, message)
+        if text:
+            parts += [{"type": "text", "text": "\n\n"}] if parts else []
+            parts.append({"type": "text", "text": text})
+    return parts
+
+
+def system_entry_text(i: int, message: MessageParam) -> str:
+    if isinstance(message.content, str):
+        return message.content
+    for j, block in enumerate(message.content):
+        if not isinstance(block, TextBlock):
+            refuse_block(f"messages[{i}].content[{j}]", block, "system")
+    return "".join(block.text for block in message.content if isinstance(block, TextBlock))
 
 
 def turn(i: int, message: MessageParam) -> list[dict[str, Any]]:
@@ -250,21 +292,32 @@ def text_part(block: TextBlock) -> dict[str, str]:
     return {"type": "text", "text": block.text}
 
 
-def text_parts(blocks: Sequence[TextBlock]) -> list[dict[str, str]]:
-    return [text_part(b) for b in blocks]
-
-
 def generation_request(body: MessagesRequest, served: Served) -> GenerationRequest:
     req = replace(chat_request(chat_body(body), served), path=PATH)
-    thinking_check(body, req, served)
-    return req
+    return replace(req, notes=(*req.notes, *hint_notes(body, req, served)))
 
 
-def thinking_check(body: MessagesRequest, req: GenerationRequest, served: Served) -> None:
-    """`thinking: enabled` asks for thinking blocks: a 400 where the served model never writes a think block."""
-    if body.thinking is not None and body.thinking.type == "enabled" and req.reasoning is None and not served.thinks():
-        raise APIError(400, "thinking enabled: the served model does not think (its chat template opens no think "
-                       "block and its vocabulary has no </think>); leave thinking out", "thinking")  # fmt: skip
+def hint_notes(body: MessagesRequest, req: GenerationRequest, served: Served) -> list[str]:
+    """The request's hints that nothing here acts on, for the answer's `warnings` (the rule: notes.py)."""
+    out = []
+    thinks = req.reasoning is not None or served.thinks()
+    thinking = body.thinking.type if body.thinking is not None else None
+    if thinking == "enabled" and not thinks:
+        out.append(not_acted_on("thinking enabled", "the served model does not think: its chat template opens no "
+                                "think block and its vocabulary has no </think>; the answer has no thinking blocks"))  # fmt: skip
+    if thinking == "enabled" and thinks and body.thinking and body.thinking.budget_tokens is not None:
+        out.append(not_acted_on(f"thinking.budget_tokens {body.thinking.budget_tokens}",
+                                "max_tokens bounds thinking and text together"))  # fmt: skip
+    if thinking == "disabled" and req.reasoning is not None and req.reasoning.opened:
+        out.append(not_acted_on("thinking disabled", "the served model's chat template opens a think block by "
+                                "itself; its thinking comes back as a thinking block"))  # fmt: skip
+    if body.output_config is not None and body.output_config.effort is not None:
+        out.append(not_acted_on(f"output_config.effort {body.output_config.effort!r}",
+                                "localspec serve has no effort setting"))  # fmt: skip
+    if body.context_management and any(body.context_management.values()):
+        out.append(not_acted_on("context_management", "localspec serve does not edit the conversation: it reads it "
+                                "whole, and one beyond the context is a 400"))  # fmt: skip
+    return out
 
 
 def count_request(body: Conversation, served: Served) -> GenerationRequest:
@@ -324,6 +377,7 @@ def full_message(msg_id: str, model: str, done: Finished) -> dict[str, Any]:
         "stop_sequence": outcome.stop_string,
         "usage": {"input_tokens": outcome.stats.n_prompt, "output_tokens": outcome.stats.n_generated},
         "timings": timings(outcome.stats),  # localspec's speculative statistics, as on the OpenAI routes
+        **({"warnings": done.warnings} if done.warnings else {}),  # what was accepted and not done (notes.py)
     }
 
 
@@ -407,6 +461,7 @@ def message_end(done: Finished) -> list[bytes]:
     delta = {"type": "message_delta",
              "delta": {"stop_reason": stop_reason(done), "stop_sequence": done.outcome.stop_string},
              "usage": {"output_tokens": done.stats.n_generated}, "timings": timings(done.stats)}  # fmt: skip
+    with_warnings(delta, done.warnings)  # what was accepted and not done (notes.py)
     return [event("message_delta", delta), event("message_stop", {"type": "message_stop"})]
 
 

@@ -81,7 +81,7 @@ Block = Annotated[
 
 
 class MessageParam(_Body):
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]  # a system entry is folded into the system text (anthropic.py)
     content: str | list[Block]
 
 
@@ -90,6 +90,7 @@ class ToolParam(_Body):
     description: str | None = None
     input_schema: dict[str, Any] | None = None  # required for the client's own tools (anthropic.py says so)
     type: str | None = None  # "custom" (or absent) for the client's own tools; Anthropic's server tools otherwise
+    strict: bool | None = None  # the input must always match input_schema (tool_requests.py says what cannot)
 
 
 class ToolChoice(_Body):
@@ -127,6 +128,8 @@ class Conversation(_Body):
     output_config: OutputConfig | None = None
     output_format: OutputFormat | None = None  # the structured-outputs beta's name for output_config.format
     mcp_servers: list[Any] | None = None  # Anthropic's MCP connector (refused by anthropic.py)
+    # Server-side clearing of old tool results / thinking as the context grows: not done here (a warning says so).
+    context_management: dict[str, Any] | None = None
 
 
 class MessagesRequest(Conversation):

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from localspec.server.crowd_scheduler import Slots
 
 DEFAULT_MAX_BODY = 8 * 1024 * 1024
-OPEN_PATHS = ("/health",)  # answered without the API key (load balancers, `curl` checks)
+OPEN_PATHS = ("/", "/health")  # answered without the API key (load balancers, `curl` checks, HEAD /)
 # Each protocol's error shape, by the paths it owns; OpenAI's for every other path.
 SHAPES: tuple[ErrorShape, ...] = (anthropic.ERRORS, responses_api.ERRORS, ollama.ERRORS)
 
@@ -113,6 +113,11 @@ def create_app(
                                                  None, "method_not_allowed", dict(allow)))  # fmt: skip
 
     # -- routes ---------------------------------------------------------------------------------------
+
+    @app.api_route("/", methods=["GET", "HEAD"])
+    async def root() -> dict[str, Any]:
+        """What a client's reachability check asks (Claude Code sends HEAD /): the server is up."""
+        return {"status": "ok", "model": settings.model_name}
 
     @app.get("/health")
     async def health() -> dict[str, Any]:

@@ -7,7 +7,8 @@ reads out of the job into its own wire format; nothing else about a generation d
                                            client goes away
     run.events() -> AsyncIterator[Event]   the answer as it comes: ContentDelta, ReasoningDelta, and for a
                                            request that offered tools CallStart / ArgumentsDelta / CallEnd,
-                                           then Finished (the outcome, content, calls) or Failed (an APIError)
+                                           then Finished (the outcome, content, calls, warnings) or Failed (an
+                                           APIError)
     run.result() -> Finished               a non-streamed answer, whole (a failure raised as its APIError)
     run.close()                            stops the job (a no-op once it has finished): every route calls it
                                            in `finally`, so a client that goes away mid-stream stops the engine
@@ -17,12 +18,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from localspec.decoding.stats import SpecStats
 from localspec.server.errors import APIError
 from localspec.server.metrics import Metrics
+from localspec.server.notes import warnings_of
 from localspec.server.reasoning import ReasoningDelta
 from localspec.server.requests import GenerationRequest, Served
 from localspec.server.scheduler import Job, Outcome
@@ -38,11 +40,13 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Finished:
     """How the answer ended: the outcome (finish reason, stats, the whole reasoning), the content sent (without
-    the calls' text) and the calls read out of it."""
+    the calls' text), the calls read out of it, and what the response says it did not do (notes.py: the
+    request's fields not acted on, the calls' checks against their schemas), which every adapter renders."""
 
     outcome: Outcome
     text: str
     calls: list[ToolCall]
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def stats(self) -> SpecStats:
@@ -119,9 +123,9 @@ class Run:
         return events
 
     def _finished(self, outcome: Outcome) -> Finished:
-        if self.reader is None:
-            return Finished(outcome, outcome.text, [])
-        return Finished(outcome, "".join(self.reader.content), list(self.reader.calls))
+        text = outcome.text if self.reader is None else "".join(self.reader.content)
+        calls = [] if self.reader is None else list(self.reader.calls)
+        return Finished(outcome, text, calls, warnings_of(self.request.notes, calls, self.request.tools))
 
 
 @dataclass

@@ -18,6 +18,7 @@ from starlette.concurrency import run_in_threadpool
 
 from localspec.server.core import Core, Failed, Finished, Run
 from localspec.server.errors import APIError, ErrorShape
+from localspec.server.notes import with_warnings
 from localspec.server.reasoning import ReasoningDelta
 from localspec.server.requests import GenerationRequest, chat_request, check_model_id, completion_request
 from localspec.server.responses import (
@@ -97,8 +98,8 @@ async def generation_response(core: Core, request: Request, req: GenerationReque
         done = await run.result()
     finally:
         run.close()
-    return JSONResponse(full_response(ids, req.echo + done.text, done.finish_reason, done.stats, done.calls,
-                                      done.reasoning))  # fmt: skip
+    body = full_response(ids, req.echo + done.text, done.finish_reason, done.stats, done.calls, done.reasoning)
+    return JSONResponse(with_warnings(body, done.warnings))
 
 
 async def stream(run: Run, ids: ResponseIds) -> AsyncIterator[bytes]:
@@ -118,7 +119,8 @@ async def stream(run: Run, ids: ResponseIds) -> AsyncIterator[bytes]:
                 yield sse(event.error.body())  # the stream ends with the error; the server serves on
             elif isinstance(event, Finished):
                 finish = calls_finish_reason(event.finish_reason, event.calls)
-                yield sse(chunk(ids, finish_reason=finish, stats=event.stats, include_usage=usage))
+                last = chunk(ids, finish_reason=finish, stats=event.stats, include_usage=usage)
+                yield sse(with_warnings(last, event.warnings))
                 if usage:
                     yield sse(usage_chunk(ids, event.stats))
         yield sse("[DONE]")

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from localspec.backends.base import ChatMessage, chat_prompt_tokens
-from localspec.decoding import grammar
+from localspec.decoding import grammar, schema_fit
 from localspec.decoding.engine import GenerationConfig
 from localspec.decoding.grammar import GrammarSpec
 from localspec.errors import LocalspecError
@@ -19,6 +19,7 @@ from localspec.options import GenerationSettings
 from localspec.pipeline import Pipeline
 from localspec.server.completion_prompt import completion_prompt
 from localspec.server.errors import APIError, from_localspec
+from localspec.server.notes import not_acted_on
 from localspec.server.reasoning import CLOSE, DEFAULT_FORMAT, FORMATS, ReasoningPlan, opened_in_prompt, template_thinks
 from localspec.server.schemas import (
     ChatCompletionRequest,
@@ -100,6 +101,7 @@ class GenerationRequest:
     path: str = ""  # the route asked, for the log line, when it is not the endpoint's own (/v1/messages)
     echo: str = ""  # /v1/completions' echo: the prompt's text, sent before the answer
     reasoning: ReasoningPlan | None = None  # a chat answer's think block is split from it (reasoning.py)
+    notes: tuple[str, ...] = ()  # fields accepted and not acted on, for the response's `warnings` (notes.py)
 
 
 def check_model(body: SamplingFields, served: Served) -> None:
@@ -136,7 +138,8 @@ def chat_request(body: ChatCompletionRequest, served: Served) -> GenerationReque
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     req = _request("chat", body, tokens, max_tokens, param, served)
     forced = bool(body.tools) and body.tool_choice not in (None, "auto", "none")
-    req = replace(req, reasoning=reasoning_plan(body, tokens, served, free=req.config.grammar is None and not forced))
+    req = replace(req, reasoning=reasoning_plan(body, tokens, served, free=req.config.grammar is None and not forced),
+                  notes=chat_notes(body))  # fmt: skip
     if tools is None:
         return req
     if req.config.grammar is not None and (body.tools and body.tool_choice != "none"):
@@ -147,6 +150,14 @@ def chat_request(body: ChatCompletionRequest, served: Served) -> GenerationReque
     if config.grammar is not None and config.grammar != req.config.grammar:
         compiled(config.grammar, served, "tools")  # a tool's parameters schema llguidance cannot compile: a 400
     return replace(req, config=config, tools=tools.plan)
+
+
+def chat_notes(body: ChatCompletionRequest) -> tuple[str, ...]:
+    """The hints this request gives that nothing here acts on (the rule: notes.py)."""
+    if body.reasoning_effort is None:
+        return ()
+    why = "localspec serve has no effort setting; a model that thinks thinks as its chat template makes it"
+    return (not_acted_on(f"reasoning_effort {body.reasoning_effort!r}", why),)
 
 
 def reasoning_plan(
@@ -216,9 +227,22 @@ def response_grammar(body: SamplingFields, served: Served) -> GrammarSpec | None
                        '"json_schema": {"name": "answer", "schema": {"type": "object"}}})',
                        "response_format.json_schema", "invalid_value")  # fmt: skip
     else:
-        spec = grammar.json_schema(fmt.json_schema.schema_)
+        spec = grammar.json_schema(answer_schema(fmt.json_schema.schema_))
     param = "response_format" if fmt.type == "json_object" else "response_format.json_schema.schema"
     return compiled(spec, served, param)
+
+
+def answer_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """The answer's schema as the grammar takes it (schema_fit: keywords that constrain nothing dropped); a
+    keyword that constrains and that the grammar cannot enforce is a 400: the answer is to match the schema."""
+    fit = schema_fit.fit(schema)
+    if fit.error:
+        return schema  # compiled() refuses it with llguidance's reason
+    if fit.unenforced:
+        raise APIError(400, f"response_format.json_schema.schema: the grammar cannot enforce the schema's "
+                       f"{', '.join(fit.unenforced)}, and the answer is to match the schema; drop the keyword",
+                       "response_format.json_schema.schema", "unsupported_parameter")  # fmt: skip
+    return fit.schema
 
 
 def compiled(spec: GrammarSpec, served: Served, param: str) -> GrammarSpec:

@@ -37,6 +37,7 @@ from starlette.concurrency import run_in_threadpool
 
 from localspec.server.core import Core, Event, Failed, Finished, Run
 from localspec.server.errors import APIError, ErrorShape
+from localspec.server.notes import with_warnings
 from localspec.server.openai_routes import KEY_HINT, SSE_HEADERS
 from localspec.server.reasoning import ReasoningDelta
 from localspec.server.requests import GenerationRequest, Served, chat_request
@@ -483,6 +484,7 @@ class Head:
             out["completed_at"] = int(time.time())
             out["usage"] = usage(done, self.served)
             out["timings"] = timings(done.stats)  # localspec's speculative statistics, as on the other routes
+            with_warnings(out, done.warnings)  # what was accepted and not done (notes.py), as on the other routes
         return out
 
     def reasoning(self) -> dict[str, Any]:

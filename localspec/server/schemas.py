@@ -142,6 +142,7 @@ class ChatCompletionRequest(SamplingFields):
     parallel_tool_calls: bool | None = None
     reasoning_format: str | None = None  # llama-server's: "deepseek" splits the think block out, "none" keeps it
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM's and llama-server's: more variables for the template
+    reasoning_effort: str | None = None  # a hint: accepted, not acted on, said in `warnings` (notes.py)
     functions: list[Any] | None = None
     function_call: str | dict[str, Any] | None = None
 

@@ -8,6 +8,7 @@ syntax can end up in the answer's text, and a conversation with earlier calls st
 once a call opens where the format allows it (tools.lazy_call_grammar: a call marker that is one token); "required" and a named function also put a
 grammar into the generation config, so the answer is a call (one or more) with arguments valid against
 the function's schema. parallel_tool_calls false allows one call: the reading stops after it.
+A schema keyword the grammar cannot enforce is left out of it and checked after generation (function_spec).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 from localspec.backends.base import ChatMessage, ChatToolCall
 from localspec.backends.chat_template import ChatFormat
+from localspec.decoding import schema_fit
 from localspec.decoding.engine import GenerationConfig
 from localspec.decoding.grammar import GrammarSpec
 from localspec.server.errors import APIError
@@ -108,7 +110,7 @@ def read_tools(body: ChatCompletionRequest, support: ToolTemplate | str) -> Tool
         return ToolUse(support.chat_format, fmt=support.fmt)
     definitions = [t.model_dump(exclude_none=True) for t in body.tools or []]
     max_calls = 1 if body.parallel_tool_calls is False else None
-    plan = ToolPlan(support.fmt, max_calls, frozenset(f.name for f in functions))
+    plan = ToolPlan(support.fmt, max_calls, frozenset(f.name for f in functions), tuple(functions))
     if choice == "auto":
         lazy = lazy_call_grammar(support, functions, parallel=max_calls is None)
         return ToolUse(support.chat_format, definitions, plan, lazy or "", fmt=support.fmt)
@@ -131,8 +133,26 @@ def check_definitions(body: ChatCompletionRequest) -> list[FunctionSpec]:
         if schema.get("type", "object") != "object":
             raise APIError(400, f"{where}.parameters must be a JSON schema of an object (\"type\": \"object\")",
                            f"{where}.parameters", "invalid_value")  # fmt: skip
-        out.append(FunctionSpec(fn.name, schema))
+        out.append(function_spec(where, fn.name, schema, strict=bool(fn.strict)))
     return out
+
+
+def function_spec(where: str, name: str, schema: dict[str, Any], *, strict: bool) -> FunctionSpec:
+    """A function as the grammar takes it (schema_fit.fit: keywords that constrain nothing dropped). A keyword
+    that constrains and that the grammar cannot enforce (uniqueItems, propertyNames with a pattern, ...) is left
+    out of the grammar (llguidance's lenient mode) and the calls are checked against the whole schema after
+    generation, with the result in the response's `warnings`; with `strict` (arguments that always match) it is
+    a 400 naming the keyword. A schema that cannot compile at all is refused when its grammar is made."""
+    fit = schema_fit.fit(schema)
+    if fit.error:
+        return FunctionSpec(name, schema)
+    if fit.unenforced and strict:
+        keywords = ", ".join(fit.unenforced)
+        raise APIError(400, f"{where}.parameters: the tool {name!r} is strict, and the grammar cannot enforce its "
+                       f"schema's {keywords}; leave strict out (its calls are then checked after generation, the "
+                       "result in the response's `warnings`), or drop the keyword", f"{where}.parameters",
+                       "unsupported_parameter")  # fmt: skip
+    return FunctionSpec(name, fit.schema, fit.unenforced, schema)
 
 
 def with_tools(config: GenerationConfig, use: ToolUse) -> GenerationConfig:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from localspec.server.tools.formats import HERMES, MISTRAL, ToolTemplate
@@ -15,7 +15,13 @@ from localspec.server.tools.formats import HERMES, MISTRAL, ToolTemplate
 @dataclass(frozen=True)
 class FunctionSpec:
     name: str
-    parameters: dict[str, Any]  # its JSON schema
+    parameters: dict[str, Any]  # its JSON schema, as the grammar takes it (schema_fit.fit: no-op keywords out)
+    unenforced: tuple[str, ...] = ()  # keywords the grammar leaves out (lenient): calls are checked after generation
+    schema: dict[str, Any] | None = field(default=None, compare=False)  # as the request gave it (None: parameters)
+
+    @property
+    def given(self) -> dict[str, Any]:
+        return self.schema if self.schema is not None else self.parameters
 
 
 def call_grammar(tmpl: ToolTemplate, functions: Sequence[FunctionSpec], *, parallel: bool) -> str:
@@ -23,7 +29,7 @@ def call_grammar(tmpl: ToolTemplate, functions: Sequence[FunctionSpec], *, paral
     with arguments valid against its schema: one call, or one or more when `parallel`."""
     fmt = tmpl.fmt
     key = json.dumps(fmt.args_key)
-    lines = [f"fn_{i}: {_lit(json.dumps(f.name) + ', ' + key + ': ')} %json{json.dumps(_compact(f.parameters))}"
+    lines = [f"fn_{i}: {_lit(json.dumps(f.name) + ', ' + key + ': ')} %json{json.dumps(_compact(f))}"
              for i, f in enumerate(functions)]  # fmt: skip
     lines.append("fn: " + " | ".join(f"fn_{i}" for i in range(len(functions))))
     obj = f"{_lit(OPEN_CALL)} fn {_lit('}')}"
@@ -61,8 +67,11 @@ def lazy_call_grammar(tmpl: ToolTemplate, functions: Sequence[FunctionSpec], *, 
 COMPACT_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
-def _compact(schema: dict[str, Any]) -> dict[str, Any]:
-    return {"x-guidance": COMPACT_JSON, **(schema or {"type": "object"})}
+def _compact(f: FunctionSpec) -> dict[str, Any]:
+    out = {"x-guidance": COMPACT_JSON, **(f.parameters or {"type": "object"})}
+    if f.unenforced:  # llguidance's lenient mode: what it cannot enforce is left out (and checked afterwards)
+        out["x-guidance"] = {**out["x-guidance"], "lenient": True}
+    return out
 
 
 OPEN_CALL = '{"name": '

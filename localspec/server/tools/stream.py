@@ -7,9 +7,10 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from localspec.server.tools.formats import ARGS_KEYS, Lead, ToolCall, ToolFormat, new_call_id
+from localspec.server.tools.grammar import FunctionSpec
 
 
 @dataclass(frozen=True)
@@ -437,6 +438,7 @@ class ToolPlan:
     fmt: ToolFormat
     max_calls: int | None = None  # 1 for parallel_tool_calls false
     names: frozenset[str] | None = None  # the functions offered: a "call" to another one is content
+    functions: tuple[FunctionSpec, ...] = field(default=(), compare=False)  # their schemas, to check calls against
 
     def parser(self) -> ToolStreamParser:
         return ToolStreamParser(self.fmt, self.max_calls, self.names)
