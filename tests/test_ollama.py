@@ -93,6 +93,7 @@ def test_list_show_ps_and_version_describe_the_served_model(tiny: InProcess, tin
     assert httpx.get(f"{tiny.url}/api/version").json()["version"].count(".") == 2
     assert httpx.head(f"{tiny.url}/api/version").status_code == 200
     assert "Ollama is running" in httpx.get(f"{tiny.url}/").text  # some clients' health check
+    assert httpx.head(f"{tiny.url}/").status_code == 200  # Claude Code's first request
 
 
 def test_an_mlx_model_is_described_from_its_directory(tmp_path: Path) -> None:

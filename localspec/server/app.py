@@ -114,10 +114,8 @@ def create_app(
 
     # -- routes ---------------------------------------------------------------------------------------
 
-    @app.api_route("/", methods=["GET", "HEAD"])
-    async def root() -> dict[str, Any]:
-        """What a client's reachability check asks (Claude Code sends HEAD /): the server is up."""
-        return {"status": "ok", "model": settings.model_name}
+    # GET and HEAD / (a client's reachability check: Claude Code sends HEAD /, Ollama's clients read "Ollama is
+    # running") are answered by the Ollama adapter's route.
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
