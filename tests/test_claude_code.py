@@ -190,7 +190,7 @@ def test_reasoning_effort_head_and_get_root(server: InProcess) -> None:
                        headers={"Authorization": f"Bearer {KEY}"})  # fmt: skip
     assert "warnings" not in plain.json()
     assert httpx.head(f"{server.url}/").status_code == 200  # no key needed: a reachability check
-    assert httpx.get(f"{server.url}/").json()["model"] == MODEL
+    assert httpx.get(f"{server.url}/").status_code == 200  # the same route answers Ollama's clients' check
 
 
 def test_an_answer_schema_takes_the_same_keywords_and_refuses_what_it_cannot_enforce(server: InProcess) -> None:
