@@ -189,6 +189,54 @@ def test_a_named_function_and_a_function_call_output_follow_up(server: InProcess
     assert output in prompts[-1]  # the tool's output, as the template renders it
 
 
+def test_a_function_in_a_namespace_is_called_by_its_name_and_namespace(server: InProcess) -> None:
+    """Codex CLI groups tools in namespaces: the model is offered lights__switch, the client gets switch in lights."""
+    prompts = record_prompts(server)
+    lights = {"type": "namespace", "name": "lights", "description": "The house's lights.", "tools": [SWITCH]}
+    kw = {"input": "Turn the hall light on.", "tools": [lights], "tool_choice": "required", "max_output_tokens": 60,
+          "parallel_tool_calls": False}  # fmt: skip
+    r, body = create(server, **kw)
+    (call,) = [item for item in r.output if item.type == "function_call"]
+    assert (call.name, call.namespace) == ("switch", "lights") and r.tools[0].type == "namespace"
+    jsonschema.validate(json.loads(call.arguments), SWITCH["parameters"])
+    assert "lights__switch" in prompts[-1]
+    events = stream_events(server, kw)
+    check_item_order(events)
+    done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
+    assert [(i["name"], i["namespace"]) for i in done if i["type"] == "function_call"] == [("switch", "lights")]
+    follow = [{"role": "user", "content": "Turn the hall light on."},
+              {"type": "function_call", "call_id": "call_1", "name": "switch", "namespace": "lights",
+               "arguments": '{"room": "hall", "on": true}'},
+              {"type": "function_call_output", "call_id": "call_1", "output": "done (id 4711)"}]  # fmt: skip
+    again, _ = create(server, input=follow, tools=[lights], max_output_tokens=4)
+    assert again.status in ("completed", "incomplete") and "lights__switch" in prompts[-1] and "4711" in prompts[-1]
+
+
+def test_a_custom_tool_is_called_with_its_text_as_input(server: InProcess) -> None:
+    """A custom (freeform) tool is offered as a function of one string, `input`; its call comes back as a
+    custom_tool_call whose input is that string, and a custom_tool_call_output answers it."""
+    prompts = record_prompts(server)
+    shell = {"type": "custom", "name": "shell", "description": "Run a shell command line."}
+    kw = {"input": "List the files.", "tools": [shell], "tool_choice": {"type": "custom", "name": "shell"},
+          "max_output_tokens": 40,
+          "parallel_tool_calls": False}  # fmt: skip
+    r, body = create(server, **kw)
+    (call,) = [item for item in r.output if item.type == "custom_tool_call"]
+    assert call.name == "shell" and call.call_id.startswith("call_") and isinstance(call.input, str)
+    assert body["tools"] == [{**shell, "format": {"type": "text"}}] and "`input`" in prompts[-1]
+    events = stream_events(server, kw)
+    check_item_order(events)
+    done = next(e for e in events if e["type"] == "response.custom_tool_call_input.done")
+    item = next(e["item"] for e in events if e["type"] == "response.output_item.done")
+    assert item["type"] == "custom_tool_call" and item["input"] == done["input"]
+    follow = [{"role": "user", "content": "List the files."},
+              {"type": "custom_tool_call", "call_id": "call_2", "name": "shell", "input": "ls -1"},
+              {"type": "custom_tool_call_output", "call_id": "call_2", "output": "a.txt b.txt (4712)"}]  # fmt: skip
+    again, _ = create(server, input=follow, tools=[shell], max_output_tokens=4)
+    assert again.status in ("completed", "incomplete")
+    assert '"input": "ls -1"' in prompts[-1] and "4712" in prompts[-1]
+
+
 def test_text_format_json_schema_validates(server: InProcess) -> None:
     fmt = {"format": {"type": "json_schema", "name": "person", "schema": PERSON, "strict": True}}
     r, body = create(server, input="A person, as JSON.", text=fmt, max_output_tokens=80)
@@ -239,8 +287,14 @@ def record_prompts(s: InProcess) -> list[str]:
     ("fields", "param", "words"),
     [
         ({"previous_response_id": "resp_nothere"}, "previous_response_id", "no stored response"),
-        ({"tools": [{"type": "web_search"}]}, "tools[0].type", "built-in tools"),
-        ({"tools": [SWITCH], "tool_choice": {"type": "file_search"}}, "tool_choice.type", "function tools only"),
+        ({"tools": [{"type": "web_search"}]}, "tools[0].type", "cannot search the web"),
+        ({"tools": [{"type": "file_search"}]}, "tools[0].type", "built-in tools"),
+        ({"tools": [{"type": "namespace", "name": "n", "tools": [{"type": "web_search"}]}]}, "tools[0].tools[0].type",
+         "inside a namespace"),
+        ({"tools": [{"type": "custom", "name": "patch", "format": {"type": "grammar", "syntax": "lark",
+                                                                   "definition": "start: /.+/"}}]},
+         "tools[0].format", "free text"),
+        ({"tools": [SWITCH], "tool_choice": {"type": "file_search"}}, "tool_choice.type", "function and custom tools only"),
         ({"tools": [SWITCH], "tool_choice": "sometimes"}, "tool_choice", "Input should be"),
         ({"tool_choice": "required"}, "tool_choice", "requires tools"),
         ({"include": ["file_search_call.results"]}, "include", "built-in tools"),
