@@ -237,6 +237,43 @@ def test_a_custom_tool_is_called_with_its_text_as_input(server: InProcess) -> No
     assert '"input": "ls -1"' in prompts[-1] and "4712" in prompts[-1]
 
 
+def test_local_shell_is_called_with_the_command_as_its_action(server: InProcess) -> None:
+    """The local_shell tool is offered as a function taking the command as an array of strings; its call comes back
+    as a local_shell_call whose action holds that command, and a local_shell_call_output answers it."""
+    prompts = record_prompts(server)
+    kw = {"input": "List the files.", "tools": [{"type": "local_shell"}], "tool_choice": "required",
+          "parallel_tool_calls": False, "max_output_tokens": 60}  # fmt: skip
+    r, body = create(server, **kw)
+    (call,) = [item for item in r.output if item.type == "local_shell_call"]
+    assert call.call_id.startswith("call_") and call.action.type == "exec"
+    assert body["tools"] == [{"type": "local_shell"}]
+    if call.status == "completed":
+        assert call.action.command and all(isinstance(part, str) for part in call.action.command)
+    else:  # the random weights' strings run on: cut short, the call has no command
+        assert call.action.command == []
+    assert "local_shell" in prompts[-1]
+    events = stream_events(server, kw)
+    check_item_order(events)
+    item = next(e["item"] for e in events if e["type"] == "response.output_item.done")
+    assert item["type"] == "local_shell_call" and item["action"]["type"] == "exec"
+    follow = [{"role": "user", "content": "List the files."},
+              {"type": "local_shell_call", "id": "lsh_1", "call_id": "call_3", "status": "completed",
+               "action": {"type": "exec", "command": ["ls", "-1"], "env": {}}},
+              {"type": "local_shell_call_output", "id": "call_3", "output": "a.txt b.txt (4713)"}]  # fmt: skip
+    again, _ = create(server, input=follow, tools=[{"type": "local_shell"}], max_output_tokens=4)
+    assert again.status in ("completed", "incomplete")
+    assert '"command": ["ls", "-1"]' in prompts[-1] and "4713" in prompts[-1]
+
+
+def test_a_local_shell_action_is_what_the_model_wrote() -> None:
+    from localspec.server.responses_api import shell_action
+
+    whole = shell_action('{"command": ["ls", "-1"], "working_directory": "/tmp", "timeout_ms": 5000}')
+    assert whole["command"] == ["ls", "-1"] and whole["working_directory"] == "/tmp" and whole["timeout_ms"] == 5000
+    assert whole["type"] == "exec" and whole["env"] == {}
+    assert shell_action('{"command": ["ls", "-') == {"type": "exec", "command": [], "env": {}}
+
+
 def test_text_format_json_schema_validates(server: InProcess) -> None:
     fmt = {"format": {"type": "json_schema", "name": "person", "schema": PERSON, "strict": True}}
     r, body = create(server, input="A person, as JSON.", text=fmt, max_output_tokens=80)

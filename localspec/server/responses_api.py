@@ -4,14 +4,15 @@ request (tools, strict schemas and text.format through the grammar, a thinking m
 and the core's events become the response's output items, whole or as the stream's events.
 
 Input: a string, or items: messages (roles user, assistant, system, developer; input_text / output_text
-parts), function_call and function_call_output items (custom_tool_call and custom_tool_call_output the same),
-and reasoning items sent back (their text goes to the chat template as that turn's reasoning). Tools: functions;
-custom (freeform) tools, offered to the model as a function of one string, `input`, whose call comes back as a
-custom_tool_call with that text; namespaces (Codex CLI's), whose functions the model calls as namespace__name
-and whose calls come back with their own name and namespace. `instructions` and the system/developer messages
-that open the conversation become one system message. Output: a `reasoning` item where the model thought (its summary is the
-whole thinking, not a summary of it: nothing here summarises), a `message` with one output_text part, and a
-`function_call` item per call. `store` (the default, as on OpenAI) keeps the response in memory
+parts), function_call and function_call_output items (custom_tool_call, local_shell_call and their outputs the
+same), and reasoning items sent back (their text goes to the chat template as that turn's reasoning). Tools:
+functions; custom (freeform) tools, offered to the model as a function of one string, `input`, whose call comes
+back as a custom_tool_call with that text; local_shell, offered as a function taking the command (an array of
+strings), whose call comes back as a local_shell_call with it as the action; namespaces (Codex CLI's), whose
+functions the model calls as namespace__name and whose calls come back with their own name and namespace.
+`instructions` and the system/developer messages that open the conversation become one system message. Output: a
+`reasoning` item where the model thought (its summary is the whole thinking, not a summary of it: nothing here
+summarises), a `message` with one output_text part, and a call item per call. `store` (the default, as on OpenAI) keeps the response in memory
 (response_store.py) for a follow-up's `previous_response_id`, which reads the stored conversation before its
 own input (its instructions are not carried over, as on OpenAI). Everything else a client may set that
 localspec cannot do is refused with a 400 naming the field (built-in tools, background, conversations,
@@ -53,6 +54,8 @@ from localspec.server.responses_schemas import (
     FunctionCallItem,
     FunctionCallOutputItem,
     Item,
+    LocalShellCallItem,
+    LocalShellCallOutputItem,
     MessageItem,
     ReasoningItem,
     ResponsesRequest,
@@ -67,12 +70,20 @@ ROLES = ("user", "assistant", "system", "developer")
 TEXT_PARTS = ("input_text", "output_text", "text")
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 SUMMARIES = ("auto", "concise", "detailed")
-CALLS = ("function_call", "custom_tool_call")
+CALLS = ("function_call", "custom_tool_call", "local_shell_call")
 NAMESPACE_JOIN = "__"  # a namespace's function is offered to the model as namespace__name
 # A custom tool's text, as the one argument of the function the model is offered in its place.
 CUSTOM_PARAMETERS = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"],
                      "additionalProperties": False}  # fmt: skip
 CUSTOM_NOTE = "Pass the tool's whole input, as plain text, in the argument `input`."
+# The local_shell tool, as the function the model is offered in its place; its arguments are the call's action.
+LOCAL_SHELL = {"name": "local_shell", "description": "Run a command on the user's machine: the program and its "
+               "arguments as an array of strings (e.g. [\"ls\", \"-la\"]).", "parameters": {
+                   "type": "object", "properties": {"command": {"type": "array", "items": {"type": "string"},
+                                                                "minItems": 1},
+                                                    "working_directory": {"type": "string"},
+                                                    "timeout_ms": {"type": "integer", "minimum": 1}},
+                   "required": ["command"], "additionalProperties": False}}  # fmt: skip
 ENCRYPTED = "reasoning.encrypted_content"  # the one `include` value there is something to include for
 Keep = Callable[[dict[str, Any], Finished], None]  # stores a finished response (unless store false)
 
@@ -207,6 +218,15 @@ class Turns:
             turn = self.turn()
             turn.setdefault("tool_calls", []).append({"id": item.call_id, "type": "function", "function": {
                 "name": name, "arguments": json.dumps({"input": item.input})}})  # fmt: skip
+        elif isinstance(item, LocalShellCallItem):
+            action = item.action.model_dump(exclude_none=True, exclude={"type"})
+            if not action.get("env"):
+                action.pop("env", None)
+            self.turn().setdefault("tool_calls", []).append({"id": item.call_id, "type": "function", "function": {
+                "name": LOCAL_SHELL["name"], "arguments": json.dumps(action)}})  # fmt: skip
+        elif isinstance(item, LocalShellCallOutputItem):
+            self.flush()
+            self.out.append({"role": "tool", "tool_call_id": item.id, "content": item.output})
         elif isinstance(item, FunctionCallOutputItem | CustomToolCallOutputItem):
             self.flush()
             output = parts_text(f"{where}.output", item.output)
@@ -216,8 +236,8 @@ class Turns:
             self.assistant = {"role": "assistant", "content": "", "reasoning_content": reasoning_text(item)}
         else:
             raise APIError(400, f"{where}: {item.type} items are not supported by localspec serve (it reads message, "
-                           "function_call, function_call_output, custom_tool_call, custom_tool_call_output and "
-                           "reasoning items)", f"{where}.type",
+                           "function_call, function_call_output, custom_tool_call, custom_tool_call_output, "
+                           "local_shell_call, local_shell_call_output and reasoning items)", f"{where}.type",
                            "invalid_value")  # fmt: skip
 
     def message(self, where: str, item: MessageItem) -> None:
@@ -339,6 +359,7 @@ class Offered:
     name: str
     namespace: str | None = None
     custom: bool = False
+    shell: bool = False  # the local_shell tool: its call is a local_shell_call with the command as its action
 
 
 def offered(body: ResponsesRequest) -> dict[str, Offered]:
@@ -347,6 +368,8 @@ def offered(body: ResponsesRequest) -> dict[str, Offered]:
     for tool in body.tools or []:
         if tool.type == "custom" and tool.name:
             out[tool.name] = Offered(tool.name, custom=True)
+        if tool.type == "local_shell":
+            out[LOCAL_SHELL["name"]] = Offered(LOCAL_SHELL["name"], shell=True)
         for inner in tool.tools or [] if tool.type == "namespace" and tool.name else []:
             if inner.name:
                 out[joined(str(tool.name), inner.name)] = Offered(inner.name, tool.name, inner.type == "custom")
@@ -370,6 +393,8 @@ def custom_tool(where: str, tool: ToolParam) -> dict[str, Any]:
 def function_tool(where: str, tool: ToolParam) -> dict[str, Any]:
     if tool.type == "custom":
         return custom_tool(where, tool)
+    if tool.type == "local_shell":
+        return {"type": "function", "function": LOCAL_SHELL}
     if tool.type == "web_search":  # Codex offers it unless told not to
         raise APIError(400, f"{where}.type 'web_search': localspec serve cannot search the web (there is no search "
                        "behind it); leave the tool out (Codex CLI: web_search = \"disabled\" in config.toml)",
@@ -438,6 +463,20 @@ def custom_input(arguments: str) -> str:
     return ""
 
 
+def shell_action(arguments: str) -> dict[str, Any]:
+    """A local_shell call's action from the arguments the model wrote (an empty command where cut short)."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        value = {}
+    action: dict[str, Any] = {"type": "exec", "command": value.get("command", []) if isinstance(value, dict) else [],
+                              "env": {}}  # fmt: skip
+    for key in ("working_directory", "timeout_ms"):
+        if isinstance(value, dict) and key in value:
+            action[key] = value[key]
+    return action
+
+
 def is_json_object(text: str) -> bool:
     try:
         return isinstance(json.loads(text), dict)
@@ -469,7 +508,7 @@ class Output:
             return [*self.close(), *self.add(self.call_item(event))]
         if isinstance(event, ArgumentsDelta) and event.text and self.open is not None:
             self.arguments += event.text
-            if self.open["type"] == "custom_tool_call":
+            if self.open["type"] != "function_call":  # custom and local_shell calls show their input at the end
                 return []
             self.open["arguments"] = self.arguments
             return [self.about("response.function_call_arguments.delta", delta=event.text)]
@@ -490,6 +529,9 @@ class Output:
         if tool.custom:
             item = {"id": "ctc_" + event.id.removeprefix("call_"), "type": "custom_tool_call", "call_id": event.id,
                     "name": tool.name, "input": ""}  # fmt: skip
+        elif tool.shell:
+            item = {"id": "lsh_" + event.id.removeprefix("call_"), "type": "local_shell_call", "call_id": event.id,
+                    "status": "in_progress", "action": {"type": "exec", "command": [], "env": {}}}  # fmt: skip
         else:
             item = {"id": "fc_" + event.id.removeprefix("call_"), "type": "function_call", "status": "in_progress",
                     "call_id": event.id, "name": tool.name, "arguments": ""}  # fmt: skip
@@ -546,6 +588,9 @@ class Output:
             return [self.about("response.custom_tool_call_input.delta", delta=text),
                     self.about("response.custom_tool_call_input.done", input=text), self.item_done()]  # fmt: skip
         status = "completed" if is_json_object(call.arguments) else "incomplete"  # cut short by max_output_tokens
+        if self.open["type"] == "local_shell_call":
+            self.open.update(action=shell_action(call.arguments), status=status)
+            return [self.item_done()]
         self.open.update(arguments=call.arguments, status=status)
         return [self.about("response.function_call_arguments.done", arguments=call.arguments), self.item_done()]
 
@@ -634,6 +679,8 @@ def echo_tool(tool: ToolParam) -> dict[str, Any]:
     if tool.type == "custom":
         return {"type": "custom", "name": tool.name, "description": tool.description,
                 "format": tool.format or {"type": "text"}}  # fmt: skip
+    if tool.type == "local_shell":
+        return {"type": "local_shell"}
     return {"type": "function", "name": tool.name, "description": tool.description, "parameters": tool.parameters,
             "strict": tool.strict}  # fmt: skip
 

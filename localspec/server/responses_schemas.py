@@ -74,6 +74,32 @@ class CustomToolCallOutputItem(_Body):
     status: str | None = None
 
 
+class LocalShellAction(_Body):
+    type: Literal["exec"] = "exec"
+    command: list[str]
+    env: dict[str, str] | None = None
+    timeout_ms: int | None = None
+    user: str | None = None
+    working_directory: str | None = None
+
+
+class LocalShellCallItem(_Body):
+    """A call of the local_shell tool: the command, as the model wrote it, for the client to run."""
+
+    type: Literal["local_shell_call"]
+    call_id: str
+    action: LocalShellAction
+    id: str | None = None
+    status: str | None = None
+
+
+class LocalShellCallOutputItem(_Body):
+    type: Literal["local_shell_call_output"]
+    id: str  # the call_id of the call it answers (as OpenAI names it)
+    output: str
+    status: str | None = None
+
+
 class SummaryPart(_Body):
     type: str = "summary_text"
     text: str
@@ -98,7 +124,7 @@ class OtherItem(_Body):
 
 
 KNOWN_ITEMS = ("message", "function_call", "function_call_output", "reasoning", "custom_tool_call",
-               "custom_tool_call_output")  # fmt: skip
+               "custom_tool_call_output", "local_shell_call", "local_shell_call_output")  # fmt: skip
 
 
 def item_kind(value: Any) -> str:
@@ -113,6 +139,8 @@ Item = Annotated[
     | Annotated[ReasoningItem, Tag("item:reasoning")]
     | Annotated[CustomToolCallItem, Tag("item:custom_tool_call")]
     | Annotated[CustomToolCallOutputItem, Tag("item:custom_tool_call_output")]
+    | Annotated[LocalShellCallItem, Tag("item:local_shell_call")]
+    | Annotated[LocalShellCallOutputItem, Tag("item:local_shell_call_output")]
     | Annotated[OtherItem, Tag("item:other")],
     Discriminator(item_kind),
 ]
@@ -186,7 +214,7 @@ class ResponsesRequest(_Body):
 
 BODIES: tuple[type[BaseModel], ...] = (
     ContentPart, MessageItem, FunctionCallItem, FunctionCallOutputItem, SummaryPart, ReasoningItem, OtherItem,
-    CustomToolCallItem, CustomToolCallOutputItem,
+    CustomToolCallItem, CustomToolCallOutputItem, LocalShellAction, LocalShellCallItem, LocalShellCallOutputItem,
     ToolParam, ToolChoiceParam, TextFormat, TextConfig, ReasoningParam, ResponsesRequest, Speculative,
 )  # fmt: skip
 # To name a bad field in errors, as the client wrote it.
