@@ -12,14 +12,14 @@ strings), whose call comes back as a local_shell_call with it as the action; nam
 functions the model calls as namespace__name and whose calls come back with their own name and namespace.
 `instructions` and the system/developer messages that open the conversation become one system message. Output: a
 `reasoning` item where the model thought (its summary is the whole thinking, not a summary of it: nothing here
-summarises), a `message` with one output_text part, and a call item per call. `store` (the default, as on
-OpenAI) keeps the response in memory (response_store.py) for a follow-up's `previous_response_id`, which reads
-the stored conversation before its own input (its instructions are not carried over, as on OpenAI). Everything
-else a client may set that localspec cannot do is refused with a 400 naming the field (built-in tools,
-background, conversations, stored prompts, logprobs, truncation auto, verbosity other than medium, `include`
-values other than reasoning.encrypted_content, `reasoning` on a model that does not think). `reasoning.effort` is not enforced
-where the model thinks: it thinks as its template makes it, and max_output_tokens bounds thinking and text
-together. reasoning.encrypted_content is the thinking text itself (nothing here encrypts it).
+summarises), a `message` with one output_text part, and a call item per call. `store` (the default, as on OpenAI)
+keeps the response in memory (response_store.py) for a follow-up's `previous_response_id`, which reads the stored
+conversation before its own input (its instructions are not carried over, as on OpenAI). Everything else a client
+may set that localspec cannot do is refused with a 400 naming the field (built-in tools, background, conversations,
+stored prompts, logprobs, truncation auto, verbosity other than medium, `include` values other than
+reasoning.encrypted_content, `reasoning` on a model that does not think). `reasoning.effort` is not enforced where
+the model thinks: it thinks as its template makes it, and max_output_tokens bounds thinking and text together.
+reasoning.encrypted_content is the thinking text itself (nothing here encrypts it).
 
     responses_router(core, store) -> APIRouter     POST /v1/responses, GET and DELETE /v1/responses/{id}
     ERRORS                                         OpenAI's error shape, with this API's field names
