@@ -218,6 +218,91 @@ def test_a_keyword_the_grammar_leaves_out_is_checked_and_said_in_warnings(server
     assert_error(strict, "tools[0].function.parameters", "strict", "uniqueItems")
 
 
+def test_a_function_in_a_namespace_is_called_by_its_name_and_namespace(server: InProcess) -> None:
+    """Codex CLI groups tools in namespaces: the model is offered lights__switch, the client gets switch in lights."""
+    prompts = record_prompts(server)
+    lights = {"type": "namespace", "name": "lights", "description": "The house's lights.", "tools": [SWITCH]}
+    kw = {"input": "Turn the hall light on.", "tools": [lights], "tool_choice": "required", "max_output_tokens": 60,
+          "parallel_tool_calls": False}  # fmt: skip
+    r, body = create(server, **kw)
+    (call,) = [item for item in r.output if item.type == "function_call"]
+    assert (call.name, call.namespace) == ("switch", "lights") and r.tools[0].type == "namespace"
+    jsonschema.validate(json.loads(call.arguments), SWITCH["parameters"])
+    assert "lights__switch" in prompts[-1]
+    events = stream_events(server, kw)
+    check_item_order(events)
+    done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
+    assert [(i["name"], i["namespace"]) for i in done if i["type"] == "function_call"] == [("switch", "lights")]
+    follow = [{"role": "user", "content": "Turn the hall light on."},
+              {"type": "function_call", "call_id": "call_1", "name": "switch", "namespace": "lights",
+               "arguments": '{"room": "hall", "on": true}'},
+              {"type": "function_call_output", "call_id": "call_1", "output": "done (id 4711)"}]  # fmt: skip
+    again, _ = create(server, input=follow, tools=[lights], max_output_tokens=4)
+    assert again.status in ("completed", "incomplete") and "lights__switch" in prompts[-1] and "4711" in prompts[-1]
+
+
+def test_a_custom_tool_is_called_with_its_text_as_input(server: InProcess) -> None:
+    """A custom (freeform) tool is offered as a function of one string, `input`; its call comes back as a
+    custom_tool_call whose input is that string, and a custom_tool_call_output answers it."""
+    prompts = record_prompts(server)
+    shell = {"type": "custom", "name": "shell", "description": "Run a shell command line."}
+    kw = {"input": "List the files.", "tools": [shell], "tool_choice": {"type": "custom", "name": "shell"},
+          "max_output_tokens": 40,
+          "parallel_tool_calls": False}  # fmt: skip
+    r, body = create(server, **kw)
+    (call,) = [item for item in r.output if item.type == "custom_tool_call"]
+    assert call.name == "shell" and call.call_id.startswith("call_") and isinstance(call.input, str)
+    assert body["tools"] == [{**shell, "format": {"type": "text"}}] and "`input`" in prompts[-1]
+    events = stream_events(server, kw)
+    check_item_order(events)
+    done = next(e for e in events if e["type"] == "response.custom_tool_call_input.done")
+    item = next(e["item"] for e in events if e["type"] == "response.output_item.done")
+    assert item["type"] == "custom_tool_call" and item["input"] == done["input"]
+    follow = [{"role": "user", "content": "List the files."},
+              {"type": "custom_tool_call", "call_id": "call_2", "name": "shell", "input": "ls -1"},
+              {"type": "custom_tool_call_output", "call_id": "call_2", "output": "a.txt b.txt (4712)"}]  # fmt: skip
+    again, _ = create(server, input=follow, tools=[shell], max_output_tokens=4)
+    assert again.status in ("completed", "incomplete")
+    assert '"input": "ls -1"' in prompts[-1] and "4712" in prompts[-1]
+
+
+def test_local_shell_is_called_with_the_command_as_its_action(server: InProcess) -> None:
+    """The local_shell tool is offered as a function taking the command as an array of strings; its call comes back
+    as a local_shell_call whose action holds that command, and a local_shell_call_output answers it."""
+    prompts = record_prompts(server)
+    kw = {"input": "List the files.", "tools": [{"type": "local_shell"}], "tool_choice": "required",
+          "parallel_tool_calls": False, "max_output_tokens": 60}  # fmt: skip
+    r, body = create(server, **kw)
+    (call,) = [item for item in r.output if item.type == "local_shell_call"]
+    assert call.call_id.startswith("call_") and call.action.type == "exec"
+    assert body["tools"] == [{"type": "local_shell"}]
+    if call.status == "completed":
+        assert call.action.command and all(isinstance(part, str) for part in call.action.command)
+    else:  # the random weights' strings run on: cut short, the call has no command
+        assert call.action.command == []
+    assert "local_shell" in prompts[-1]
+    events = stream_events(server, kw)
+    check_item_order(events)
+    item = next(e["item"] for e in events if e["type"] == "response.output_item.done")
+    assert item["type"] == "local_shell_call" and item["action"]["type"] == "exec"
+    follow = [{"role": "user", "content": "List the files."},
+              {"type": "local_shell_call", "id": "lsh_1", "call_id": "call_3", "status": "completed",
+               "action": {"type": "exec", "command": ["ls", "-1"], "env": {}}},
+              {"type": "local_shell_call_output", "id": "call_3", "output": "a.txt b.txt (4713)"}]  # fmt: skip
+    again, _ = create(server, input=follow, tools=[{"type": "local_shell"}], max_output_tokens=4)
+    assert again.status in ("completed", "incomplete")
+    assert '"command": ["ls", "-1"]' in prompts[-1] and "4713" in prompts[-1]
+
+
+def test_a_local_shell_action_is_what_the_model_wrote() -> None:
+    from localspec.server.responses_api import shell_action
+
+    whole = shell_action('{"command": ["ls", "-1"], "working_directory": "/tmp", "timeout_ms": 5000}')
+    assert whole["command"] == ["ls", "-1"] and whole["working_directory"] == "/tmp" and whole["timeout_ms"] == 5000
+    assert whole["type"] == "exec" and whole["env"] == {}
+    assert shell_action('{"command": ["ls", "-') == {"type": "exec", "command": [], "env": {}}
+
+
 def test_text_format_json_schema_validates(server: InProcess) -> None:
     fmt = {"format": {"type": "json_schema", "name": "person", "schema": PERSON, "strict": True}}
     r, body = create(server, input="A person, as JSON.", text=fmt, max_output_tokens=80)
@@ -268,8 +353,14 @@ def record_prompts(s: InProcess) -> list[str]:
     ("fields", "param", "words"),
     [
         ({"previous_response_id": "resp_nothere"}, "previous_response_id", "no stored response"),
-        ({"tools": [{"type": "web_search"}]}, "tools[0].type", "built-in tools"),
-        ({"tools": [SWITCH], "tool_choice": {"type": "file_search"}}, "tool_choice.type", "function tools only"),
+        ({"tools": [{"type": "web_search"}]}, "tools[0].type", "cannot search the web"),
+        ({"tools": [{"type": "file_search"}]}, "tools[0].type", "built-in tools"),
+        ({"tools": [{"type": "namespace", "name": "n", "tools": [{"type": "web_search"}]}]}, "tools[0].tools[0].type",
+         "inside a namespace"),
+        ({"tools": [{"type": "custom", "name": "patch", "format": {"type": "grammar", "syntax": "lark",
+                                                                   "definition": "start: /.+/"}}]},
+         "tools[0].format", "free text"),
+        ({"tools": [SWITCH], "tool_choice": {"type": "file_search"}}, "tool_choice.type", "function and custom tools only"),
         ({"tools": [SWITCH], "tool_choice": "sometimes"}, "tool_choice", "Input should be"),
         ({"tool_choice": "required"}, "tool_choice", "requires tools"),
         ({"include": ["file_search_call.results"]}, "include", "built-in tools"),

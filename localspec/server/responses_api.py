@@ -4,18 +4,22 @@ request (tools, strict schemas and text.format through the grammar, a thinking m
 and the core's events become the response's output items, whole or as the stream's events.
 
 Input: a string, or items: messages (roles user, assistant, system, developer; input_text / output_text
-parts), function_call and function_call_output items, and reasoning items sent back (their text goes to the
-chat template as that turn's reasoning). `instructions` and the system/developer messages that open the
-conversation become one system message. Output: a `reasoning` item where the model thought (its summary is the
-whole thinking, not a summary of it: nothing here summarises), a `message` with one output_text part, and a
-`function_call` item per call. `store` (the default, as on OpenAI) keeps the response in memory
-(response_store.py) for a follow-up's `previous_response_id`, which reads the stored conversation before its
-own input (its instructions are not carried over, as on OpenAI). Everything else a client may set that
-localspec cannot do is refused with a 400 naming the field (built-in tools, background, conversations,
+parts), function_call and function_call_output items (custom_tool_call, local_shell_call and their outputs the
+same), and reasoning items sent back (their text goes to the chat template as that turn's reasoning). Tools:
+functions; custom (freeform) tools, offered to the model as a function of one string, `input`, whose call comes
+back as a custom_tool_call with that text; local_shell, offered as a function taking the command (an array of
+strings), whose call comes back as a local_shell_call with it as the action; namespaces (Codex CLI's), whose
+functions the model calls as namespace__name and whose calls come back with their own name and namespace.
+`instructions` and the system/developer messages that open the conversation become one system message. Output: a
+`reasoning` item where the model thought (its summary is the whole thinking, not a summary of it: nothing here
+summarises), a `message` with one output_text part, and a call item per call. `store` (the default, as on OpenAI)
+keeps the response in memory (response_store.py) for a follow-up's `previous_response_id`, which reads the stored
+conversation before its own input (its instructions are not carried over, as on OpenAI). Everything else a client
+may set that localspec cannot do is refused with a 400 naming the field (built-in tools, background, conversations,
 stored prompts, logprobs, truncation auto, verbosity other than medium, `include` values other than
-reasoning.encrypted_content, `reasoning` on a model that does not think). `reasoning.effort` is not enforced
-where the model thinks: it thinks as its template makes it, and max_output_tokens bounds thinking and text
-together. reasoning.encrypted_content is the thinking text itself (nothing here encrypts it).
+reasoning.encrypted_content, `reasoning` on a model that does not think). `reasoning.effort` is not enforced where
+the model thinks: it thinks as its template makes it, and max_output_tokens bounds thinking and text together.
+reasoning.encrypted_content is the thinking text itself (nothing here encrypts it).
 
     responses_router(core, store) -> APIRouter     POST /v1/responses, GET and DELETE /v1/responses/{id}
     ERRORS                                         OpenAI's error shape, with this API's field names
@@ -46,9 +50,13 @@ from localspec.server.responses import timings
 from localspec.server.responses_schemas import (
     FIELD_NAMES,
     ContentPart,
+    CustomToolCallItem,
+    CustomToolCallOutputItem,
     FunctionCallItem,
     FunctionCallOutputItem,
     Item,
+    LocalShellCallItem,
+    LocalShellCallOutputItem,
     MessageItem,
     ReasoningItem,
     ResponsesRequest,
@@ -63,6 +71,20 @@ ROLES = ("user", "assistant", "system", "developer")
 TEXT_PARTS = ("input_text", "output_text", "text")
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 SUMMARIES = ("auto", "concise", "detailed")
+CALLS = ("function_call", "custom_tool_call", "local_shell_call")
+NAMESPACE_JOIN = "__"  # a namespace's function is offered to the model as namespace__name
+# A custom tool's text, as the one argument of the function the model is offered in its place.
+CUSTOM_PARAMETERS = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"],
+                     "additionalProperties": False}  # fmt: skip
+CUSTOM_NOTE = "Pass the tool's whole input, as plain text, in the argument `input`."
+# The local_shell tool, as the function the model is offered in its place; its arguments are the call's action.
+LOCAL_SHELL = {"name": "local_shell", "description": "Run a command on the user's machine: the program and its "
+               "arguments as an array of strings (e.g. [\"ls\", \"-la\"]).", "parameters": {
+                   "type": "object", "properties": {"command": {"type": "array", "items": {"type": "string"},
+                                                                "minItems": 1},
+                                                    "working_directory": {"type": "string"},
+                                                    "timeout_ms": {"type": "integer", "minimum": 1}},
+                   "required": ["command"], "additionalProperties": False}}  # fmt: skip
 ENCRYPTED = "reasoning.encrypted_content"  # the one `include` value there is something to include for
 Keep = Callable[[dict[str, Any], Finished], None]  # stores a finished response (unless store false)
 
@@ -189,9 +211,24 @@ class Turns:
             self.message(where, item)
         elif isinstance(item, FunctionCallItem):
             turn = self.turn()
+            name = joined(item.namespace, item.name) if item.namespace else item.name
             turn.setdefault("tool_calls", []).append({"id": item.call_id, "type": "function", "function": {
-                "name": item.name, "arguments": call_arguments(where, item.arguments)}})  # fmt: skip
-        elif isinstance(item, FunctionCallOutputItem):
+                "name": name, "arguments": call_arguments(where, item.arguments)}})  # fmt: skip
+        elif isinstance(item, CustomToolCallItem):
+            name = joined(item.namespace, item.name) if item.namespace else item.name
+            turn = self.turn()
+            turn.setdefault("tool_calls", []).append({"id": item.call_id, "type": "function", "function": {
+                "name": name, "arguments": json.dumps({"input": item.input})}})  # fmt: skip
+        elif isinstance(item, LocalShellCallItem):
+            action = item.action.model_dump(exclude_none=True, exclude={"type"})
+            if not action.get("env"):
+                action.pop("env", None)
+            self.turn().setdefault("tool_calls", []).append({"id": item.call_id, "type": "function", "function": {
+                "name": LOCAL_SHELL["name"], "arguments": json.dumps(action)}})  # fmt: skip
+        elif isinstance(item, LocalShellCallOutputItem):
+            self.flush()
+            self.out.append({"role": "tool", "tool_call_id": item.id, "content": item.output})
+        elif isinstance(item, FunctionCallOutputItem | CustomToolCallOutputItem):
             self.flush()
             output = parts_text(f"{where}.output", item.output)
             self.out.append({"role": "tool", "tool_call_id": item.call_id, "content": output})
@@ -200,7 +237,8 @@ class Turns:
             self.assistant = {"role": "assistant", "content": "", "reasoning_content": reasoning_text(item)}
         else:
             raise APIError(400, f"{where}: {item.type} items are not supported by localspec serve (it reads message, "
-                           "function_call, function_call_output and reasoning items)", f"{where}.type",
+                           "function_call, function_call_output, custom_tool_call, custom_tool_call_output, "
+                           "local_shell_call, local_shell_call_output and reasoning items)", f"{where}.type",
                            "invalid_value")  # fmt: skip
 
     def message(self, where: str, item: MessageItem) -> None:
@@ -271,17 +309,17 @@ def tool_fields(body: ResponsesRequest) -> dict[str, Any]:
     """tools and tool_choice as the chat body's; the chat path checks them against each other."""
     out: dict[str, Any] = {}
     if body.tools:
-        out["tools"] = [function_tool(i, tool) for i, tool in enumerate(body.tools)]
+        out["tools"] = [function for i, tool in enumerate(body.tools) for function in function_tools(i, tool)]
     choice = body.tool_choice
     if isinstance(choice, str):
         out["tool_choice"] = choice
     elif choice is not None:
-        if choice.type != "function":
-            raise APIError(400, f"tool_choice {choice.type!r}: localspec serve chooses among function tools only "
-                           '(use "auto", "required", "none" or {"type": "function", "name": ...})',
+        if choice.type not in ("function", "custom"):
+            raise APIError(400, f"tool_choice {choice.type!r}: localspec serve chooses among function and custom "
+                           'tools only (use "auto", "required", "none" or {"type": "function", "name": ...})',
                            "tool_choice.type", "invalid_value")  # fmt: skip
         if not choice.name:
-            raise APIError(400, 'tool_choice.name: {"type": "function"} needs the name of the function to call',
+            raise APIError(400, f'tool_choice.name: {{"type": "{choice.type}"}} needs the name of the tool to call',
                            "tool_choice.name", "invalid_value")  # fmt: skip
         out["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
     if body.parallel_tool_calls is not None:
@@ -289,14 +327,86 @@ def tool_fields(body: ResponsesRequest) -> dict[str, Any]:
     return out
 
 
-def function_tool(i: int, tool: ToolParam) -> dict[str, Any]:
+def function_tools(i: int, tool: ToolParam) -> list[dict[str, Any]]:
+    """A tool as the chat body's function tools: a function is one, a namespace's functions are offered under
+    their joined names (namespace__name), and the model's call of one is answered with its own name and
+    namespace (namespaces())."""
+    if tool.type != "namespace":
+        return [function_tool(f"tools[{i}]", tool)]
+    if not tool.name or tool.tools is None:
+        raise APIError(400, f"tools[{i}]: a namespace tool needs its name and its tools", f"tools[{i}]",
+                       "invalid_value")  # fmt: skip
+    out = []
+    for j, inner in enumerate(tool.tools):
+        where = f"tools[{i}].tools[{j}]"
+        if inner.type not in ("function", "custom"):
+            raise APIError(400, f"{where}.type {inner.type!r}: localspec serve takes function and custom tools "
+                           "inside a namespace", f"{where}.type", "unsupported_parameter")  # fmt: skip
+        function = function_tool(where, inner)
+        function["function"]["name"] = joined(tool.name, function["function"]["name"])
+        out.append(function)
+    return out
+
+
+def joined(namespace: str, name: str) -> str:
+    return f"{namespace}{NAMESPACE_JOIN}{name}"
+
+
+@dataclass(frozen=True)
+class Offered:
+    """A tool the model calls by another name or in another shape than a plain function's: one inside a namespace
+    (called by its joined name), or a custom tool (called with its text as the argument `input`)."""
+
+    name: str
+    namespace: str | None = None
+    custom: bool = False
+    shell: bool = False  # the local_shell tool: its call is a local_shell_call with the command as its action
+
+
+def offered(body: ResponsesRequest) -> dict[str, Offered]:
+    """The name the model calls each such tool by -> what the call's item says."""
+    out = {}
+    for tool in body.tools or []:
+        if tool.type == "custom" and tool.name:
+            out[tool.name] = Offered(tool.name, custom=True)
+        if tool.type == "local_shell":
+            out[LOCAL_SHELL["name"]] = Offered(LOCAL_SHELL["name"], shell=True)
+        for inner in tool.tools or [] if tool.type == "namespace" and tool.name else []:
+            if inner.name:
+                out[joined(str(tool.name), inner.name)] = Offered(inner.name, tool.name, inner.type == "custom")
+    return out
+
+
+def custom_tool(where: str, tool: ToolParam) -> dict[str, Any]:
+    """A custom (freeform) tool as a function of one string argument, `input`: the text the tool takes."""
+    if not tool.name:
+        raise APIError(400, f"{where}.name: a custom tool needs its name", f"{where}.name", "invalid_value")
+    kind = (tool.format or {}).get("type", "text")
+    if kind != "text":
+        raise APIError(400, f"{where}.format {kind!r}: localspec serve takes custom tools whose input is free text "
+                       "(format text); a grammar-constrained input is not supported (offer the tool as a function)",
+                       f"{where}.format", "unsupported_parameter")  # fmt: skip
+    about = (tool.description + "\n\n" if tool.description else "") + CUSTOM_NOTE
+    return {"type": "function", "function": {"name": tool.name, "description": about,
+                                             "parameters": CUSTOM_PARAMETERS}}  # fmt: skip
+
+
+def function_tool(where: str, tool: ToolParam) -> dict[str, Any]:
+    if tool.type == "custom":
+        return custom_tool(where, tool)
+    if tool.type == "local_shell":
+        return {"type": "function", "function": LOCAL_SHELL}
+    if tool.type == "web_search":  # Codex offers it unless told not to
+        raise APIError(400, f"{where}.type 'web_search': localspec serve cannot search the web (there is no search "
+                       "behind it); leave the tool out (Codex CLI: web_search = \"disabled\" in config.toml)",
+                       f"{where}.type", "unsupported_parameter")  # fmt: skip
     if tool.type != "function":
-        raise APIError(400, f"tools[{i}].type {tool.type!r}: OpenAI's built-in tools (web search, file search, "
+        raise APIError(400, f"{where}.type {tool.type!r}: OpenAI's built-in tools (web search, file search, "
                        "computer use, code interpreter, MCP, shell, ...) are not supported by localspec serve; "
-                       "define the tool as a function (type function, name, parameters)", f"tools[{i}].type",
+                       "define the tool as a function (type function, name, parameters)", f"{where}.type",
                        "unsupported_parameter")  # fmt: skip
     if not tool.name:
-        raise APIError(400, f"tools[{i}].name: a function tool needs its name", f"tools[{i}].name", "invalid_value")
+        raise APIError(400, f"{where}.name: a function tool needs its name", f"{where}.name", "invalid_value")
     function: dict[str, Any] = {"name": tool.name}
     for key in ("description", "parameters", "strict"):
         if getattr(tool, key) is not None:
@@ -341,6 +451,33 @@ def output_text(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
+def custom_input(arguments: str) -> str:
+    """A custom tool's text from the arguments of the function it was offered as: what there is of it where
+    max_output_tokens cut it short (closed as a string), else nothing."""
+    for end in ("", '"}', "}"):
+        try:
+            value = json.loads(arguments + end)
+        except ValueError:
+            continue
+        if isinstance(value, dict) and isinstance(value.get("input"), str):
+            return value["input"]
+    return ""
+
+
+def shell_action(arguments: str) -> dict[str, Any]:
+    """A local_shell call's action from the arguments the model wrote (an empty command where cut short)."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        value = {}
+    action: dict[str, Any] = {"type": "exec", "command": value.get("command", []) if isinstance(value, dict) else [],
+                              "env": {}}  # fmt: skip
+    for key in ("working_directory", "timeout_ms"):
+        if isinstance(value, dict) and key in value:
+            action[key] = value[key]
+    return action
+
+
 def is_json_object(text: str) -> bool:
     try:
         return isinstance(json.loads(text), dict)
@@ -355,6 +492,8 @@ class Output:
     begins or the answer ends)."""
 
     encrypted: bool = False  # include reasoning.encrypted_content
+    offered: dict[str, Offered] = field(default_factory=dict)  # tools called by another name or shape
+    arguments: str = ""  # the open call's arguments so far (a custom tool's item shows its input only at its end)
     items: list[dict[str, Any]] = field(default_factory=list)
     open: dict[str, Any] | None = None
     text: str = ""  # the open item's text (a message's, or a reasoning item's)
@@ -367,11 +506,12 @@ class Output:
             return [*self.ensure("message"), self.delta("response.output_text.delta", event.text, content_index=0,
                                                         logprobs=[])]  # fmt: skip
         if isinstance(event, CallStart):
-            item = {"id": "fc_" + event.id.removeprefix("call_"), "type": "function_call", "status": "in_progress",
-                    "call_id": event.id, "name": event.name, "arguments": ""}  # fmt: skip
-            return [*self.close(), *self.add(item)]
+            return [*self.close(), *self.add(self.call_item(event))]
         if isinstance(event, ArgumentsDelta) and event.text and self.open is not None:
-            self.open["arguments"] += event.text
+            self.arguments += event.text
+            if self.open["type"] != "function_call":  # custom and local_shell calls show their input at the end
+                return []
+            self.open["arguments"] = self.arguments
             return [self.about("response.function_call_arguments.delta", delta=event.text)]
         if isinstance(event, CallEnd) and self.open is not None:
             return self.end_call(event.call)
@@ -379,11 +519,26 @@ class Output:
 
     def finish(self, incomplete: bool) -> list[dict[str, Any]]:
         out = self.close(incomplete=incomplete)
-        if not any(item["type"] in ("message", "function_call") for item in self.items):
+        if not any(item["type"] in ("message", *CALLS) for item in self.items):
             out += [*self.ensure("message"), *self.close(incomplete=incomplete)]  # an empty answer: one empty message
         return out
 
     # -- items --------------------------------------------------------------------------------------------
+
+    def call_item(self, event: CallStart) -> dict[str, Any]:
+        tool = self.offered.get(event.name, Offered(event.name))
+        if tool.custom:
+            item = {"id": "ctc_" + event.id.removeprefix("call_"), "type": "custom_tool_call", "call_id": event.id,
+                    "name": tool.name, "input": ""}  # fmt: skip
+        elif tool.shell:
+            item = {"id": "lsh_" + event.id.removeprefix("call_"), "type": "local_shell_call", "call_id": event.id,
+                    "status": "in_progress", "action": {"type": "exec", "command": [], "env": {}}}  # fmt: skip
+        else:
+            item = {"id": "fc_" + event.id.removeprefix("call_"), "type": "function_call", "status": "in_progress",
+                    "call_id": event.id, "name": tool.name, "arguments": ""}  # fmt: skip
+        if tool.namespace is not None:
+            item["namespace"] = tool.namespace
+        return item
 
     def ensure(self, kind: str) -> list[dict[str, Any]]:
         """The open item is a `kind` one (a message, a reasoning item): the one open, or a new one."""
@@ -402,7 +557,7 @@ class Output:
 
     def add(self, item: dict[str, Any]) -> list[dict[str, Any]]:
         self.items.append(item)
-        self.open, self.text = item, ""
+        self.open, self.text, self.arguments = item, "", ""
         return [{"type": "response.output_item.added", "output_index": len(self.items) - 1, "item": dict(item)}]
 
     def close(self, *, incomplete: bool = False) -> list[dict[str, Any]]:
@@ -410,8 +565,8 @@ class Output:
         if item is None:
             return []
         status = "incomplete" if incomplete else "completed"
-        if item["type"] == "function_call":  # (a call always ends with its CallEnd; this is for safety)
-            return self.end_call(ToolCall(item["call_id"], item["name"], item["arguments"]))
+        if item["type"] in CALLS:  # (a call always ends with its CallEnd; this is for safety)
+            return self.end_call(ToolCall(item["call_id"], item["name"], self.arguments))  # (the name unused)
         if item["type"] == "message":
             part = output_text(self.text)
             out = [self.about("response.output_text.done", content_index=0, text=self.text, logprobs=[]),
@@ -428,13 +583,21 @@ class Output:
 
     def end_call(self, call: ToolCall) -> list[dict[str, Any]]:
         assert self.open is not None
+        if self.open["type"] == "custom_tool_call":
+            text = custom_input(call.arguments)
+            self.open["input"] = text
+            return [self.about("response.custom_tool_call_input.delta", delta=text),
+                    self.about("response.custom_tool_call_input.done", input=text), self.item_done()]  # fmt: skip
         status = "completed" if is_json_object(call.arguments) else "incomplete"  # cut short by max_output_tokens
+        if self.open["type"] == "local_shell_call":
+            self.open.update(action=shell_action(call.arguments), status=status)
+            return [self.item_done()]
         self.open.update(arguments=call.arguments, status=status)
         return [self.about("response.function_call_arguments.done", arguments=call.arguments), self.item_done()]
 
     def item_done(self) -> dict[str, Any]:
         done = {"type": "response.output_item.done", "output_index": len(self.items) - 1, "item": dict(self.open or {})}
-        self.open, self.text = None, ""
+        self.open, self.text, self.arguments = None, "", ""
         return done
 
     def delta(self, kind: str, text: str, **fields: Any) -> dict[str, Any]:
@@ -505,11 +668,23 @@ class Head:
         choice = self.body.tool_choice
         if choice is None:
             return "auto"
-        return choice if isinstance(choice, str) else {"type": "function", "name": choice.name}
+        return choice if isinstance(choice, str) else {"type": choice.type, "name": choice.name}
 
     def tools(self) -> list[dict[str, Any]]:
-        return [{"type": "function", "name": t.name, "description": t.description, "parameters": t.parameters,
-                 "strict": t.strict} for t in self.body.tools or []]  # fmt: skip
+        return [echo_tool(t) for t in self.body.tools or []]
+
+
+def echo_tool(tool: ToolParam) -> dict[str, Any]:
+    if tool.type == "namespace":
+        return {"type": "namespace", "name": tool.name, "description": tool.description or "",
+                "tools": [echo_tool(t) for t in tool.tools or []]}  # fmt: skip
+    if tool.type == "custom":
+        return {"type": "custom", "name": tool.name, "description": tool.description,
+                "format": tool.format or {"type": "text"}}  # fmt: skip
+    if tool.type == "local_shell":
+        return {"type": "local_shell"}
+    return {"type": "function", "name": tool.name, "description": tool.description, "parameters": tool.parameters,
+            "strict": tool.strict}  # fmt: skip
 
 
 def usage(done: Finished, served: Served) -> dict[str, Any]:
@@ -566,7 +741,7 @@ def responses_router(core: Core, store: ResponseStore) -> APIRouter:
         req, context = await run_in_threadpool(read_request, body, store, core.served)
         run = core.start(request, req)
         head = Head(body, core.model_name, core.served)
-        output = Output(encrypted=ENCRYPTED in (body.include or []))
+        output = Output(encrypted=ENCRYPTED in (body.include or []), offered=offered(body))
         if req.stream:
             return StreamingResponse(stream(run, head, output, lambda b, d: keep(head, b, context, d)),
                                      media_type="text/event-stream", headers=SSE_HEADERS)  # fmt: skip

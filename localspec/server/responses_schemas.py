@@ -41,6 +41,7 @@ class FunctionCallItem(_Body):
     call_id: str
     name: str
     arguments: str  # JSON text
+    namespace: str | None = None  # the namespace tool the function was offered in
     id: str | None = None
     status: str | None = None
 
@@ -50,6 +51,52 @@ class FunctionCallOutputItem(_Body):
     call_id: str
     output: str | list[ContentPart]
     id: str | None = None
+    status: str | None = None
+
+
+class CustomToolCallItem(_Body):
+    """A call of a custom (freeform) tool: its input is plain text, not JSON."""
+
+    type: Literal["custom_tool_call"]
+    call_id: str
+    name: str
+    input: str
+    namespace: str | None = None
+    id: str | None = None
+    status: str | None = None
+
+
+class CustomToolCallOutputItem(_Body):
+    type: Literal["custom_tool_call_output"]
+    call_id: str
+    output: str | list[ContentPart]
+    id: str | None = None
+    status: str | None = None
+
+
+class LocalShellAction(_Body):
+    type: Literal["exec"] = "exec"
+    command: list[str]
+    env: dict[str, str] | None = None
+    timeout_ms: int | None = None
+    user: str | None = None
+    working_directory: str | None = None
+
+
+class LocalShellCallItem(_Body):
+    """A call of the local_shell tool: the command, as the model wrote it, for the client to run."""
+
+    type: Literal["local_shell_call"]
+    call_id: str
+    action: LocalShellAction
+    id: str | None = None
+    status: str | None = None
+
+
+class LocalShellCallOutputItem(_Body):
+    type: Literal["local_shell_call_output"]
+    id: str  # the call_id of the call it answers (as OpenAI names it)
+    output: str
     status: str | None = None
 
 
@@ -76,7 +123,8 @@ class OtherItem(_Body):
     type: str
 
 
-KNOWN_ITEMS = ("message", "function_call", "function_call_output", "reasoning")
+KNOWN_ITEMS = ("message", "function_call", "function_call_output", "reasoning", "custom_tool_call",
+               "custom_tool_call_output", "local_shell_call", "local_shell_call_output")  # fmt: skip
 
 
 def item_kind(value: Any) -> str:
@@ -89,17 +137,23 @@ Item = Annotated[
     | Annotated[FunctionCallItem, Tag("item:function_call")]
     | Annotated[FunctionCallOutputItem, Tag("item:function_call_output")]
     | Annotated[ReasoningItem, Tag("item:reasoning")]
+    | Annotated[CustomToolCallItem, Tag("item:custom_tool_call")]
+    | Annotated[CustomToolCallOutputItem, Tag("item:custom_tool_call_output")]
+    | Annotated[LocalShellCallItem, Tag("item:local_shell_call")]
+    | Annotated[LocalShellCallOutputItem, Tag("item:local_shell_call_output")]
     | Annotated[OtherItem, Tag("item:other")],
     Discriminator(item_kind),
 ]
 
 
 class ToolParam(_Body):
-    type: str  # "function"; the built-in tools' types are refused
+    type: str  # "function" or "namespace" (function tools under a shared name); built-in tools' types are refused
     name: str | None = None
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
+    tools: list[ToolParam] | None = None  # a namespace's tools
+    format: dict[str, Any] | None = None  # a custom tool's input format: text (a grammar is refused)
 
 
 class ToolChoiceParam(_Body):
@@ -145,6 +199,7 @@ class ResponsesRequest(_Body):
     user: str | None = None  # an end-user id: echoed, no effect on the output (as safety_identifier)
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None  # a hint for OpenAI's cache: echoed (localspec reuses any common prefix)
+    client_metadata: dict[str, Any] | None = None  # a client's tags (Codex sends its session ids): no effect
     stream: bool | None = False
     max_tool_calls: int | None = None  # bounds built-in tools' calls, of which there are none here: echoed
     speculative: Speculative | None = None  # localspec's extension, as on the other routes
@@ -159,6 +214,7 @@ class ResponsesRequest(_Body):
 
 BODIES: tuple[type[BaseModel], ...] = (
     ContentPart, MessageItem, FunctionCallItem, FunctionCallOutputItem, SummaryPart, ReasoningItem, OtherItem,
+    CustomToolCallItem, CustomToolCallOutputItem, LocalShellAction, LocalShellCallItem, LocalShellCallOutputItem,
     ToolParam, ToolChoiceParam, TextFormat, TextConfig, ReasoningParam, ResponsesRequest, Speculative,
 )  # fmt: skip
 # To name a bad field in errors, as the client wrote it.
