@@ -460,3 +460,8 @@ def test_reasoning_comes_back_as_a_reasoning_item_whole_and_streamed(thinking_se
     assert thought == summary and text == r.output_text
     done = [e["item"]["type"] for e in events if e["type"] == "response.output_item.done"]
     assert done == ["reasoning", "message"]
+    # An effort is a hint nothing here acts on: accepted where the model thinks, and said (the rule, notes.py).
+    _, body = create(thinking_server, **{**kw, "reasoning": {"effort": "high", "summary": "auto"}})
+    assert body["warnings"] == ["reasoning.effort 'high': accepted, not acted on (localspec serve has no effort "
+                                "setting; a model that thinks thinks as its chat template makes it)"]  # fmt: skip
+    assert "warnings" not in create(thinking_server, **kw)[1]

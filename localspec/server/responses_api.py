@@ -18,7 +18,8 @@ conversation before its own input (its instructions are not carried over, as on 
 may set that localspec cannot do is refused with a 400 naming the field (built-in tools, background, conversations,
 stored prompts, logprobs, truncation auto, verbosity other than medium, `include` values other than
 reasoning.encrypted_content, `reasoning` on a model that does not think). `reasoning.effort` is not enforced where
-the model thinks: it thinks as its template makes it, and max_output_tokens bounds thinking and text together.
+the model thinks (it thinks as its template makes it, and max_output_tokens bounds thinking and text together):
+accepted and said in `warnings`, by the rule of notes.py.
 reasoning.encrypted_content is the thinking text itself (nothing here encrypts it).
 
     responses_router(core, store) -> APIRouter     POST /v1/responses, GET and DELETE /v1/responses/{id}
@@ -41,7 +42,7 @@ from starlette.concurrency import run_in_threadpool
 
 from localspec.server.core import Core, Event, Failed, Finished, Run
 from localspec.server.errors import APIError, ErrorShape
-from localspec.server.notes import with_warnings
+from localspec.server.notes import not_acted_on, with_warnings
 from localspec.server.openai_routes import KEY_HINT, SSE_HEADERS
 from localspec.server.reasoning import ReasoningDelta
 from localspec.server.requests import GenerationRequest, Served, chat_request
@@ -128,7 +129,16 @@ def read_request(body: ResponsesRequest, store: ResponseStore, served: Served) -
         raise ERRORS.invalid(e.errors()) from None
     req = replace(chat_request(chat, served), path=PATH)
     reasoning_check(body, req, served)
-    return req, context
+    return replace(req, notes=(*req.notes, *reasoning_notes(body))), context
+
+
+def reasoning_notes(body: ResponsesRequest) -> tuple[str, ...]:
+    """reasoning.effort is a hint (the rule: notes.py): accepted where the model thinks, not acted on, said."""
+    effort = body.reasoning.effort if body.reasoning is not None else None
+    if effort in (None, "none"):
+        return ()
+    why = "localspec serve has no effort setting; a model that thinks thinks as its chat template makes it"
+    return (not_acted_on(f"reasoning.effort {effort!r}", why),)
 
 
 def refuse_unhonoured(body: ResponsesRequest) -> None:
