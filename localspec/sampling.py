@@ -209,24 +209,3 @@ def near_ties(rows: np.ndarray, best: np.ndarray, limit: float) -> list[tuple[in
     finally:
         rows[idx, b] = top
     return [(int(i), int(b[i]), s, float(gaps[i])) for i, s in zip(close, seconds)]
-
-
-def _runner_up(row: np.ndarray, best: int) -> tuple[int, int, float]:
-    top = row[best]
-    row[best] = -np.inf  # in place and restored: no copy of a 150k-entry row per token
-    second = int(np.argmax(row))
-    row[best] = top
-    return best, second, float(top) - float(row[second])
-
-
-def runner_up_gaps(logits: np.ndarray) -> list[tuple[int, int, float]]:
-    """(best, runner-up, logit gap) for each row of [n, V] logits (two passes, no sort)."""
-    out = []
-    for row in np.atleast_2d(logits):
-        best = int(np.argmax(row))
-        top = row[best]
-        row[best] = -np.inf  # in place and restored: no copy of a 150k-entry row per token
-        second = int(np.argmax(row))
-        row[best] = top
-        out.append((best, second, float(top) - float(row[second])))
-    return out

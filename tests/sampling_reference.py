@@ -61,3 +61,15 @@ def _most_likely_first(p: list[float]) -> list[int]:
 def _keep(p: list[float], ids: set[int]) -> list[float]:
     total = math.fsum(p[i] for i in ids)
     return [p[i] / total if i in ids else 0.0 for i in range(len(p))]
+
+
+def reference_runner_ups(logits: np.ndarray) -> list[tuple[int, int, float]]:
+    """(best, runner-up, logit gap) for each row, by two plain arg-max passes a row (what the engine once did)."""
+    out = []
+    for row in np.array(logits, copy=True):
+        best = int(np.argmax(row))
+        top = float(row[best])
+        row[best] = -np.inf
+        second = int(np.argmax(row))
+        out.append((best, second, top - float(row[second])))
+    return out
