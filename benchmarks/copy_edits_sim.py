@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from fakes import CostedBackend, FakeClock, scripted_tokens  # noqa: E402
 
-from localspec.backends import llama_cpp  # noqa: E402
+from localspec.backends.llama import backend as llama_cpp  # noqa: E402
 from localspec.decoding.auto import AutoDrafter, auto_lookup  # noqa: E402
 from localspec.decoding.drafters import Drafter, NoDrafter  # noqa: E402
 from localspec.decoding.engine import Done, GenerationConfig, generate  # noqa: E402

@@ -61,7 +61,7 @@ def main() -> None:
 
     import llama_cpp
 
-    from localspec.backends import llama_cpp as backend
+    from localspec.backends.llama import backend
 
     threads = args.threads or os.cpu_count() or 1
     target = backend.load(args.model, n_ctx=args.n_ctx, threads=threads, n_gpu_layers=-1)

@@ -536,7 +536,7 @@ def child_main(s: Settings, report: Report, t0: float) -> None:
     import llama_cpp
 
     import localspec
-    from localspec.backends import llama_cpp as backend
+    from localspec.backends.llama import backend
 
     report.build["code"] = {m.__name__: m.__file__ for m in (llama_cpp, localspec, backend)}  # the payload's copies
     backend._init_llama()  # quiet llama.cpp's log
@@ -558,7 +558,7 @@ def measure_target(
     """Every phase for one target, each if the deadline leaves room for it; the report is written after each."""
     from engine_overhead import PROMPT  # type: ignore[import-not-found]
 
-    from localspec.backends import llama_cpp as backend
+    from localspec.backends.llama import backend
 
     ngl = 0 if s.cpu else -1
     load = dict(n_ctx=4096, threads=s.threads, n_gpu_layers=ngl)
@@ -622,7 +622,7 @@ def measure_costs(s: Settings, target: Any, draft: Any, prompt: list[int], resul
 
 def self_draft_rounds(s: Settings, target: Any, path: Path, load: dict[str, Any], prompt: list[int]) -> dict[str, Any]:
     """Per-round cost at each k with draft = target (every draft accepted but at near-ties)."""
-    from localspec.backends import llama_cpp as backend
+    from localspec.backends.llama import backend
 
     self_draft = backend.load(path, **load)
     try:
@@ -803,7 +803,7 @@ CROWD_PROMPTS = (
 def crowd_runs(s: Settings, target: Any, result: dict[str, Any]) -> dict[str, Any]:
     """CROWD sequences decoded together in one pass (plain, then with suffix drafts planned by the crowd policy
     on this target's measured T(n)) against the same sequences decoded one at a time: total tokens/s."""
-    from localspec.backends.llama_multi import LlamaSlots
+    from localspec.backends.llama.multi import LlamaSlots
     from localspec.decoding.engine import CrowdDecoder, Done, GenerationConfig, Job, generate
     from localspec.decoding.policy import CostModel
     from localspec.pipeline import make_drafter

@@ -23,7 +23,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from localspec.backends import llama_cpp  # noqa: E402
+from localspec.backends.llama import backend as llama_cpp  # noqa: E402
 from localspec.decoding import grammar  # noqa: E402
 
 SCHEMA = {

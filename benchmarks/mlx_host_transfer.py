@@ -84,7 +84,7 @@ def main() -> int:
 
     import mlx.core as mx
 
-    from localspec.backends import mlx as backend
+    from localspec.backends.mlx import backend
     from localspec.decoding.verify import verify_exact
     from localspec.sampling import SamplingParams, probabilities
 

@@ -17,7 +17,7 @@ the crowd policy decides from the same curve, measured again inside the server a
         [--llama-server /work/tools/llama.cpp/build/bin/llama-server] [--configs a,b,c,c-auto,d]
     python benchmarks/parallel_serve.py --backend mlx --target MLX_DIR [--draft MLX_DIR] --configs a,b,c,c-auto
 
-On MLX the pass is right-padded (localspec/backends/mlx_multi.py): the replay plans with rows x the longest draft.
+On MLX the pass is right-padded (localspec/backends/mlx/multi.py): the replay plans with rows x the longest draft.
 """
 
 from __future__ import annotations
@@ -123,11 +123,11 @@ def measure_t(
 ) -> dict[int, float]:
     """T(n): the median time of a forward pass of n tokens on a 256-token prefix, in this process."""
     if backend == "mlx":
-        from localspec.backends import mlx as mb
+        from localspec.backends.mlx import backend as mb
 
         t = mb.load(target, n_ctx=1024)
     else:
-        from localspec.backends import llama_cpp as lb
+        from localspec.backends.llama import backend as lb
 
         t = lb.load(target, n_ctx=1024, threads=threads)
     try:

@@ -63,7 +63,7 @@ def main() -> None:
     ap.add_argument("--ms-per-token", type=float, default=35.0)
     ap.add_argument("--max-tokens", type=int, default=96)
     args = ap.parse_args()
-    from localspec.backends import llama_cpp as lb
+    from localspec.backends.llama import backend as lb
 
     tok = lb.load(args.tokenizer, n_ctx=512, threads=1)
     all_suites = suites()

@@ -42,7 +42,7 @@ def synthetic_logits(rng: np.random.Generator, rows: int) -> np.ndarray:
 
 
 def model_logits(path: str, rows: int, threads: int | None) -> np.ndarray:
-    from localspec.backends import llama_cpp as backend
+    from localspec.backends.llama import backend
 
     m = backend.load(path, n_ctx=2048, threads=threads, n_gpu_layers=-1)
     try:

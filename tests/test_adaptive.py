@@ -428,7 +428,7 @@ def test_the_first_probe_needs_a_draft_that_could_pay_on_prior_costs() -> None:
 
 
 def test_the_draft_ratio_comes_from_the_models_sizes(smollm2_path) -> None:  # type: ignore[no-untyped-def]
-    from localspec.backends import llama_cpp as lb
+    from localspec.backends.llama import backend as lb
     from localspec.decoding.auto import draft_ratio
     from localspec.decoding.policy import DRAFT_RATIO
 

@@ -166,8 +166,8 @@ def test_qwen_pair_speculative_text_equals_plain(qwen_pair: tuple[Path, Path]) -
 
 
 def _top2_gap(target: Path, prefix: list[int]) -> float:
-    from localspec.backends import llama_cpp as lb
     from localspec.backends.base import ChatMessage, chat_prompt_tokens
+    from localspec.backends.llama import backend as lb
 
     b = lb.load(target, n_ctx=1024)
     try:

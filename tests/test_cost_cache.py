@@ -210,7 +210,7 @@ def test_auto_loads_the_draft_model_only_when_a_round_wants_it(tiny_ggufs, monke
 
 def test_the_device_foreseen_from_the_header_is_the_loaded_one(tiny_ggufs) -> None:  # type: ignore[no-untyped-def]
     """auto finds its remembered costs by the device before the target loads: the header must tell it right."""
-    from localspec.backends import llama_cpp
+    from localspec.backends.llama import backend as llama_cpp
 
     for threads, layers in ((1, -1), (2, 0), (None, 3)):
         backend = llama_cpp.load(str(tiny_ggufs[0]), n_ctx=128, threads=threads, n_gpu_layers=layers)

@@ -18,9 +18,9 @@ import pytest
 from head_chi import CHI_PROMPT, N_SAMPLES, TOP_K, WINDOW, K, draws, expected_joint, misreported, run
 from test_verify import joint_check
 
-from localspec.backends import llama_cpp as lb
 from localspec.backends.base import sync_cache
-from localspec.backends.llama_dflash import BlockDrafter
+from localspec.backends.llama import backend as lb
+from localspec.backends.llama.dflash import BlockDrafter
 from localspec.decoding.drafters import NoDrafter
 from localspec.decoding.engine import Done, GenerationConfig
 from localspec.errors import Interrupted, ModelFileError, UnsupportedModelError, UsageError
@@ -330,8 +330,8 @@ def test_qwen2_target_with_a_block_drafter_is_a_clear_error_and_the_process_live
     assert "'qwen2' model" in cli.stderr and "DFlash" in cli.stderr and "hint:" in cli.stderr
     # The drafter itself refuses too (a front end that skipped the pipeline's check), and the process goes on.
     direct = _python(f"""
-        from localspec.backends import llama_cpp as lb
-        from localspec.backends.llama_dflash import BlockDrafter
+        from localspec.backends.llama import backend as lb
+        from localspec.backends.llama.dflash import BlockDrafter
         from localspec.errors import UnsupportedModelError
         t = lb.load({str(files["qwen2"])!r}, n_ctx=256, threads=1)
         try:

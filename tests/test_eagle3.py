@@ -31,10 +31,10 @@ from head_chi import (
 )
 from test_verify import joint_check
 
-from localspec.backends import llama_cpp as lb
-from localspec.backends import llama_ext
 from localspec.backends.base import sync_cache
-from localspec.backends.llama_eagle3 import Eagle3Drafter
+from localspec.backends.llama import backend as lb
+from localspec.backends.llama import ext as llama_ext
+from localspec.backends.llama.eagle3 import Eagle3Drafter
 from localspec.decoding.drafters import NoDrafter
 from localspec.decoding.engine import Done, GenerationConfig
 from localspec.errors import (
@@ -386,8 +386,8 @@ def test_qwen2_target_with_an_eagle3_head_is_a_clear_error_and_the_process_lives
     assert "'qwen2' model" in cli.stderr and "hint:" in cli.stderr
     # The drafter itself refuses too (a front end that skipped the pipeline's check), and the process goes on.
     direct = _python(f"""
-        from localspec.backends import llama_cpp as lb
-        from localspec.backends.llama_eagle3 import Eagle3Drafter
+        from localspec.backends.llama import backend as lb
+        from localspec.backends.llama.eagle3 import Eagle3Drafter
         from localspec.errors import UnsupportedModelError
         t = lb.load({str(files["qwen2"])!r}, n_ctx=256, threads=1)
         try:
@@ -403,7 +403,7 @@ def test_qwen2_target_with_an_eagle3_head_is_a_clear_error_and_the_process_lives
 def test_without_the_check_llama_cpp_would_abort_the_process(files: dict[str, Path]) -> None:
     """Why the architecture check exists: enabling capture on qwen2 kills the process (SIGABRT)."""
     crash = _python(f"""
-        from localspec.backends import llama_cpp as lb, llama_ext
+        from localspec.backends.llama import backend as lb, ext as llama_ext
         t = lb.load({str(files["qwen2"])!r}, n_ctx=256, threads=1)
         llama_ext.set_layer_capture(t.handle[1], 0, True)
         t.forward(t.tokenize("hi"))

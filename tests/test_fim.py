@@ -111,7 +111,7 @@ def test_fim_tokens_by_llama_cpp_and_by_their_texts_agree(name: str, has_fim: bo
     tokens the table names, so the MLX backend's end-of-generation set can follow it."""
     from fixture_models import fetch
 
-    from localspec.backends.llama_cpp import LlamaCppBackend
+    from localspec.backends.llama.backend import LlamaCppBackend
 
     path = fetch(name)
     tokens = read_gguf_header(path).get("tokenizer.ggml.tokens")
@@ -139,7 +139,7 @@ def test_the_served_fim_prompt_is_prefix_suffix_middle_for_every_known_family(
     llama-server's /infill sends by default and the only one localspec builds (no SPM variant anywhere)."""
     from gguf_factory import write_tiny_llama
 
-    from localspec.backends.llama_cpp import LlamaCppBackend
+    from localspec.backends.llama.backend import LlamaCppBackend
     from localspec.server.completion_prompt import middle_prompt, plain_tokens
 
     texts = (PREFIX_TEXTS[family], SUFFIX_TEXTS[family], MIDDLE_TEXTS[family])
@@ -189,7 +189,7 @@ def mlx_fim_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_fim_on_mlx(mlx_fim_model: Path) -> None:
     """The MLX backend finds the FIM tokens in the tokenizer's vocabulary and ends at <|fim_pad|> as llama.cpp
     does; the server builds the same prompt on it."""
-    from localspec.backends.mlx import load
+    from localspec.backends.mlx.backend import load
 
     model = load(str(mlx_fim_model), n_ctx=256, threads=None, n_gpu_layers=0)
     try:

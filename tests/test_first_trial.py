@@ -160,7 +160,7 @@ def test_pull_from_a_silent_endpoint_times_out_with_a_hint(silent_endpoint: str,
 def test_gemma_without_a_template_gets_its_family_format(gemma_path: Path) -> None:
     from localspec.backends.base import ChatMessage, chat_prompt_tokens
     from localspec.backends.chat_template import choose_chat_format, conversation_text
-    from localspec.backends.llama_cpp import load
+    from localspec.backends.llama.backend import load
 
     b = load(str(gemma_path), n_ctx=512, threads=2)
     try:
@@ -197,7 +197,7 @@ def test_unrecognised_model_falls_back_to_plain_text_and_says_so(tmp_path: Path,
 
     from localspec.backends.base import ChatMessage, chat_prompt_tokens
     from localspec.backends.chat_template import choose_chat_format
-    from localspec.backends.llama_cpp import load
+    from localspec.backends.llama.backend import load
 
     plain = tmp_path / "chatless.gguf"
     write_tiny_llama(plain, smollm2_path, chatless=True)
@@ -220,7 +220,7 @@ def test_unrecognised_model_falls_back_to_plain_text_and_says_so(tmp_path: Path,
 def test_chat_template_option_errors_and_files(tmp_path: Path, smollm2_path: Path) -> None:
     from localspec.backends.base import ChatMessage
     from localspec.backends.chat_template import choose_chat_format, conversation_text
-    from localspec.backends.llama_cpp import load
+    from localspec.backends.llama.backend import load
     from localspec.errors import UsageError
 
     with pytest.raises(UsageError, match="neither a known format nor a file"):

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from golden_cases import CASES, PENDING, GoldenCase, load_golden, write_case
 
-from localspec.backends import llama_cpp as lb
-from localspec.backends import llama_ext
+from localspec.backends.llama import backend as lb
+from localspec.backends.llama import ext as llama_ext
 from localspec.pipeline import make_drafter
 from localspec.sampling import SamplingParams
 

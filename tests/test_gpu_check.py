@@ -40,7 +40,7 @@ def payload(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_payload_without_sources_carries_the_bindings_localspec_and_the_tokenizer(payload: Path) -> None:
     site = payload / "site"
     for rel in ("llama_cpp/llama_cpp.py", "gguf/gguf_writer.py", "localspec/decoding/engine.py",
-                "localspec/backends/llama_cpp.py", "diskcache/__init__.py"):  # fmt: skip
+                "localspec/backends/llama/backend.py", "diskcache/__init__.py"):  # fmt: skip
         assert (site / rel).is_file(), rel
     assert not list(site.rglob("*.so")), "the payload must be pure Python (the library is built there)"
     import gzip

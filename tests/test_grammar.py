@@ -319,8 +319,8 @@ def _check_answer(done: Done) -> None:
 def test_gguf_greedy_constrained_speculation_equals_plain(smollm2_path: Path, tiny_ggufs: tuple[Path, ...]) -> None:
     """A real model (SmolLM2 135M) under a schema: plain, lookup, suffix, a random draft model (mostly cut by
     the grammar) and itself as draft (mostly accepted) write the same tokens."""
-    from localspec.backends import llama_cpp
     from localspec.backends.base import ChatMessage, chat_prompt_tokens
+    from localspec.backends.llama import backend as llama_cpp
     from localspec.decoding.suffix import SuffixDrafter
 
     target = llama_cpp.load(str(smollm2_path), n_ctx=512)
@@ -353,7 +353,7 @@ def test_mlx_greedy_constrained_speculation_equals_plain(tmp_path: Path) -> None
     pytest.importorskip("mlx_lm")
     import mlx_tiny
 
-    from localspec.backends import mlx as backend
+    from localspec.backends.mlx import backend
     from localspec.decoding.suffix import SuffixDrafter
 
     target_dir = mlx_tiny.build(tmp_path / "target", seed=1)

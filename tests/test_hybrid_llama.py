@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from test_verify import joint_check
 
-from localspec.backends import llama_cpp as lb
 from localspec.backends.base import ChatMessage, chat_prompt_tokens, sync_cache
+from localspec.backends.llama import backend as lb
 from localspec.decoding.drafters import ModelDrafter, NgramDrafter, NoDrafter
 from localspec.decoding.engine import Done, GenerationConfig, generate
 from localspec.errors import UnsupportedModelError

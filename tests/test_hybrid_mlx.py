@@ -1,6 +1,6 @@
 """Hybrid and recurrent models on the MLX backend: tiny random mlx-lm Qwen3.5 (Gated DeltaNet beside
 attention) and Mamba models. Their ArraysCache layers cannot be trimmed; the backend keeps their state
-before a batch and restores it, re-feeding the kept tokens (localspec/backends/mlx.py).
+before a batch and restores it, re-feeding the kept tokens (localspec/backends/mlx/backend.py).
 
 MLX on the CPU computes in float32: batched and one-token passes agree to about 1e-5 here; TOL is far
 above that and far below what a stale recurrent state gives.
@@ -35,7 +35,7 @@ def hybrid_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[P
 
 
 def _load(path: Path, n_ctx: int = 512):  # type: ignore[no-untyped-def]
-    from localspec.backends import mlx as backend
+    from localspec.backends.mlx import backend
 
     return backend.load(str(path), n_ctx=n_ctx)
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from localspec.backends import llama_cpp as lb
 from localspec.backends.base import ChatMessage, chat_prompt_tokens
+from localspec.backends.llama import backend as lb
 from localspec.decoding.drafters import ModelDrafter, NgramDrafter, NoDrafter
 from localspec.decoding.engine import Done, GenerationConfig, generate
 from localspec.errors import ContextOverflowError, IncompatiblePairError, ModelFileError

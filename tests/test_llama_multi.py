@@ -1,4 +1,4 @@
-"""Several sequences in one llama.cpp context (localspec/backends/llama_multi.py) on a real model (SmolLM2-135M):
+"""Several sequences in one llama.cpp context (localspec/backends/llama/multi.py) on a real model (SmolLM2-135M):
 each slot's cache is its own (rollback of one leaves the others), a prefix shared between slots answers as
 read and outlives the donor's cut, greedy answers decoded together through
 engine.CrowdDecoder equal each answered alone (near-ties aside), each sequence decoded together follows
@@ -14,9 +14,9 @@ import pytest
 from head_chi import CHI_PROMPT, N_SAMPLES, TOP_K, WINDOW, expected_joint
 from test_verify import joint_check
 
-from localspec.backends import llama_cpp as lb
 from localspec.backends.base import sync_cache
-from localspec.backends.llama_multi import LlamaSlots
+from localspec.backends.llama import backend as lb
+from localspec.backends.llama.multi import LlamaSlots
 from localspec.decoding.drafters import ModelDrafter, NgramDrafter
 from localspec.decoding.engine import CrowdDecoder, Done, Event, GenerationConfig, Job, generate
 from localspec.errors import UnsupportedModelError

@@ -20,7 +20,7 @@ PROMPT = "<|im_start|>user\nWrite a poem about the sea.<|im_end|>\n<|im_start|>a
 
 def test_missing_mlx_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     from localspec import pipeline
-    from localspec.backends import mlx as backend
+    from localspec.backends.mlx import backend
     from localspec.options import ModelOptions
 
     monkeypatch.setitem(sys.modules, "mlx", None)  # makes `import mlx...` raise ImportError
@@ -53,7 +53,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def _load(path: Path, n_ctx: int = 1024):  # type: ignore[no-untyped-def]
-    from localspec.backends import mlx as backend
+    from localspec.backends.mlx import backend
 
     return backend.load(str(path), n_ctx=n_ctx, threads=None, n_gpu_layers=-1)
 
@@ -215,7 +215,7 @@ def test_equals_mlx_lm_stream_generate(models: dict[str, Path]) -> None:
 
 @pytest.mark.mlx
 def test_pair_with_different_vocabularies_is_refused(models: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
-    from localspec.backends import mlx as backend
+    from localspec.backends.mlx import backend
     from localspec.errors import IncompatiblePairError
     from localspec.options import ModelOptions
     from localspec.pipeline import load_pipeline
@@ -271,7 +271,7 @@ def test_unknown_sliding_window_model_caps_context(tmp_path: Path, monkeypatch: 
     pytest.importorskip("mlx_lm")
     import mlx_tiny
 
-    from localspec.backends import mlx as backend
+    from localspec.backends.mlx import backend
 
     monkeypatch.setattr(backend, "_WINDOW_IN_MASK", frozenset())  # as for a model not known to be exact
     b = _load(mlx_tiny.build(tmp_path / "gemma", seed=5, config=dict(GEMMA_TINY, sliding_window=32)), n_ctx=1024)

@@ -1,4 +1,4 @@
-"""DFlash and DSpark on MLX (localspec/backends/mlx_dflash.py), on the llama.cpp golden cases' tiny random models
+"""DFlash and DSpark on MLX (localspec/backends/mlx/dflash.py), on the llama.cpp golden cases' tiny random models
 converted to MLX (the target with localspec.convert_gguf, the drafters to their Hugging Face layout with
 tests/mlx_heads.py): every round's drafts equal llama.cpp's own; greedy speculative output equals plain greedy
 output; the exact rule's joint distribution matches the target's at temperature 1 through the real drafter
@@ -39,8 +39,8 @@ from head_chi import (  # noqa: E402
 from test_golden_drafters import replay_rounds  # noqa: E402
 from test_verify import joint_check  # noqa: E402
 
-from localspec.backends import mlx as mb  # noqa: E402
-from localspec.backends.mlx_dflash import BlockDrafter  # noqa: E402
+from localspec.backends.mlx import backend as mb  # noqa: E402
+from localspec.backends.mlx.dflash import BlockDrafter  # noqa: E402
 from localspec.decoding.drafters import NoDrafter  # noqa: E402
 from localspec.errors import UnsupportedModelError, UsageError  # noqa: E402
 from localspec.sampling import SamplingParams  # noqa: E402
@@ -101,9 +101,9 @@ def test_dflash2_on_llama_cpp_drafts_what_the_mlx_drafter_drafts_every_round(
     An anchor one token off on llama.cpp (its position, its token, its slot in the block) fails at the first round."""
     from gguf_factory import write_tiny_dflash
 
-    from localspec.backends import llama_cpp as lb
     from localspec.backends.base import sync_cache
-    from localspec.backends.llama_dflash import BlockDrafter as LlamaBlockDrafter
+    from localspec.backends.llama import backend as lb
+    from localspec.backends.llama.dflash import BlockDrafter as LlamaBlockDrafter
 
     gguf = tmp_path / "dflash2.gguf"  # seed 25: drafts that change with the context (some seeds draft one token)
     write_tiny_dflash(gguf, smollm2_path, target_layers=DFLASH_LAYERS, block_size=8, selector_top_k=4, seed=25)

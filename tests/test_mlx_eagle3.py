@@ -1,5 +1,5 @@
-"""EAGLE-3 on MLX: hidden-state capture on mlx-lm targets (localspec/backends/mlx_capture.py) and the EAGLE-3 head in
-its Hugging Face layouts (localspec/backends/mlx_eagle3.py), on tiny random models.
+"""EAGLE-3 on MLX: hidden-state capture on mlx-lm targets (localspec/backends/mlx/capture.py) and the EAGLE-3 head in
+its Hugging Face layouts (localspec/backends/mlx/eagle3.py), on tiny random models.
 
 Capture must leave the target's logits bit-identical; greedy speculative output must equal plain greedy
 output (ours and mlx-lm's own generate_step); the exact rule's joint distribution must match the target's at
@@ -37,9 +37,9 @@ from head_chi import (  # noqa: E402
 )
 from test_verify import joint_check  # noqa: E402
 
-from localspec.backends import mlx as mb  # noqa: E402
 from localspec.backends.base import sync_cache  # noqa: E402
-from localspec.backends.mlx_eagle3 import Eagle3Drafter  # noqa: E402
+from localspec.backends.mlx import backend as mb  # noqa: E402
+from localspec.backends.mlx.eagle3 import Eagle3Drafter  # noqa: E402
 from localspec.decoding.drafters import NoDrafter  # noqa: E402
 from localspec.errors import ModelFileError, UnsupportedModelError  # noqa: E402
 from localspec.sampling import SamplingParams  # noqa: E402

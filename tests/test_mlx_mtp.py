@@ -1,4 +1,4 @@
-"""MTP on MLX (localspec/backends/mlx_mtp.py): a tiny hybrid Qwen3.5 target (Gated DeltaNet beside attention) whose
+"""MTP on MLX (localspec/backends/mlx/mtp.py): a tiny hybrid Qwen3.5 target (Gated DeltaNet beside attention) whose
 checkpoint keeps one MTP layer (tests/mlx_heads.add_mtp). Greedy speculative output equals plain greedy output
 (ours and mlx-lm's generate_step); the exact rule's joint distribution matches the target's at temperature 1
 through the layer (and fails for a misreported q); the layer's cache comes back right after rejected rounds;
@@ -38,8 +38,8 @@ from head_chi import (  # noqa: E402
 )
 from test_verify import joint_check  # noqa: E402
 
-from localspec.backends import mlx as mb  # noqa: E402
-from localspec.backends.mlx_mtp import MtpDrafter, _unsanitized, safetensors_headers  # noqa: E402
+from localspec.backends.mlx import backend as mb  # noqa: E402
+from localspec.backends.mlx.mtp import MtpDrafter, _unsanitized, safetensors_headers  # noqa: E402
 from localspec.decoding.drafters import NoDrafter  # noqa: E402
 from localspec.errors import ModelFileError, UnsupportedModelError  # noqa: E402
 from localspec.sampling import SamplingParams  # noqa: E402

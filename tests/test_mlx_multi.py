@@ -1,4 +1,4 @@
-"""Several sequences of one MLX target in one batched forward (localspec/backends/mlx_multi.py), on tiny random mlx-lm
+"""Several sequences of one MLX target in one batched forward (localspec/backends/mlx/multi.py), on tiny random mlx-lm
 models (qwen2; a GLM-4.5-style MoE with partial RoPE; Gemma 3 with sliding windows in the mask): each
 row's logits equal the sequence decoded alone, through right padding, rows that are not one contiguous
 run, rollbacks of one slot and a prefix shared between slots; greedy answers decoded together through
@@ -21,8 +21,8 @@ from head_chi import expected_joint
 from test_llama_multi import _drive  # decode jobs together to the end
 from test_verify import joint_check
 
-from localspec.backends import mlx as mb
-from localspec.backends.mlx_multi import MLXSlots
+from localspec.backends.mlx import backend as mb
+from localspec.backends.mlx.multi import MLXSlots
 from localspec.decoding.drafters import ModelDrafter, NgramDrafter
 from localspec.decoding.engine import CrowdDecoder, Done, GenerationConfig, Job, generate
 from localspec.errors import UnsupportedModelError

@@ -1,4 +1,4 @@
-"""MTP on MLX for the DeepSeek-V3 / GLM-4.5 "nextn" layout and MiMo's (localspec/backends/mlx_nextn.py): a tiny
+"""MTP on MLX for the DeepSeek-V3 / GLM-4.5 "nextn" layout and MiMo's (localspec/backends/mlx/nextn.py): a tiny
 GLM-4.5-style MoE target whose checkpoint keeps its nextn layer as `model.layers.{num_hidden_layers}.*`, and a
 tiny MiMo whose checkpoint keeps `model.mtp_layers.0.*` (tests/mlx_heads.add_nextn).
 Greedy speculative output equals plain greedy output; the exact rule's joint distribution matches the target's
@@ -36,8 +36,8 @@ from head_chi import (  # noqa: E402
     run,
 )
 
-from localspec.backends import mlx as mb  # noqa: E402
-from localspec.backends.mlx_nextn import drafter as nextn_drafter  # noqa: E402
+from localspec.backends.mlx import backend as mb  # noqa: E402
+from localspec.backends.mlx.nextn import drafter as nextn_drafter  # noqa: E402
 from localspec.decoding.drafters import NoDrafter  # noqa: E402
 from localspec.errors import ModelFileError  # noqa: E402
 from localspec.sampling import SamplingParams  # noqa: E402
@@ -136,7 +136,7 @@ def test_a_checkpoint_without_its_mtp_layer_is_refused(dirs: dict[str, Path], wh
 
 def test_mimo_reads_the_hidden_state_first() -> None:
     """The one difference between the layouts' projections, as each checkpoint's modeling code has it."""
-    from localspec.backends.mlx_nextn import LAYOUTS
+    from localspec.backends.mlx.nextn import LAYOUTS
 
     assert LAYOUTS["mimo"].hidden_first and not LAYOUTS["glm4_moe"].hidden_first
     # both read the hidden state after the target's final norm (nextn: as llama.cpp does, checked against its
@@ -207,7 +207,7 @@ def test_the_exact_rule_through_the_converted_glm_layer_and_a_misreported_q(near
     from head_chi import N_SAMPLES, draws, misreported
     from test_verify import joint_check
 
-    from localspec.backends.mlx_nextn import LlamaPairsDrafter
+    from localspec.backends.mlx.nextn import LlamaPairsDrafter
     from localspec.sampling import SamplingParams
 
     sampling = SamplingParams(temperature=1.0, top_k=TOP_K)

@@ -46,8 +46,8 @@ def _top2_gap(logits: np.ndarray) -> float:
 
 def _compare_with_llama(gguf: Path, mlx_tokens: list[int], llama_tokens: list[int]) -> str:
     """Assert the streams agree up to a near-tie; return a line saying where and why they part."""
-    from localspec.backends import llama_cpp as llama
     from localspec.backends.base import ChatMessage, chat_prompt_tokens
+    from localspec.backends.llama import backend as llama
 
     b = llama.load(str(gguf), n_ctx=512, threads=None, n_gpu_layers=0)
     try:
@@ -114,9 +114,9 @@ def test_smollm2_llama_architecture_converts_and_self_drafts() -> None:
     import fixture_models
     import mlx_fixtures
 
-    from localspec.backends import llama_cpp as llama
-    from localspec.backends import mlx as backend
     from localspec.backends.base import ChatMessage, chat_prompt_tokens
+    from localspec.backends.llama import backend as llama
+    from localspec.backends.mlx import backend
     from localspec.decoding.drafters import ModelDrafter, NoDrafter
     from localspec.decoding.engine import Done, GenerationConfig, generate
 
@@ -144,7 +144,7 @@ def _compare_with_llama_tokens(gguf: Path, prompt: list[int], mlx_tokens: list[i
     part = next((i for i in range(n) if mlx_tokens[i] != llama_tokens[i]), None)
     if part is None:
         return f"identical for {n} tokens"
-    from localspec.backends import llama_cpp as llama
+    from localspec.backends.llama import backend as llama
 
     b = llama.load(str(gguf), n_ctx=512, threads=None, n_gpu_layers=0)
     try:

@@ -21,7 +21,7 @@ pytest.importorskip("mlx_lm")
 
 import mlx_tiny  # noqa: E402
 
-from localspec.backends import mlx as mb  # noqa: E402
+from localspec.backends.mlx import backend as mb  # noqa: E402
 from localspec.sampling import SamplingParams  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -114,7 +114,7 @@ def _check_against_zlab(ref: Any, draft: Any, rounds: list[tuple[int, list[int]]
     same committed contexts: the same drafts in every full-block round."""
     from mlx_lm.utils import load_model, load_tokenizer
 
-    from localspec.backends.mlx_dflash import BlockDrafter
+    from localspec.backends.mlx.dflash import BlockDrafter
 
     model, _ = load_model(target_dir)
     tokenizer = load_tokenizer(target_dir)
@@ -194,7 +194,7 @@ def test_eagle3_drafts_equal_mlx_vlms_reference(target_dir: Path, tmp_path: Path
     from mlx_vlm.speculative.drafters.eagle3.config import Eagle3Config as RefConfig
     from mlx_vlm.speculative.drafters.eagle3.eagle3 import Eagle3DraftModel
 
-    from localspec.backends.mlx_eagle3 import Eagle3Drafter
+    from localspec.backends.mlx.eagle3 import Eagle3Drafter
 
     k, n_rounds = 4, 8
     layer = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1,
@@ -256,7 +256,7 @@ def test_qwen35_mtp_drafts_equal_mlx_vlms_reference(tmp_path: Path) -> None:
     from mlx_vlm.speculative.drafters.qwen3_5_mtp.config import Qwen3_5MTPConfig
     from mlx_vlm.speculative.drafters.qwen3_5_mtp.qwen3_5_mtp import Qwen3_5MTPDraftModel
 
-    from localspec.backends.mlx_mtp import MtpDrafter
+    from localspec.backends.mlx.mtp import MtpDrafter
 
     k, n_rounds = 3, 8
     config = {**mlx_tiny.QWEN35_CONFIG, "mtp_num_hidden_layers": 1}
@@ -311,7 +311,7 @@ def test_dspark_drafts_equal_mlx_vlms_reference(target_dir: Path, tmp_path: Path
     from mlx_vlm.speculative.drafters.dspark.config import DSparkConfig
     from mlx_vlm.speculative.drafters.dspark.dspark import DSparkDraftModel
 
-    from localspec.backends.mlx_dflash import BlockDrafter
+    from localspec.backends.mlx.dflash import BlockDrafter
 
     k, n_rounds, layers = 4, 8, [0, 2, 3]
     raw = {

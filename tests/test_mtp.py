@@ -31,9 +31,9 @@ from head_chi import (
 )
 from test_verify import joint_check
 
-from localspec.backends import llama_cpp as lb
 from localspec.backends.base import sync_cache
-from localspec.backends.llama_mtp import MtpDrafter, check_target
+from localspec.backends.llama import backend as lb
+from localspec.backends.llama.mtp import MtpDrafter, check_target
 from localspec.decoding.drafters import NoDrafter
 from localspec.decoding.engine import Done, GenerationConfig
 from localspec.errors import Interrupted, UnsupportedModelError
@@ -296,8 +296,8 @@ def test_a_target_without_mtp_is_a_clear_error_and_the_process_lives(files: dict
     assert "holds no weights for them" in cli.stderr and "hint:" in cli.stderr
     # The drafter itself refuses too (a front end that skipped the pipeline's check), and the process goes on.
     direct = _python(f"""
-        from localspec.backends import llama_cpp as lb
-        from localspec.backends.llama_mtp import MtpDrafter
+        from localspec.backends.llama import backend as lb
+        from localspec.backends.llama.mtp import MtpDrafter
         from localspec.errors import UnsupportedModelError
         t = lb.load({str(files["trunk_only"])!r}, n_ctx=256, threads=1, load_mtp=True)
         try:
@@ -314,7 +314,7 @@ def test_without_the_check_llama_cpp_would_abort_the_process(files: dict[str, Pa
     """Why the weights check exists: an MTP context on a file without the MTP block kills the process."""
     crash = _python(f"""
         import llama_cpp
-        from localspec.backends import llama_cpp as lb
+        from localspec.backends.llama import backend as lb
         t = lb.load({str(files["trunk_only"])!r}, n_ctx=256, threads=1, load_mtp=True)
         params = llama_cpp.llama_context_default_params()
         params.ctx_type = llama_cpp.LLAMA_CONTEXT_TYPE_MTP

@@ -68,7 +68,7 @@ def _stream(s: ServeProcess, prompt: str, times: dict[str, float], t0: float) ->
 
 def _alone_prefix(smollm2_path: Path, prompt: str) -> tuple[str, str]:
     """(the greedy answer decoded alone in this process, its text before its first near-tie)."""
-    from localspec.backends import llama_cpp as lb
+    from localspec.backends.llama import backend as lb
     from localspec.decoding.drafters import NgramDrafter
     from localspec.decoding.engine import Done, GenerationConfig, generate
     from localspec.sampling import SamplingParams
@@ -194,7 +194,7 @@ def mlx_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.mark.mlx
 def test_mlx_serves_clients_together_each_as_alone(mlx_dirs: dict[str, Path]) -> None:
-    """--parallel on MLX (localspec/backends/mlx_multi.py): three streamed clients at once get the texts each got alone,
+    """--parallel on MLX (localspec/backends/mlx/multi.py): three streamed clients at once get the texts each got alone,
     and /metrics shows passes of several sequences."""
     s = ServeProcess("--backend", "mlx", "--target", str(mlx_dirs["qwen2"]), "--draft-method", "ngram", "-k", "3",
                      "--n-ctx", "512", "--parallel", "3")  # fmt: skip
@@ -308,7 +308,7 @@ def test_each_sequence_that_read_the_suffix_memory_writes_its_answer_there(
 def test_a_draft_model_without_slots_is_lent_to_one_sequence_at_a_time(smollm2_path: Path) -> None:
     """Where the draft model cannot have slots (serve.open_draft_slots gave a reason), the first sequence that
     asks for it holds it; the next looks up: n-gram lookup for `model`, auto without its model for `auto`."""
-    from localspec.backends.llama_multi import LlamaSlots
+    from localspec.backends.llama.multi import LlamaSlots
     from localspec.options import ModelOptions
     from localspec.pipeline import load_pipeline
     from localspec.server.crowd_scheduler import CrowdScheduler
@@ -337,7 +337,7 @@ def test_a_draft_model_without_slots_is_lent_to_one_sequence_at_a_time(smollm2_p
 def test_while_no_request_runs_autos_calibration_times_the_crowds_curve(smollm2_path: Path) -> None:
     """Idle-time calibration runs in crowd mode too (on the target's own context, between requests), and the
     sizes it timed become the crowd's T(n) before any pass has measured them."""
-    from localspec.backends.llama_multi import LlamaSlots
+    from localspec.backends.llama.multi import LlamaSlots
     from localspec.options import ModelOptions
     from localspec.pipeline import load_pipeline
     from localspec.server.crowd_scheduler import CrowdScheduler

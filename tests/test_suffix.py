@@ -381,8 +381,8 @@ def test_engine_greedy_output_equals_plain_with_suffix_drafts(fn, k: int) -> Non
 
 
 def test_engine_greedy_output_equals_plain_on_tiny_ggufs(tiny_ggufs) -> None:  # type: ignore[no-untyped-def]
-    from localspec.backends import llama_cpp as lb
     from localspec.backends.base import ChatMessage, chat_prompt_tokens
+    from localspec.backends.llama import backend as lb
 
     target = lb.load(tiny_ggufs[0], n_ctx=512)
     try:

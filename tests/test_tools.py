@@ -194,9 +194,9 @@ def test_format_of_template() -> None:
 
 def test_a_chatml_model_without_tools_in_its_template_gets_the_family_format(tiny_ggufs: tuple[Path, ...]) -> None:
     """The tiny GGUFs carry SmolLM2's ChatML template, which renders no tools: Hermes' format is used."""
-    from localspec.backends import llama_cpp
     from localspec.backends.base import ChatMessage, ChatToolCall, chat_prompt_tokens
     from localspec.backends.chat_template import CHATML_TOOLS
+    from localspec.backends.llama import backend as llama_cpp
     from localspec.server.tools import tool_template
 
     b = llama_cpp.load(tiny_ggufs[0], n_ctx=512, threads=1)
@@ -221,8 +221,8 @@ def test_tools_render_as_hugging_face_renders_them(qwen_pair: tuple[Path, Path])
     transformers = pytest.importorskip("transformers")
     import mlx_fixtures
 
-    from localspec.backends import llama_cpp
     from localspec.backends.base import ChatMessage, ChatToolCall
+    from localspec.backends.llama import backend as llama_cpp
 
     msgs = [ChatMessage("system", "Be brief."), ChatMessage("user", "Weather in Paris & Rome?"),
             ChatMessage("assistant", "Checking <both>.", (ChatToolCall("call_1", "get_weather", {"city": "Paris"}),
@@ -283,7 +283,7 @@ def test_the_call_grammar_accepts_exactly_valid_calls(qwen_pair: tuple[Path, Pat
     invalid arguments and text before the call do not."""
     import llguidance
 
-    from localspec.backends import llama_cpp
+    from localspec.backends.llama import backend as llama_cpp
     from localspec.decoding import grammar
     from localspec.server.tools import call_grammar, lazy_call_grammar, tool_template
 

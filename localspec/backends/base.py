@@ -4,7 +4,7 @@ A backend wraps one loaded model and its KV cache. The engine only ever appends 
 `forward` and cuts the cache back with `rollback`; the backend tracks what the cache holds.
 `sync_cache` is the one operation that brings a cache in line with a token sequence.
 
-A backend *module* (localspec.backends.llama_cpp, localspec.backends.mlx) implements BackendModule:
+A backend *module* (localspec.backends.llama.backend, localspec.backends.mlx.backend) implements BackendModule:
 `peek_vocab` reads vocabulary facts without loading weights, `load` returns a Backend.
 
 The error contract, the same for every backend (tests/test_backend_contract.py checks it on both):

@@ -95,7 +95,7 @@ class BackendSpec:
 LLAMA = BackendSpec(
     name="llama",
     label="llama.cpp",
-    module_path="localspec.backends.llama_cpp",
+    module_path="localspec.backends.llama.backend",
     imports=("llama_cpp",),
     distributions=("llama-cpp-python",),
     install_hint="install it with `pip install llama-cpp-python` "
@@ -103,19 +103,19 @@ LLAMA = BackendSpec(
     model_format="GGUF file",
     single_file=True,
     hidden_states=True,
-    slots_module="localspec.backends.llama_multi",
+    slots_module="localspec.backends.llama.multi",
 )
 MLX = BackendSpec(
     name="mlx",
     label="MLX",
-    module_path="localspec.backends.mlx",
+    module_path="localspec.backends.mlx.backend",
     imports=("mlx", "mlx_lm"),
     distributions=("mlx", "mlx-lm"),
     install_hint="install them with `pip install 'localspec[mlx]'` (on Linux this brings mlx[cpu])",
     model_format="mlx-lm directory or Hub repo",
     single_file=False,
-    hidden_states=True,  # EAGLE-3, DFlash/DSpark and MTP heads read them (mlx_capture.py)
-    slots_module="localspec.backends.mlx_multi",
+    hidden_states=True,  # EAGLE-3, DFlash/DSpark and MTP heads read them (mlx/capture.py)
+    slots_module="localspec.backends.mlx.multi",
     preferred_on_apple=True,
 )
 BACKENDS: dict[str, BackendSpec] = {spec.name: spec for spec in (LLAMA, MLX)}

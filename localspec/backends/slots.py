@@ -1,4 +1,4 @@
-"""What a slot of several-sequence batch is on any backend (llama_multi.LlamaSlot, mlx_multi.MLXSlot): a
+"""What a slot of several-sequence batch is on any backend (llama.multi.LlamaSlot, mlx.multi.MLXSlot): a
 Backend of its own over one loaded target, whose text, templates and facts it borrows, with its own tokens;
 each backend's slot adds how it reads tokens (`forward`) and cuts them back (`rollback`)."""
 

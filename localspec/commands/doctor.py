@@ -118,7 +118,7 @@ def gather(args: argparse.Namespace) -> Facts:
     _llama_facts(f)
     _mlx_facts(f)
     f.threads_explicit = args.threads is not None
-    f.threads = args.threads or f.logical_cpus  # localspec/backends/llama_cpp.py: threads or os.cpu_count()
+    f.threads = args.threads or f.logical_cpus  # localspec/backends/llama/backend.py: threads or os.cpu_count()
     paths = _model_paths(args, f)
     for role, path in paths:
         f.models.append(_model_facts(role, path))
@@ -199,7 +199,7 @@ def _llama_facts(f: Facts) -> None:
     try:
         import llama_cpp
 
-        from localspec.backends.llama_cpp import gpu_kind
+        from localspec.backends.llama.backend import gpu_kind
     except Exception as e:  # a broken build is exactly what doctor is for
         f.llama_error = f"{type(e).__name__}: {e}"
         return
@@ -210,7 +210,7 @@ def _llama_facts(f: Facts) -> None:
     except Exception:
         pass
     try:
-        from localspec.backends import llama_ext
+        from localspec.backends.llama import ext as llama_ext
 
         f.llama_drafters = {name: s.reason for name, s in llama_ext.all_family_status().items()}
     except Exception as e:  # the staging symbols are exactly what may break between releases

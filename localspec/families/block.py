@@ -16,7 +16,7 @@ ARCHITECTURE = DFLASH
 
 def _require(name: str, backend: str) -> None:
     if backend == LLAMA.name:
-        from localspec.backends import llama_ext
+        from localspec.backends.llama import ext as llama_ext
 
         llama_ext.require_family(name)
 
@@ -24,19 +24,19 @@ def _require(name: str, backend: str) -> None:
 def _check(name: str, ctx: CheckContext) -> None:
     assert ctx.draft is not None  # the registry checks a head_file family was given one
     if ctx.backend == MLX.name:
-        from localspec.backends.mlx import peek_sizes
-        from localspec.backends.mlx_dflash import check_head as check_mlx_head
+        from localspec.backends.mlx.backend import peek_sizes
+        from localspec.backends.mlx.dflash import check_head as check_mlx_head
 
         hidden, _, layers = peek_sizes(ctx.target)  # a Hub id: checked again when the target is loaded
         check_mlx_head(name, ctx.draft, hidden, layers)
         return
-    from localspec.backends.llama_dflash import check_head
+    from localspec.backends.llama.dflash import check_head
 
     check_head(name, ctx.draft, ctx.target)
 
 
 def _claims_config(config: Mapping[str, object], dspark: bool) -> bool:
-    from localspec.backends.mlx_dflash import is_block_config, is_dspark_config
+    from localspec.backends.mlx.dflash import is_block_config, is_dspark_config
 
     return is_block_config(config) and is_dspark_config(config) == dspark
 
@@ -56,13 +56,13 @@ def _is_dspark(path: str) -> bool:
 def _build(name: str, ctx: BuildContext) -> Drafter:
     assert ctx.head is not None  # the registry checked a head was given
     if ctx.backend == MLX.name:
-        from localspec.backends.mlx import MLXBackend
-        from localspec.backends.mlx_dflash import BlockDrafter as MLXBlockDrafter
+        from localspec.backends.mlx.backend import MLXBackend
+        from localspec.backends.mlx.dflash import BlockDrafter as MLXBlockDrafter
 
         assert isinstance(ctx.target, MLXBackend)
         return MLXBlockDrafter(ctx.target, ctx.head, method=name)
-    from localspec.backends.llama_cpp import LlamaCppBackend
-    from localspec.backends.llama_dflash import BlockDrafter
+    from localspec.backends.llama.backend import LlamaCppBackend
+    from localspec.backends.llama.dflash import BlockDrafter
 
     assert isinstance(ctx.target, LlamaCppBackend)  # the registry checked the backend
     return BlockDrafter(ctx.target, ctx.head, method=name, n_gpu_layers=ctx.n_gpu_layers)

@@ -14,7 +14,7 @@ NAME = "eagle3"
 
 def _require(backend: str) -> None:
     if backend == LLAMA.name:
-        from localspec.backends import llama_ext
+        from localspec.backends.llama import ext as llama_ext
 
         llama_ext.require_family(NAME)
 
@@ -22,19 +22,19 @@ def _require(backend: str) -> None:
 def _check(ctx: CheckContext) -> None:
     assert ctx.draft is not None  # the registry checks a head_file family was given one
     if ctx.backend == MLX.name:
-        from localspec.backends.mlx import peek_sizes
-        from localspec.backends.mlx_eagle3 import check_head as check_mlx_head
+        from localspec.backends.mlx.backend import peek_sizes
+        from localspec.backends.mlx.eagle3 import check_head as check_mlx_head
 
         hidden, vocab, _ = peek_sizes(ctx.target)  # a Hub id: checked again when the target is loaded
         check_mlx_head(ctx.draft, hidden, vocab)
         return
-    from localspec.backends.llama_eagle3 import check_head
+    from localspec.backends.llama.eagle3 import check_head
 
     check_head(ctx.draft, ctx.target)
 
 
 def _claims_config(config: Mapping[str, object]) -> bool:
-    from localspec.backends.mlx_eagle3 import is_eagle3_config
+    from localspec.backends.mlx.eagle3 import is_eagle3_config
 
     return is_eagle3_config(config)
 
@@ -42,13 +42,13 @@ def _claims_config(config: Mapping[str, object]) -> bool:
 def _build(ctx: BuildContext) -> Drafter:
     assert ctx.head is not None  # the registry checked a head was given
     if ctx.backend == MLX.name:
-        from localspec.backends.mlx import MLXBackend
-        from localspec.backends.mlx_eagle3 import Eagle3Drafter as MLXEagle3Drafter
+        from localspec.backends.mlx.backend import MLXBackend
+        from localspec.backends.mlx.eagle3 import Eagle3Drafter as MLXEagle3Drafter
 
         assert isinstance(ctx.target, MLXBackend)
         return MLXEagle3Drafter(ctx.target, ctx.head)
-    from localspec.backends.llama_cpp import LlamaCppBackend
-    from localspec.backends.llama_eagle3 import Eagle3Drafter
+    from localspec.backends.llama.backend import LlamaCppBackend
+    from localspec.backends.llama.eagle3 import Eagle3Drafter
 
     assert isinstance(ctx.target, LlamaCppBackend)  # the registry checked the backend
     return Eagle3Drafter(ctx.target, ctx.head, n_gpu_layers=ctx.n_gpu_layers)

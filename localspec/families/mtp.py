@@ -15,7 +15,7 @@ NAME = "mtp"
 
 def _require(backend: str) -> None:
     if backend == LLAMA.name:
-        from localspec.backends import llama_ext
+        from localspec.backends.llama import ext as llama_ext
 
         llama_ext.require_family(NAME)
 
@@ -24,7 +24,7 @@ def _check(ctx: CheckContext) -> None:
     if ctx.backend == MLX.name:
         _check_mlx(ctx.target)
         return
-    from localspec.backends.llama_mtp import check_target
+    from localspec.backends.llama.mtp import check_target
 
     check_target(ctx.target)
 
@@ -45,10 +45,10 @@ def _check_mlx(target: str) -> None:
 def _mlx_module(config: dict):  # type: ignore[no-untyped-def, type-arg]
     """The MLX module for this checkpoint's MTP layout: a decoder layer beside two norms and a projection
     (DeepSeek-V3 / GLM-4.5 nextn, MiMo), else Qwen3.5's mtp.*."""
-    from localspec.backends import mlx_mtp, mlx_nextn
+    from localspec.backends.mlx import mtp, nextn
 
     arch = (config.get("text_config") or config).get("model_type") or config.get("model_type")
-    return mlx_nextn if arch in mlx_nextn.ARCHITECTURES else mlx_mtp
+    return nextn if arch in nextn.ARCHITECTURES else mtp
 
 
 def _claims_target(target: str) -> bool:
@@ -72,12 +72,12 @@ def _claims_target(target: str) -> bool:
 
 def _build(ctx: BuildContext) -> Drafter:
     if ctx.backend == MLX.name:
-        from localspec.backends.mlx import MLXBackend
+        from localspec.backends.mlx.backend import MLXBackend
 
         assert isinstance(ctx.target, MLXBackend)
         return _mlx_module(ctx.target.config).drafter(ctx.target)
-    from localspec.backends.llama_cpp import LlamaCppBackend
-    from localspec.backends.llama_mtp import MtpDrafter
+    from localspec.backends.llama.backend import LlamaCppBackend
+    from localspec.backends.llama.mtp import MtpDrafter
 
     assert isinstance(ctx.target, LlamaCppBackend)  # the registry checked the backend
     return MtpDrafter(ctx.target)

@@ -91,7 +91,7 @@ def command(binary: Path, case: GoldenCase, files: dict[str, Path]) -> list[str]
 
 def prompt_tokens(target: Path, prompt: str) -> list[int]:
     """As speculative-simple tokenizes it: specials added and parsed (the same llama.cpp vocabulary code)."""
-    from localspec.backends import llama_cpp as lb
+    from localspec.backends.llama import backend as lb
 
     backend = lb.load(target, n_ctx=64, threads=1)
     try:

@@ -146,7 +146,7 @@ def load(
 ) -> MLXBackend:
     """Load a model for speculative decoding. `threads`, `n_gpu_layers` and `max_draft` do not apply to MLX
     (a recurrent state is kept by reference, whatever the draft length), nor `load_mtp` (the MTP drafter reads
-    the mtp.* weights from the checkpoint itself, localspec/backends/mlx_mtp.py).
+    the mtp.* weights from the checkpoint itself, localspec/backends/mlx/mtp.py).
     `cancel` is checked before the weights are materialized (the one long step)."""
     _require_mlx()
     import mlx.core as mx
@@ -342,8 +342,8 @@ class MLXBackend(CachedModel):
         self._special_ids = frozenset(int(i) for i, t in tokenizer._tokenizer.added_tokens_decoder.items() if t.special)
         self._vocab: VocabInfo | None = None
         self._token_table: TokenTable | None = None
-        self._tap: Any = None  # mlx_capture.LayerTap while a head reads the target's hidden states
-        self._features: Any = None  # mlx_capture.FeatureStore: the tapped rows of every cached position
+        self._tap: Any = None  # capture.LayerTap while a head reads the target's hidden states
+        self._features: Any = None  # capture.FeatureStore: the tapped rows of every cached position
         self._capture_users = 0
         device = "Metal" if mx.metal.is_available() else "CPU (mlx)"
         if note:
@@ -559,13 +559,13 @@ class MLXBackend(CachedModel):
         for start in range(0, len(replay), self.CHUNK):
             self.forward_device(replay[start : start + self.CHUNK], all_logits=False)
 
-    # -- hidden states for a head drafter (localspec/backends/mlx_capture.py) -------------------------------------
+    # -- hidden states for a head drafter (localspec/backends/mlx/capture.py) -------------------------------------
 
     def capture_layers(self, layers: Sequence[int]) -> None:
         """From the next forward on, keep the inputs of `layers` (id n_layers: the last layer's output) for every
         cached position (features()), until each caller has called release_capture(). What was cached before
         has no features, so the cache starts empty. ValueError for a layer the model does not have."""
-        from localspec.backends.mlx_capture import FeatureStore, LayerTap
+        from localspec.backends.mlx.capture import FeatureStore, LayerTap
 
         if self._tap is None or self._tap.ids != tuple(layers):
             if self._tap is not None:

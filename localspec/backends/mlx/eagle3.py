@@ -1,5 +1,5 @@
 """EAGLE-3 drafting on MLX: a one-layer head, in its published Hugging Face layout, that reads three of an
-mlx-lm target's layers (captured by localspec/backends/mlx_capture.py).
+mlx-lm target's layers (captured by localspec/backends/mlx/capture.py).
 
 The head is built from mlx-lm's own llama classes (Attention, MLP, RMSNorm), its attention widened to the
 concatenation it reads. Per position, as llama.cpp's eagle3 graph (and vLLM's) computes it:
@@ -10,7 +10,7 @@ concatenation it reads. Per position, as llama.cpp's eagle3 graph (and vLLM's) c
     out    = mlp(post_attention_layernorm(h)) + h        # the head's state (fed back as g when drafting)
     logits = lm_head(norm(out))                          # over the draft vocabulary; d2t maps it to the target's
 
-Pairs (mlx_head.py): pair P is (token P+1, g at P), so the head's cache holds positions 0..N-2 of a context
+Pairs (mlx/head.py): pair P is (token P+1, g at P), so the head's cache holds positions 0..N-2 of a context
 of N tokens and drafting goes on from position N-1 with the head's own state.
 
 Layouts: the original (`midlayer.*`, config `draft_vocab_size`) and the "speculators" one (`layers.0.*`,
@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from localspec.backends.mlx import MLXBackend
-from localspec.backends.mlx_head import MLXHeadDrafter, load_head_weights, read_head_dir
+from localspec.backends.mlx.backend import MLXBackend
+from localspec.backends.mlx.head import MLXHeadDrafter, load_head_weights, read_head_dir
 from localspec.errors import ModelFileError, UnsupportedModelError
 
 WHAT = "an EAGLE-3 head"

@@ -1,6 +1,6 @@
 """MTP on MLX for the layouts that keep the multi-token-prediction layer as one more decoder layer beside two
 input norms and a projection; mlx-lm drops it when it loads (its sanitize), so it is read from the checkpoint's
-safetensors, as localspec/backends/mlx_mtp.py does for Qwen3.5's `mtp.*`. Per position:
+safetensors, as localspec/backends/mlx/mtp.py does for Qwen3.5's `mtp.*`. Per position:
 
     DeepSeek-V3 / GLM-4.5 "nextn" (`model.layers.{num_hidden_layers}.*`), as llama.cpp's nextn graph runs it:
         x = eh_proj([enorm(embed(token)), hnorm(h)])   # embedding first; h after the target's final norm
@@ -14,7 +14,7 @@ safetensors, as localspec/backends/mlx_mtp.py does for Qwen3.5's `mtp.*`. Per po
         out = final_layernorm(decoder_layer(x)); logits = lm_head(out); drafting goes on with `out`
 
 The decoder layer is the target's own class (attention, MLP or MoE as the target has them). MiMo's pairs are
-mlx_head.py's: pair P is (token P+1, h at P).
+mlx/head.py's: pair P is (token P+1, h at P).
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from localspec.backends.mlx import MLXBackend
-from localspec.backends.mlx_capture import original_class
-from localspec.backends.mlx_head import MLXHeadDrafter, load_head_weights
-from localspec.backends.mlx_mtp import MTP_HINT, safetensors_headers
+from localspec.backends.mlx.backend import MLXBackend
+from localspec.backends.mlx.capture import original_class
+from localspec.backends.mlx.head import MLXHeadDrafter, load_head_weights
+from localspec.backends.mlx.mtp import MTP_HINT, safetensors_headers
 from localspec.errors import ModelFileError
 
 _DECODER_PARTS = ("self_attn.", "mlp.", "input_layernorm.", "post_attention_layernorm.")

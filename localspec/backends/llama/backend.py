@@ -516,7 +516,7 @@ class LlamaCppBackend(CachedModel):
         UnsupportedModelError when the architecture lacks llama.cpp's capture hook (enabling it there
         would abort the process) or a layer does not exist; nothing is enabled then.
         """
-        from localspec.backends import llama_ext
+        from localspec.backends.llama import ext as llama_ext
 
         n_layer = int(llama_cpp.llama_model_n_layer(self._model))
         llama_ext.check_capture_architecture(
@@ -537,7 +537,7 @@ class LlamaCppBackend(CachedModel):
     def release_capture(self) -> None:
         """A caller of capture_layers no longer needs the layer inputs; the last one turns the capture off
         (the cache stays as it is)."""
-        from localspec.backends import llama_ext
+        from localspec.backends.llama import ext as llama_ext
 
         self._capture_users = max(0, self._capture_users - 1)
         if self._capture_users:
@@ -555,7 +555,7 @@ class LlamaCppBackend(CachedModel):
         return self._features[start:stop]
 
     def _keep_features(self, n_past: int, n: int) -> None:
-        from localspec.backends import llama_ext
+        from localspec.backends.llama import ext as llama_ext
 
         assert self._features is not None
         n_embd = self._features.shape[1] // len(self._captured)
@@ -571,7 +571,7 @@ class LlamaCppBackend(CachedModel):
     def keep_nextn_states(self) -> None:
         """From the next forward on, keep the nextn state (the hidden state an MTP head reads with the
         next token) of every cached position: nextn_states()."""
-        from localspec.backends import llama_ext
+        from localspec.backends.llama import ext as llama_ext
 
         if self._nextn is not None:
             return
@@ -587,7 +587,7 @@ class LlamaCppBackend(CachedModel):
         return self._nextn[start:stop]
 
     def _keep_nextn(self, n_past: int, n: int) -> None:
-        from localspec.backends import llama_ext
+        from localspec.backends.llama import ext as llama_ext
 
         assert self._nextn is not None
         rows = np.ctypeslib.as_array(llama_ext.nextn_rows(self._ctx), shape=(n, self._nextn.shape[1]))

@@ -2,7 +2,7 @@
 hidden-state capture, the head's KV cache kept in line with the committed context, and the token-by-token
 draft loop (a block drafter replaces `propose`).
 
-The bookkeeping is llama_head.py's, on MLX arrays: the head's cache holds one *pair* per position, built from
+The bookkeeping is llama/head.py's, on MLX arrays: the head's cache holds one *pair* per position, built from
 the context's tokens and what the target computed for them (EAGLE-3: token P+1 with the fc projection of the
 target's features at P). A pair is true for a new context while the tokens it was built from are unchanged,
 so at every proposal the cache is cut back to the pairs still true and the missing ones are written in one
@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from localspec.backends.base import common_prefix
-from localspec.backends.mlx import MLXBackend
+from localspec.backends.mlx.backend import MLXBackend
 from localspec.draft import EMPTY_DRAFT, Draft, sample_draft
 from localspec.errors import ModelFileError
 from localspec.sampling import SamplingParams

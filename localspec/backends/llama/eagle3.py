@@ -21,9 +21,9 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 
-from localspec.backends import llama_ext
-from localspec.backends.llama_cpp import LlamaCppBackend, read_header
-from localspec.backends.llama_head import PairAt, StepDrafter
+from localspec.backends.llama import ext as llama_ext
+from localspec.backends.llama.backend import LlamaCppBackend, read_header
+from localspec.backends.llama.head import PairAt, StepDrafter
 from localspec.errors import ModelFileError, UnsupportedModelError
 
 ARCH = "eagle3"

@@ -11,7 +11,7 @@ attention, MLP or MoE and norms are mlx-lm's. Per position, as these checkpoints
     logits = the target's lm_head(out)
 
 h is the target's hidden state after its final norm (post-norm, unlike DeepSeek-V3 / GLM "nextn", which read
-it before; those, and MiMo's hidden-first order, are localspec/backends/mlx_nextn.py). Pairs (mlx_head.py): pair P is (token
+it before; those, and MiMo's hidden-first order, are localspec/backends/mlx/nextn.py). Pairs (mlx/head.py): pair P is (token
 P+1, h at P), so the cache holds positions 0..N-2 of a context of N tokens; drafting goes on with the layer's
 own `out` in h's place. Norm shifts: an original checkpoint stores these norms as offsets from one (mlx-lm adds
 1.0 to the target's when it loads one, found by its unconverted conv1d weights); the MTP norms get the same.
@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from localspec.backends.mlx import MLXBackend
-from localspec.backends.mlx_capture import original_class
-from localspec.backends.mlx_head import MLXHeadDrafter, load_head_weights
+from localspec.backends.mlx.backend import MLXBackend
+from localspec.backends.mlx.capture import original_class
+from localspec.backends.mlx.head import MLXHeadDrafter, load_head_weights
 from localspec.errors import ModelFileError, UnsupportedModelError
 
 ARCHITECTURES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")

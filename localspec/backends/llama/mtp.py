@@ -26,9 +26,9 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 
-from localspec.backends import llama_ext
-from localspec.backends.llama_cpp import LlamaCppBackend, read_header
-from localspec.backends.llama_head import PairAt, StepDrafter
+from localspec.backends.llama import ext as llama_ext
+from localspec.backends.llama.backend import LlamaCppBackend, read_header
+from localspec.backends.llama.head import PairAt, StepDrafter
 from localspec.errors import UnsupportedModelError
 
 # Architectures with an MTP graph in the llama.cpp vendored by llama-cpp-python 0.3.36 (src/models/*.cpp,

@@ -1,6 +1,6 @@
 """DFlash and DSpark block drafting on MLX: one non-causal pass of a small Qwen3-style drafter, in its
 published Hugging Face layout (`dflash_config`: block_size, mask_token_id, target_layer_ids), drafts a block
-from an mlx-lm target's hidden states (captured by localspec/backends/mlx_capture.py).
+from an mlx-lm target's hidden states (captured by localspec/backends/mlx/capture.py).
 
 As llama.cpp's dflash graph (and z-lab's DFlash) computes it:
 - context: the target layers' outputs at each position P, side by side, become g = hidden_norm(fc(features));
@@ -37,8 +37,8 @@ from typing import Any
 import numpy as np
 
 from localspec.backends.base import BlockLayout
-from localspec.backends.mlx import MLXBackend
-from localspec.backends.mlx_head import MLXHeadDrafter, load_head_weights, read_head_dir
+from localspec.backends.mlx.backend import MLXBackend
+from localspec.backends.mlx.head import MLXHeadDrafter, load_head_weights, read_head_dir
 from localspec.draft import EMPTY_DRAFT, Draft, sample_draft
 from localspec.errors import ModelFileError, UnsupportedModelError, UsageError
 from localspec.sampling import SamplingParams

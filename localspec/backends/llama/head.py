@@ -28,8 +28,8 @@ import llama_cpp
 import numpy as np
 
 from localspec.backends.base import common_prefix
-from localspec.backends.llama_batch import HeadContext, load_head_model
-from localspec.backends.llama_cpp import LlamaCppBackend
+from localspec.backends.llama.backend import LlamaCppBackend
+from localspec.backends.llama.batch import HeadContext, load_head_model
 from localspec.draft import EMPTY_DRAFT, Draft, sample_draft
 from localspec.sampling import SamplingParams
 
@@ -74,7 +74,7 @@ class HeadDrafter(ABC):
     def _capture(self, model: llama_cpp.llama_model_p) -> None:
         """Have the target keep the hidden states of the layers the head reads (turned off with the drafter,
         so that a method run after this one on the same target does not pay for them)."""
-        from localspec.backends import llama_ext
+        from localspec.backends.llama import ext as llama_ext
 
         self.target.capture_layers(llama_ext.target_layer_ids(model))  # checks the architecture again first
         self._capturing = True

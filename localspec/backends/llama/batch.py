@@ -1,5 +1,5 @@
 """llama.cpp's extended batch (llama_batch_ext) and the context a head runs in beside the target, shared by
-the drafters that run one (EAGLE-3, MTP, DFlash/DSpark; backends.llama_head): rows of a token, an embedding
+the drafters that run one (EAGLE-3, MTP, DFlash/DSpark; backends.llama.head): rows of a token, an embedding
 or both, each with a position and an output flag, run through the head's context in one pass whose
 llama.cpp return code becomes our errors."""
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 
-from localspec.backends import llama_ext
-from localspec.backends.llama_cpp import LOG, LlamaCppBackend, abort_check, last_error
+from localspec.backends.llama import ext as llama_ext
+from localspec.backends.llama.backend import LOG, LlamaCppBackend, abort_check, last_error
 from localspec.errors import GenerationError, Interrupted, ModelFileError
 
 # An embedding row of an M-RoPE model reads four positions (llama_batch_ext::set_token_pos); llama.cpp's own

@@ -19,7 +19,7 @@ from typing import Any
 import llama_cpp
 import numpy as np
 
-from localspec.backends.llama_cpp import LOG, LlamaCppBackend, abort_check, last_error
+from localspec.backends.llama.backend import LOG, LlamaCppBackend, abort_check, last_error
 from localspec.backends.slots import Slot
 from localspec.errors import GenerationError, Interrupted, ModelFileError, UnsupportedModelError
 

@@ -34,10 +34,10 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 
-from localspec.backends import llama_ext
 from localspec.backends.base import BlockLayout
-from localspec.backends.llama_cpp import LlamaCppBackend, read_header
-from localspec.backends.llama_head import HeadDrafter, PairAt
+from localspec.backends.llama import ext as llama_ext
+from localspec.backends.llama.backend import LlamaCppBackend, read_header
+from localspec.backends.llama.head import HeadDrafter, PairAt
 from localspec.draft import EMPTY_DRAFT, Draft, sample_draft
 from localspec.errors import ModelFileError, UnsupportedModelError, UsageError
 from localspec.sampling import SamplingParams

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from localspec.backends.mlx import MLXBackend, make_cache
+from localspec.backends.mlx.backend import MLXBackend, make_cache
 from localspec.backends.slots import Slot
 from localspec.errors import GenerationError, Interrupted, UnsupportedModelError
 
