@@ -145,3 +145,37 @@ def test_no_backend_is_named_outside_its_home() -> None:
             ):
                 found.append(f"{rel}:{n}: {line.strip()}")
     assert not found, "\n".join(found)
+
+
+BACKEND_LIBRARIES = ("llama_cpp", "mlx", "mlx_lm")  # what a backend's folder may import, and nothing shared
+
+
+def _imported_names(path: Path) -> set[str]:
+    """Every module name `path` imports, lazy imports included (`if TYPE_CHECKING:` ones left out)."""
+    out: set[str] = set()
+    for node in _walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
+    return out
+
+
+def test_each_backend_lives_in_its_own_folder() -> None:
+    """What every backend shares (localspec/backends/*.py: the protocol, the table, heads.py) imports no backend's
+    folder and no backend library; one backend's folder never imports another's. A new backend is a new folder."""
+    backends = PKG / "backends"
+    folders = sorted(p.name for p in backends.iterdir() if (p / "__init__.py").is_file())
+    assert {"llama", "mlx"} <= set(folders), folders
+    found = []
+    for path in sorted(backends.rglob("*.py")):
+        rel = path.relative_to(backends)
+        own = rel.parts[0] if len(rel.parts) > 1 else None
+        for name in sorted(_imported_names(path)):
+            top = name.split(".")[0]
+            folder = name.split(".")[2] if name.startswith("localspec.backends.") and name.count(".") >= 2 else None
+            if own is None and (top in BACKEND_LIBRARIES or folder in folders):
+                found.append(f"{rel} (shared) imports {name}")
+            elif own is not None and folder in folders and folder != own:
+                found.append(f"{rel} ({own}) imports {name}")
+    assert not found, "\n".join(found)

@@ -32,6 +32,7 @@ def _check(ctx: CheckContext) -> None:
 def _check_mlx(target: str) -> None:
     import json
 
+    from localspec.backends.mlx.mtp import check_target
     from localspec.errors import ModelFileError
 
     directory = Path(target).expanduser()
@@ -39,16 +40,7 @@ def _check_mlx(target: str) -> None:
         config = json.loads((directory / "config.json").read_text())
     except (OSError, ValueError):
         raise ModelFileError(f"{target}: no readable config.json", "pass a model directory") from None
-    _mlx_module(config).check_target(directory, config)
-
-
-def _mlx_module(config: dict):  # type: ignore[no-untyped-def, type-arg]
-    """The MLX module for this checkpoint's MTP layout: a decoder layer beside two norms and a projection
-    (DeepSeek-V3 / GLM-4.5 nextn, MiMo), else Qwen3.5's mtp.*."""
-    from localspec.backends.mlx import mtp, nextn
-
-    arch = (config.get("text_config") or config).get("model_type") or config.get("model_type")
-    return nextn if arch in nextn.ARCHITECTURES else mtp
+    check_target(directory, config)
 
 
 def _claims_target(target: str) -> bool:
@@ -73,9 +65,10 @@ def _claims_target(target: str) -> bool:
 def _build(ctx: BuildContext) -> Drafter:
     if ctx.backend == MLX.name:
         from localspec.backends.mlx.backend import MLXBackend
+        from localspec.backends.mlx.mtp import drafter
 
         assert isinstance(ctx.target, MLXBackend)
-        return _mlx_module(ctx.target.config).drafter(ctx.target)
+        return drafter(ctx.target)
     from localspec.backends.llama.backend import LlamaCppBackend
     from localspec.backends.llama.mtp import MtpDrafter
 

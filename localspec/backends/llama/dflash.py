@@ -34,13 +34,12 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 
+from localspec.backends import heads
 from localspec.backends.base import BlockLayout
 from localspec.backends.llama import ext as llama_ext
 from localspec.backends.llama.backend import LlamaCppBackend, read_header
-from localspec.backends.llama.head import HeadDrafter, PairAt
-from localspec.draft import EMPTY_DRAFT, Draft, sample_draft
+from localspec.backends.llama.head import LlamaHead, PairAt
 from localspec.errors import ModelFileError, UnsupportedModelError, UsageError
-from localspec.sampling import SamplingParams
 
 ARCH = "dflash"  # DFlash, DFlash2 and DSpark drafters all convert to this architecture
 METHODS = ("dflash", "dspark")
@@ -120,11 +119,11 @@ def check_head(method: str, head_path: str | Path, target_path: str | Path) -> B
     return head
 
 
-class BlockDrafter(HeadDrafter):
+class BlockDrafter(LlamaHead, heads.BlockDrafter):
     """Drafts a block at a time with a DFlash or DSpark drafter on a llama.cpp target. Owns the drafter
     (model and context); borrows the target, whose layer capture it turns on."""
 
-    LOOKAHEAD = 0  # the feature at P reads context[0..P]
+    layout: BlockHead
 
     def __init__(
         self, target: LlamaCppBackend, head_path: str | Path, *, method: str = "dflash", n_gpu_layers: int = -1
@@ -132,107 +131,56 @@ class BlockDrafter(HeadDrafter):
         if method not in METHODS:
             raise ValueError(f"not a block draft method: {method!r}")
         llama_ext.require_family(method)
-        self.head = check_head(method, head_path, target.info.path)
+        self.layout = check_head(method, head_path, target.info.path)
         self.method = method
         what, hint = f"the {_LABEL[method]} drafter", "lower --n-ctx or -k, or use --draft-method model"
         super().__init__(target, f"{method}:{Path(head_path).stem}", what=what, hint=hint)
-        self._n_draft = self.head.n_draft_max  # drafts per block (prepare's max_k, clamped)
+        self._n_draft = self.layout.n_draft_max
         with self._closed_on_error():
             model = self._load_model(Path(head_path), n_gpu_layers)
             self._capture(model)
             self._top_k = llama_ext.dflash_selector_top_k(model)  # > 0: DFlash2's selector lattice
+            self.lattice = self._top_k > 0
             # As llama.cpp: DSpark's confidence and DFlash2's lattice come back as nextn rows (all rows for the lattice).
-            n_ctx = target.n_ctx + self.head.block_size  # a block past the target's last position fits
+            n_ctx = target.n_ctx + self.layout.block_size  # a block past the target's last position fits
             n_embd = int(llama_cpp.llama_model_n_embd(model))
             ctx = self._open(model, n_ctx=n_ctx, n_nextn=n_embd, masked=self._top_k == 0)
-            llama_cpp.llama_set_causal_attn(ctx.ptr, self.head.causal)
+            llama_cpp.llama_set_causal_attn(ctx.ptr, self.layout.causal)
             self._mask = int(llama_cpp.llama_vocab_mask(llama_cpp.llama_model_get_vocab(model)))
 
-    # -- Drafter protocol -------------------------------------------------------------------------
-
-    def prepare(self, context: Sequence[int], max_k: int) -> None:
-        self._n_draft = max(1, min(max_k, self.head.n_draft_max))
-        super().prepare(context, max_k)
-
-    def propose(
-        self,
-        context: Sequence[int],
-        k: int,
-        sampling: SamplingParams,
-        rng: np.random.Generator,
-        *,
-        min_confidence: float = 0.0,
-    ) -> Draft:
-        pos = len(context) - 1  # the block's anchor (the last committed token) goes here
-        k = min(k, self._n_draft)
-        if k <= 0 or not self._ready(context, pos):
-            return EMPTY_DRAFT  # no features for a position before the anchor (the target did not take it in)
-        self._sync(context, output=False)
-        logits, nextn = self._block(context[-1], pos)
-        if self._top_k > 0:
-            tokens, note = self._walk_lattice(nextn, k, min_confidence)
-            return Draft(tokens, None, note, source=self.method)
-        first = 1 - int(self.head.reads_anchor)  # the block slot of the first draft token
-        rows = logits[first : first + k]
-        note = ""
-        if self.head.dspark and self.head.confidence and min_confidence > 0:
-            conf = nextn[first : first + k, 0]
-            low = np.flatnonzero(conf < min_confidence)
-            if len(low):
-                rows = rows[: low[0]]
-                note = (
-                    f"draft stopped at position {low[0] + 1}: confidence head {conf[low[0]]:.2f} < {min_confidence:.2f}"
-                )
-            min_confidence = 0.0  # the confidence head is DSpark's stopping rule (llama.cpp's p_min)
-        # Without one (llama.cpp refuses p_min there), the draft's own probability decides, as for DFlash.
-        if len(rows) == 0:
-            return Draft([], None, note, source=self.method)
-        at = iter(rows[1:])
-        tokens, q, stop = sample_draft(
-            rows[0], lambda _token: next(at), len(rows), sampling, rng, min_confidence, self.target.eog_ids
-        )
-        return Draft(tokens, q, note or stop, source=self.method)
-
-    # -- the drafter's cache ----------------------------------------------------------------------
-
-    def _n_pairs(self, context: Sequence[int]) -> int:
-        """Positions whose features the draft may use: before the anchor, and held by the target."""
-        return max(0, min(len(context) - 1, self._held(context)))
+    # -- the drafter's passes ---------------------------------------------------------------------
 
     def _rows(self, context: Sequence[int], start: int, stop: int) -> PairAt:
         features = self.target.features(start, stop)  # [n, layers * E_target], a view: used at once
         return lambda p: (None, features[p - start])
 
-    def _block(self, anchor: int, pos: int) -> tuple[np.ndarray, np.ndarray]:
+    def _block(self, anchor: int, pos: int) -> tuple[np.ndarray, np.ndarray | None]:
+        logits, nextn = self._decode_block(anchor, pos)
+        return logits, (nextn[:, 0] if self.layout.dspark and self.layout.confidence else None)
+
+    def _lattice(self, anchor: int, pos: int, k: int) -> tuple[int, heads.LatticeStep]:
+        """Row i of the nextn rows: top_k candidate ids, then top_k x top_k scores, one row of successors per
+        predecessor (the graph's own)."""
+        _, lattice = self._decode_block(anchor, pos)
+        top_k = self._top_k
+
+        def step(i: int, pred: int, _token: int) -> tuple[np.ndarray, np.ndarray]:
+            row = lattice[i]
+            return row[:top_k], row[top_k + pred * top_k : top_k + (pred + 1) * top_k]
+
+        return min(k + 1, len(lattice)), step
+
+    def _decode_block(self, anchor: int, pos: int) -> tuple[np.ndarray, np.ndarray]:
         """Decode [anchor, mask x n] from `pos`; (logits [rows, V], nextn rows [rows, E]) copies. The
         block's K/V leave the cache again: it holds the target's features only."""
         ctx = self.ctx
-        n_block = self.head.block_tokens(self._n_draft)
+        n_block = self.layout.block_tokens(self._n_draft)
         outputs = self._top_k == 0  # DFlash2 reads its lattice from the nextn rows, not logits
         try:
             ctx.run((anchor if i == 0 else self._mask, None, pos + i, outputs) for i in range(n_block))
             logits = ctx.logits_rows(n_block) if outputs else np.empty((0, ctx.n_vocab), np.float32)
-            read_nextn = self._top_k > 0 or (self.head.dspark and self.head.confidence)
+            read_nextn = self._top_k > 0 or (self.layout.dspark and self.layout.confidence)
             nextn = ctx.nextn_rows(n_block) if read_nextn else np.empty((0, ctx.n_nextn), np.float32)
         finally:
             ctx.cut(pos)
         return logits, nextn
-
-    def _walk_lattice(self, lattice: np.ndarray, k: int, min_confidence: float) -> tuple[list[int], str]:
-        """DFlash2: from the anchor, take the best-scoring successor candidate at each block position
-        (row i: top_k candidate ids, then top_k x top_k scores, one row of successors per predecessor)."""
-        top_k = self._top_k
-        tokens: list[int] = []
-        pred = 0
-        for i in range(1, min(k + 1, len(lattice))):
-            row = lattice[i]
-            scores = row[top_k + pred * top_k : top_k + (pred + 1) * top_k]
-            pred = int(np.argmax(scores))
-            if min_confidence > 0:
-                conf = float(1.0 / np.exp(scores - scores[pred]).sum())
-                if conf < min_confidence:
-                    return tokens, f"draft stopped at position {i}: confidence {conf:.2f} < {min_confidence:.2f}"
-            tokens.append(int(row[pred]))
-            if tokens[-1] in self.target.eog_ids:
-                break
-        return tokens, ""

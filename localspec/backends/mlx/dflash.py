@@ -36,12 +36,12 @@ from typing import Any
 
 import numpy as np
 
+from localspec.backends import heads
 from localspec.backends.base import BlockLayout
+from localspec.backends.heads import VocabMap
 from localspec.backends.mlx.backend import MLXBackend
-from localspec.backends.mlx.head import MLXHeadDrafter, load_head_weights, read_head_dir
-from localspec.draft import EMPTY_DRAFT, Draft, sample_draft
+from localspec.backends.mlx.head import MLXHead, load_head_weights, read_head_dir
 from localspec.errors import ModelFileError, UnsupportedModelError, UsageError
-from localspec.sampling import SamplingParams
 
 METHODS = ("dflash", "dspark")
 _LABEL = {"dflash": "DFlash", "dspark": "DSpark"}
@@ -270,10 +270,10 @@ def _build(cfg: BlockConfig, weights: Mapping[str, Any]) -> Any:
     return Block()
 
 
-class BlockDrafter(MLXHeadDrafter):
+class BlockDrafter(MLXHead, heads.BlockDrafter):
     """Drafts a block at a time with a DFlash or DSpark drafter on an MLX target (borrowed)."""
 
-    LOOKAHEAD = 0
+    layout: BlockConfig
 
     def __init__(self, target: MLXBackend, head_path: str | Path, *, method: str = "dflash") -> None:
         from mlx_lm.models.cache import KVCache
@@ -294,84 +294,45 @@ class BlockDrafter(MLXHeadDrafter):
             head, named, f"{head_path}: its weights (as a {_LABEL[method]} drafter's)", "download the drafter again"
         )
         self.method = method
-        self.cfg = cfg
+        self.layout = cfg
+        self.lattice = cfg.dflash2
         self._head = head
         self._dtype = head.fc.weight.dtype
         self._caches = [KVCache() for _ in range(cfg.num_layers)]
         self._n_draft = cfg.n_draft_max
-        d2t = weights.get("d2t")
-        self._d2t = None if d2t is None else np.arange(d2t.shape[0]) + np.asarray(d2t, dtype=np.int64)
-        self._n_vocab = target.n_vocab
+        self._vocab = VocabMap.from_offsets(weights.get("d2t"), target.n_vocab)
         # A target that scales its embeddings (Gemma) scales the block's too, as z-lab's drafter reads it.
         embed = target.embed_tokens
         self._embed_scale = float(getattr(embed, "embed_scale", getattr(target.text_model.model, "embed_scale", 1.0)))
         super().__init__(target, f"{method}:{Path(head_path).name}", [i + 1 for i in cfg.target_layer_ids])
 
-    # -- Drafter protocol -------------------------------------------------------------------------
+    # -- the drafter's passes ---------------------------------------------------------------------
 
-    def prepare(self, context: Sequence[int], max_k: int) -> None:
-        self._n_draft = max(1, min(max_k, self.cfg.n_draft_max))
-        super().prepare(context, max_k)
-
-    def propose(
-        self,
-        context: Sequence[int],
-        k: int,
-        sampling: SamplingParams,
-        rng: np.random.Generator,
-        *,
-        min_confidence: float = 0.0,
-    ) -> Draft:
-        pos = len(context) - 1  # the block's anchor (the last committed token) goes here
-        k = min(k, self._n_draft, self.target.n_ctx - len(context) + 1)
-        if k <= 0 or pos < 1 or self._n_pairs(context) < pos:
-            return EMPTY_DRAFT
-        self._sync(context)
-        if self.cfg.dflash2:
-            tokens, note = self._lattice(context[-1], k, min_confidence)
-            return Draft(tokens, None, note, source=self.method)  # deterministic: its q is one-hot
-        logits, conf = self._block(context[-1])
-        first = 1 - int(self.cfg.reads_anchor)
-        rows = logits[first : first + k]
-        note = ""
-        if conf is not None and min_confidence > 0:
-            low = np.flatnonzero(conf[first : first + k] < min_confidence)
-            if len(low):
-                rows = rows[: low[0]]
-                note = f"draft stopped at position {low[0] + 1}: confidence head {conf[first + low[0]]:.2f} < {min_confidence:.2f}"
-            min_confidence = 0.0
-        if len(rows) == 0:
-            return Draft([], None, note, source=self.method)
-        at = iter(rows[1:])
-        tokens, q, stop = sample_draft(
-            rows[0], lambda _t: next(at), len(rows), sampling, rng, min_confidence, self.target.eog_ids
-        )
-        return Draft(tokens, q, note or stop, source=self.method)
-
-    # -- the drafter's cache ----------------------------------------------------------------------
-
-    def _n_pairs(self, context: Sequence[int]) -> int:
-        return max(0, min(len(context) - 1, self._held(context)))
-
-    def _run(self, context: Sequence[int], start: int, stop: int) -> None:
+    def _write(self, context: Sequence[int], start: int, stop: int, *, output: bool) -> None:
         import mlx.core as mx
 
         self._head.write_context(self.target.features(start, stop).astype(self._dtype), self._caches)
         mx.eval([c.state for c in self._caches])
 
-    def _cut(self, n: int) -> None:
-        for c in self._caches:
-            if c.offset > n:
-                c.trim(c.offset - n)
+    def _block(self, anchor: int, pos: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """DSpark's Markov bias is in the logits; its confidence comes from its confidence head."""
+        import mlx.core as mx
 
-    def _lattice(self, anchor: int, k: int, min_confidence: float) -> tuple[list[int], str]:
-        """DFlash2: at each block position after the anchor, the best of the top-k candidates by their logit plus
-        the selector's edge from the token before (predecessor codebook . projected hidden . successor codebook)."""
+        raw, hidden = self._raw_block(anchor)
+        rows = np.asarray(raw)
+        if not self.layout.dspark:
+            return np.stack([self._vocab(r) for r in rows]), None
+        return self._markov(rows, np.asarray(hidden[0].astype(mx.float32)), anchor)
+
+    def _lattice(self, anchor: int, pos: int, k: int) -> tuple[int, heads.LatticeStep]:
+        """DFlash2: at each block position after the anchor, the top-k candidates by their logit, scored by that
+        logit plus the selector's edge from the token before (predecessor codebook . projected hidden . successor
+        codebook)."""
         import mlx.core as mx
 
         raw, hidden = self._raw_block(anchor)
         sel = self._head.candidate_selector
-        top = self.cfg.selector_top_k
+        top = self.layout.selector_top_k
         projected = np.asarray(sel.hidden_projection(hidden[0]).astype(mx.float32))
         logits = np.asarray(raw)
         n = min(k + 1, len(logits))
@@ -381,55 +342,36 @@ class BlockDrafter(MLXHeadDrafter):
         rows = mx.array(ids.astype(np.int32))
         pred = dict(zip(ids.tolist(), np.asarray(sel.predecessor_codebook(rows).astype(mx.float32))))
         succ = dict(zip(ids.tolist(), np.asarray(sel.successor_codebook(rows).astype(mx.float32))))
-        tokens: list[int] = []
-        previous = anchor
-        for i in range(1, n):
+
+        def step(i: int, _index: int, previous: int) -> tuple[np.ndarray, np.ndarray]:
             cands = candidates[i - 1]
             book = np.stack([succ[int(c)] for c in cands])
-            scores = logits[i][cands] + (pred[previous] * projected[i] * book).sum(axis=-1)
-            best = int(np.argmax(scores))
-            if min_confidence > 0:
-                conf = float(1.0 / np.exp(scores - scores[best]).sum())
-                if conf < min_confidence:
-                    return tokens, f"draft stopped at position {i}: confidence {conf:.2f} < {min_confidence:.2f}"
-            previous = int(cands[best])
-            tokens.append(previous)
-            if previous in self.target.eog_ids:
-                break
-        return tokens, ""
+            return cands, logits[i][cands] + (pred[previous] * projected[i] * book).sum(axis=-1)
+
+        return n, step
 
     def _raw_block(self, anchor: int) -> tuple[Any, Any]:
         """(The block's raw logits [rows, V or the draft vocabulary], its final hidden rows [1, rows, E]); the
         block's K/V leave the caches again."""
         import mlx.core as mx
 
-        n_block = self.cfg.block_tokens(self._n_draft)
+        cfg = self.layout
+        n_block = cfg.block_tokens(self._n_draft)
         base = self._caches[0].offset
-        tokens = mx.array([anchor] + [self.cfg.mask_token_id] * (n_block - 1), dtype=mx.uint32)[None]
+        tokens = mx.array([anchor] + [cfg.mask_token_id] * (n_block - 1), dtype=mx.uint32)[None]
         try:
-            embeds = self.target.embed_tokens(tokens) * (self._embed_scale * self.cfg.input_embedding_scale)
+            embeds = self.target.embed_tokens(tokens) * (self._embed_scale * cfg.input_embedding_scale)
             hidden = self._head.block(embeds.astype(self._dtype), self._caches)
             head = getattr(self._head, "lm_head", None)
             raw = (head(hidden) if head is not None else self.target.lm_head(hidden))[0].astype(mx.float32)
-            raw = raw * self.cfg.output_multiplier
-            if self.cfg.final_logit_softcapping:
-                cap = float(self.cfg.final_logit_softcapping)
+            raw = raw * cfg.output_multiplier
+            if cfg.final_logit_softcapping:
+                cap = float(cfg.final_logit_softcapping)
                 raw = mx.tanh(raw / cap) * cap
             mx.eval(raw, hidden)
         finally:
             self._cut(base)
         return raw, hidden
-
-    def _block(self, anchor: int) -> tuple[np.ndarray, np.ndarray | None]:
-        """Logits [rows, V] of the block [anchor, mask x n] (DSpark's Markov bias in), and DSpark's confidence
-        per row (None without a confidence head)."""
-        import mlx.core as mx
-
-        raw, hidden = self._raw_block(anchor)
-        rows = np.asarray(raw)
-        if not self.cfg.dspark:
-            return np.stack([self._target_logits(r) for r in rows]), None
-        return self._markov(rows, np.asarray(hidden[0].astype(mx.float32)), anchor)
 
     def _markov(self, rows: np.ndarray, hidden: np.ndarray, anchor: int) -> tuple[np.ndarray, np.ndarray | None]:
         """DSpark: each drafted row biased by w2 . w1[previous], the previous being the argmax of the row before."""
@@ -437,10 +379,10 @@ class BlockDrafter(MLXHeadDrafter):
 
         m = self._head.markov_head
         proj = getattr(m, "proj", None)
-        out = np.stack([self._target_logits(r) for r in rows])
+        out = np.stack([self._vocab(r) for r in rows])
         conf = np.zeros(len(rows), np.float32) if proj is not None else None
         prev = anchor
-        for i in range(0 if self.cfg.sample_from_anchor else 1, len(rows)):
+        for i in range(0 if self.layout.sample_from_anchor else 1, len(rows)):
             embedded = m.markov_w1(mx.array([prev], dtype=mx.int32))  # [1, R]: one row, not the table
             bias = m.markov_w2(embedded)[0].astype(mx.float32)
             if proj is not None:
@@ -448,14 +390,7 @@ class BlockDrafter(MLXHeadDrafter):
                 score = proj(feature.astype(proj.weight.dtype))[0, 0].astype(mx.float32)
                 mx.eval(bias, score)
                 conf[i] = 1.0 / (1.0 + np.exp(-float(score.item())))  # type: ignore[index]
-            biased = self._target_logits(rows[i] + np.asarray(bias))
+            biased = self._vocab(rows[i] + np.asarray(bias))
             out[i] = biased
             prev = int(np.argmax(biased))
         return out, conf
-
-    def _target_logits(self, row: np.ndarray) -> np.ndarray:
-        if self._d2t is None and len(row) == self._n_vocab:
-            return row
-        out = np.full(self._n_vocab, -np.inf, dtype=np.float32)
-        out[self._d2t if self._d2t is not None else np.arange(len(row))] = row
-        return out

@@ -10,7 +10,7 @@ concatenation it reads. Per position, as llama.cpp's eagle3 graph (and vLLM's) c
     out    = mlp(post_attention_layernorm(h)) + h        # the head's state (fed back as g when drafting)
     logits = lm_head(norm(out))                          # over the draft vocabulary; d2t maps it to the target's
 
-Pairs (mlx/head.py): pair P is (token P+1, g at P), so the head's cache holds positions 0..N-2 of a context
+Pairs (localspec/backends/heads.py): pair P is (token P+1, g at P), so the head's cache holds positions 0..N-2 of a context
 of N tokens and drafting goes on from position N-1 with the head's own state.
 
 Layouts: the original (`midlayer.*`, config `draft_vocab_size`) and the "speculators" one (`layers.0.*`,
@@ -28,8 +28,9 @@ from typing import Any
 
 import numpy as np
 
+from localspec.backends.heads import VocabMap
 from localspec.backends.mlx.backend import MLXBackend
-from localspec.backends.mlx.head import MLXHeadDrafter, load_head_weights, read_head_dir
+from localspec.backends.mlx.head import StepDrafter, load_head_weights, read_head_dir
 from localspec.errors import ModelFileError, UnsupportedModelError
 
 WHAT = "an EAGLE-3 head"
@@ -197,7 +198,7 @@ def _head_weights(weights: Mapping[str, Any]) -> tuple[dict[str, Any], Any]:
     return out, d2t
 
 
-class Eagle3Drafter(MLXHeadDrafter):
+class Eagle3Drafter(StepDrafter):
     """Drafts with an EAGLE-3 head on an MLX target. Borrows the target, whose layer capture it turns on."""
 
     method = "eagle3"
@@ -214,46 +215,28 @@ class Eagle3Drafter(MLXHeadDrafter):
         self._dtype = head.fc.weight.dtype  # the head computes in its own weights' dtype
         self._cfg = cfg
         self._head = head
-        self._cache = KVCache()
+        self._caches = [KVCache()]
         self._embed = head.embed_tokens if "embed_tokens.weight" in named else target.embed_tokens
         n_layers = len(target.model.layers)
-        self._d2t = None if d2t is None else np.arange(len(d2t)) + np.asarray(d2t, dtype=np.int64)
-        self._n_vocab = target.n_vocab
+        self._vocab = VocabMap.from_offsets(d2t, target.n_vocab)
         super().__init__(target, f"eagle3:{Path(head_path).name}", cfg.target_layers(n_layers))
 
     def _n_pairs(self, context: Sequence[int]) -> int:
         return max(0, min(len(context) - 1, self._held(context)))
 
-    def _run(self, context: Sequence[int], start: int, stop: int) -> tuple[np.ndarray, Any]:
+    def _write(self, context: Sequence[int], start: int, stop: int, *, output: bool) -> tuple[np.ndarray, Any]:
         features = self.target.features(start, stop).astype(self._dtype)
         if self._cfg.norm_before_fc:
             features = self._head.input_norm(features)
         g = self._head.fc(features)[None]
         return self._forward(list(context[start + 1 : stop + 1]), g)
 
-    def _step(self, token: int, state: Any, position: int) -> tuple[np.ndarray, Any]:
-        return self._forward([token], state)
-
     def _forward(self, tokens: list[int], g: Any) -> tuple[np.ndarray, Any]:
         import mlx.core as mx
 
         embeds = self._embed(mx.array(tokens, dtype=mx.uint32)[None]).astype(self._dtype)
-        logits, state = self._head(embeds, g, self._cache)
+        logits, state = self._head(embeds, g, self._caches[0])
         last = logits[0, -1].astype(mx.float32)
         state = state[:, -1:]
         mx.eval(last, state)
-        return self._target_logits(np.asarray(last)), state
-
-    def _target_logits(self, row: np.ndarray) -> np.ndarray:
-        """The head's logits over the target's vocabulary (-inf where a reduced head cannot draft)."""
-        if self._d2t is None and len(row) == self._n_vocab:
-            return row
-        out = np.full(self._n_vocab, -np.inf, dtype=np.float32)
-        ids = self._d2t if self._d2t is not None else np.arange(len(row))
-        out[ids] = row
-        return out
-
-    def _cut(self, n: int) -> None:
-        extra = self._cache.offset - n
-        if extra > 0:
-            self._cache.trim(extra)
+        return self._vocab(np.asarray(last)), state
