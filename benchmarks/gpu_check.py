@@ -14,8 +14,8 @@ the Qwen2.5 tokenizer), within one deadline (`--deadline-s`, default 530 s: a 9-
    engine against llama-cpp-python's loop and llama.cpp's own (`llama-simple`), localspec's per-round
    cost (Python, sampling, verification) at k=4 and k=8 with draft = target, the same against
    `llama-speculative-simple`, suffix and auto drafts on a continuation that repeats (random-weight
-   models repeat themselves: acceptance, tokens per pass, the round's own cost), and the crowd (4
-   sequences in one pass, plain and with drafts, against one at a time);
+   models repeat themselves: acceptance, tokens per pass, the round's own cost), and --parallel
+   (4 sequences in one pass, plain and with drafts, against one at a time);
 4. writes gpu_check.json and gpu_check.txt (a readable table) to the output folder after every target
    (a run killed at its limit still returns what it measured) and prints the speedup the measured
    costs allow at acceptance 0.6, 0.8 and 0.95.
@@ -83,7 +83,7 @@ SHAPES = {
 SHAPE_SETS = {"real": ("1.5b", "7b"), "tiny": ("tiny",)}
 # Seconds a target's measurements take on an H200 (the deadline skips a target that would not fit).
 EXPECTED_TARGET_S = {"1.5b": 60.0, "7b": 75.0, "tiny": 5.0}
-CROWD = 4  # sequences decoded together in the crowd phase
+PARALLEL = 4  # sequences decoded together in the parallel phase
 
 
 @dataclass
@@ -450,7 +450,7 @@ class Deadline:
 
 # Each phase's share of a target's expected time (EXPECTED_TARGET_S), in the order they run.
 PHASE_SHARE = {
-    "costs": 0.25, "plain": 0.12, "llama_simple": 0.04, "rounds": 0.14, "copies": 0.18, "crowd": 0.17,
+    "costs": 0.25, "plain": 0.12, "llama_simple": 0.04, "rounds": 0.14, "copies": 0.18, "parallel": 0.17,
     "llama_speculative_simple": 0.10,
 }  # fmt: skip
 
@@ -594,7 +594,7 @@ def measure_target(
         run_phase("llama_simple", lambda: run_llama_simple(s, target_path, PROMPT, result))
         run_phase("rounds", lambda: self_draft_rounds(s, target, target_path, load, prompt))
         run_phase("copies", lambda: copy_runs(s, target, draft, prompt))
-        run_phase("crowd", lambda: crowd_runs(s, target, result))
+        run_phase("parallel", lambda: parallel_runs(s, target, result))
     finally:
         draft.close()
         target.close()
@@ -792,7 +792,7 @@ def copy_runs(s: Settings, target: Any, draft: Any, prompt: list[int]) -> dict[s
     return out
 
 
-CROWD_PROMPTS = (
+PARALLEL_PROMPTS = (
     "Write a Python class for a bank account with deposits, withdrawals and a statement.",
     "Explain how a hash map resolves collisions, with a short example in C.",
     "Write a shell script that backs up a folder every night and keeps seven copies.",
@@ -800,51 +800,52 @@ CROWD_PROMPTS = (
 )
 
 
-def crowd_runs(s: Settings, target: Any, result: dict[str, Any]) -> dict[str, Any]:
-    """CROWD sequences decoded together in one pass (plain, then with suffix drafts planned by the crowd policy
+def parallel_runs(s: Settings, target: Any, result: dict[str, Any]) -> dict[str, Any]:
+    """PARALLEL sequences decoded together in one pass (plain, then with suffix drafts planned by the parallel policy
     on this target's measured T(n)) against the same sequences decoded one at a time: total tokens/s."""
-    from localspec.backends.llama.multi import LlamaSlots
-    from localspec.decoding.engine import CrowdDecoder, Done, GenerationConfig, Job, generate
+    from localspec.backends.llama.multi import LlamaParallel
+    from localspec.decoding.engine import Done, GenerationConfig, generate
+    from localspec.decoding.parallel_decoder import Job, ParallelDecoder
     from localspec.decoding.policy import CostModel
     from localspec.pipeline import make_drafter
     from localspec.sampling import SamplingParams
 
     template = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
-    prompts = [target.tokenize(template.format(q), add_special=True, parse_special=True) for q in CROWD_PROMPTS]
+    prompts = [target.tokenize(template.format(q), add_special=True, parse_special=True) for q in PARALLEL_PROMPTS]
     curve = {int(n): t for n, t in result.get("target_s", {}).items()}
     config = GenerationConfig(max_tokens=s.tokens, num_draft=8, sampling=SamplingParams())
-    slots = LlamaSlots(target, CROWD, 1024)
+    batch = LlamaParallel(target, PARALLEL, 1024)
     out: dict[str, Any] = {}
     try:
 
         def alone(method: str) -> float:
             n, t = 0, 0.0
             for i, prompt in enumerate(prompts):
-                slot = slots.slots[i]
-                drafter = make_drafter(method, slot, None)
+                seq = batch.sequences[i]
+                drafter = make_drafter(method, seq, None)
                 t0 = time.perf_counter()
-                done = [ev for ev in generate(slot, drafter, prompt, config) if isinstance(ev, Done)][-1]
+                done = [ev for ev in generate(seq, drafter, prompt, config) if isinstance(ev, Done)][-1]
                 t += time.perf_counter() - t0
                 n += done.stats.n_generated
-                slot.rollback(0)
+                seq.rollback(0)
             return n / t
 
         def together(method: str) -> dict[str, Any]:
-            crowd = CrowdDecoder(slots, costs=CostModel(target=dict(curve)) if curve else None)
+            decoder = ParallelDecoder(batch, costs=CostModel(target=dict(curve)) if curve else None)
             t0 = time.perf_counter()
             dones: list[Any] = []
             passes, sizes = 0, []
             for i, prompt in enumerate(prompts):
-                job = Job(i, slots.slots[i], make_drafter(method, slots.slots[i], None), prompt, config)
-                dones += [ev for ev in crowd.add(i, job) if isinstance(ev, Done)]
-            while crowd.members:
-                dones += [ev for _, ev in crowd.step() if isinstance(ev, Done)]
+                job = Job(i, batch.sequences[i], make_drafter(method, batch.sequences[i], None), prompt, config)
+                dones += [ev for ev in decoder.add(i, job) if isinstance(ev, Done)]
+            while decoder.members:
+                dones += [ev for _, ev in decoder.step() if isinstance(ev, Done)]
                 passes += 1
-                if crowd.last_pass is not None:
-                    sizes.append(crowd.last_pass.n_tokens)
+                if decoder.last_pass is not None:
+                    sizes.append(decoder.last_pass.n_tokens)
             seconds = time.perf_counter() - t0
-            for slot in slots.slots:
-                slot.rollback(0)
+            for seq in batch.sequences:
+                seq.rollback(0)
             n = sum(d.stats.n_generated for d in dones)
             drafted = sum(d.stats.n_drafted for d in dones)
             accepted = sum(d.stats.n_accepted for d in dones)
@@ -856,8 +857,8 @@ def crowd_runs(s: Settings, target: Any, result: dict[str, Any]) -> dict[str, An
         out["alone_suffix_tps"] = statistics.median(alone("suffix") for _ in range(s.reps))
         out["together_suffix"] = together("suffix")
     finally:
-        slots.close()
-    log(f"crowd of {CROWD}: plain {out['alone_plain_tps']:.1f} tok/s one at a time, "
+        batch.close()
+    log(f"{PARALLEL} sequences in parallel: plain {out['alone_plain_tps']:.1f} tok/s one at a time, "
         f"{out['together_plain']['tps']:.1f} together; suffix {out['alone_suffix_tps']:.1f} one at a time, "
         f"{out['together_suffix']['tps']:.1f} together (acceptance {out['together_suffix']['acceptance']:.0%})")  # fmt: skip
     return out
@@ -1025,7 +1026,7 @@ def table_lines(r: Report) -> list[str]:
                              f"(acceptance {acc:.0%}); localspec / llama.cpp {m['decode_tps'] / sm['decode_tps']:.2f}")  # fmt: skip
             elif sim:
                 lines.append(f"                 llama-speculative-simple failed: {sim.get('error')}")
-        lines += copy_lines(t.get("copies", {})) + crowd_lines(t.get("crowd"))
+        lines += copy_lines(t.get("copies", {})) + parallel_lines(t.get("parallel", t.get("crowd")))
         if "allowed_speedup" in t:
             lines.append("acceptance  best k  speedup allowed (model passes)  best k  with localspec's overhead")
         for a, v in t.get("allowed_speedup", {}).items():
@@ -1050,15 +1051,16 @@ def copy_lines(copies: dict[str, Any]) -> list[str]:
     return lines
 
 
-def crowd_lines(crowd: dict[str, Any] | None) -> list[str]:
-    if not crowd:
+def parallel_lines(parallel: dict[str, Any] | None) -> list[str]:
+    """The parallel phase's lines (results recorded before the phase was renamed keep it under "crowd")."""
+    if not parallel:
         return []
-    tp, ts = crowd["together_plain"], crowd["together_suffix"]
+    tp, ts = parallel["together_plain"], parallel["together_suffix"]
     return [
-        f"crowd of {CROWD} sequences: plain {crowd['alone_plain_tps']:.1f} tok/s one at a time, {tp['tps']:.1f} "
-        f"together ({tp['tps'] / crowd['alone_plain_tps']:.2f}x)",
-        f"                    suffix {crowd['alone_suffix_tps']:.1f} tok/s one at a time, {ts['tps']:.1f} together "
-        f"({ts['tps'] / crowd['alone_plain_tps']:.2f}x plain alone; acceptance {ts['acceptance']:.0%}, "
+        f"{PARALLEL} sequences in parallel: plain {parallel['alone_plain_tps']:.1f} tok/s one at a time, "
+        f"{tp['tps']:.1f} together ({tp['tps'] / parallel['alone_plain_tps']:.2f}x)",
+        f"                          suffix {parallel['alone_suffix_tps']:.1f} tok/s one at a time, {ts['tps']:.1f} "
+        f"together ({ts['tps'] / parallel['alone_plain_tps']:.2f}x plain alone; acceptance {ts['acceptance']:.0%}, "
         f"{ts['mean_pass_tokens']:.1f} tokens a pass)",
     ]
 

@@ -1,5 +1,5 @@
 """Four clients at once through a real server: `localspec serve --parallel 1` (one generation at a time, the
-others queue) against `--parallel 4` (one shared target pass per step, crowd-aware drafts), and optionally
+others queue) against `--parallel 4` (one shared target pass per step, drafts planned for the pass), and optionally
 llama.cpp's llama-server with `--parallel 4` and the same pair.
 
 Every client sends its request at the same moment and streams a greedy answer (--max-tokens, default 64).
@@ -11,7 +11,7 @@ end), each client's time to first text, and the wall time. Configurations:
     (b-auto, only when named in --configs) localspec --parallel 4, auto, plain prompts
     (d) llama-server --parallel 4 with the draft model (--llama-server PATH), plain prompts
 Before the servers start it times the target's T(n) (a forward pass of n tokens) in this process and prints it:
-the crowd policy decides from the same curve, measured again inside the server as it runs.
+the parallel policy decides from the same curve, measured again inside the server as it runs.
 
     python benchmarks/parallel_serve.py --target T.gguf --draft D.gguf [--max-tokens 64] [--threads 2]
         [--llama-server /work/tools/llama.cpp/build/bin/llama-server] [--configs a,b,c,c-auto,d]
@@ -101,7 +101,7 @@ def ask(url: str, prompt: str, max_tokens: int, t0: float) -> ClientResult:
     return ClientResult(ttft if ttft is not None else end, end, tokens, acceptance)
 
 
-def crowd(url: str, prompts: tuple[str, ...], max_tokens: int) -> list[ClientResult]:
+def all_at_once(url: str, prompts: tuple[str, ...], max_tokens: int) -> list[ClientResult]:
     """Every prompt sent at once, each from its own client thread."""
     out: list[ClientResult | None] = [None] * len(prompts)
     t0 = time.perf_counter()
@@ -155,8 +155,8 @@ def run_localspec(
                      "--parallel", str(parallel),
                      "--threads", str(args.threads), "--n-ctx", str(args.n_ctx), "--model-name", "m")  # fmt: skip
     try:
-        crowd(s.url, prompts[:1], 4)  # warm-up: the template prefix cached, the first pass's allocations done
-        return RunResult(label, crowd(s.url, prompts, args.max_tokens))
+        all_at_once(s.url, prompts[:1], 4)  # warm-up: the template prefix cached, the first pass's allocations done
+        return RunResult(label, all_at_once(s.url, prompts, args.max_tokens))
     finally:
         s.close()
 
@@ -168,19 +168,19 @@ def run_llama_server(args: argparse.Namespace, prompts: tuple[str, ...]) -> RunR
         argv += ["-md", args.draft, "--spec-draft-n-max", "8", "-td", str(args.threads)]
     s = LlamaServer(args.llama_server, argv)
     try:
-        crowd(s.url, prompts[:1], 4)
+        all_at_once(s.url, prompts[:1], 4)
         return RunResult(
-            f"llama-server -np 4{' + draft' if args.draft else ''}", crowd(s.url, prompts, args.max_tokens)
+            f"llama-server -np 4{' + draft' if args.draft else ''}", all_at_once(s.url, prompts, args.max_tokens)
         )
     finally:
         s.close()
 
 
 def replay(curve: dict[int, float], r: RunResult, padded: bool = False) -> None:
-    """The crowd policy's plan for the run's four acceptances (lookup drafts, up to 8 tokens each) on the
+    """The parallel policy's plan for the run's four acceptances (lookup drafts, up to 8 tokens each) on the
     measured T(n) and on a GPU-like one (flat to 8 tokens, then linear): draft lengths, and the expected
     rate against plain batched decoding."""
-    from localspec.decoding.crowd import Candidate, plan_crowd, summed
+    from localspec.decoding.parallel import Candidate, plan_parallel, summed
     from localspec.decoding.policy import CostModel
 
     measured = CostModel(dict(curve))
@@ -189,7 +189,7 @@ def replay(curve: dict[int, float], r: RunResult, padded: bool = False) -> None:
     candidates = [Candidate((min(max(c.acceptance, 0.05), 0.95),) * 8) for c in r.clients]
     print(f"\nreplay of {r.label.strip()} (acceptance " + ", ".join(f"{c.acceptance:.0%}" for c in r.clients) + "):")
     for name, t in curves.items():
-        plan = plan_crowd(candidates, t, (lambda ls: len(ls) * max(ls)) if padded else summed)
+        plan = plan_parallel(candidates, t, (lambda ls: len(ls) * max(ls)) if padded else summed)
         print(f"  {name:<9} T(n): draft lengths {plan.lengths}, expected {plan.rate / plan.plain_rate:.2f}x "
               "plain batched decoding")  # fmt: skip
 

@@ -1,7 +1,7 @@
 """The context window when `--n-ctx` is not given: the model's trained context (a GGUF's
 `<arch>.context_length`, an mlx-lm config's `max_position_embeddings`), at most AUTO_MAX_N_CTX, and no
 more than the free memory holds for the KV caches it needs (every model's, once per context the command
-opens: serve --parallel N opens the target's own and N slots, for the draft model too).
+opens: serve --parallel N opens the target's own and N parallel sequences, for the draft model too).
 
 The KV bytes per token come from the headers (layers x KV heads x (key + value) dimensions x 2 bytes, the
 f16 cache llama.cpp and mlx-lm keep); the memory is what the system calls available, less the model files,

@@ -57,8 +57,8 @@ class ModelOptions:
     # The suffix drafter reads and writes earlier sessions' texts (localspec.decoding.suffix_memory). Off
     # unless a front end turns it on: run, chat and serve do (--no-suffix-memory), bench only when asked.
     suffix_memory: bool = False
-    # Contexts of n_ctx tokens opened per model (serve --parallel N: the model's own and N slots), which the
-    # memory bound of an automatic n_ctx counts.
+    # Contexts of n_ctx tokens opened per model (serve --parallel N: the model's own and N parallel sequences),
+    # which the memory bound of an automatic n_ctx counts.
     kv_copies: int = 1
 
     def __post_init__(self) -> None:

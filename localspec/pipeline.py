@@ -184,15 +184,15 @@ class Pipeline:
     def new_drafter(self, method: str, *, lookup_only: bool = False, draft: Backend | None = None) -> Drafter:
         """A fresh drafter of `method` over the loaded models (bench runs each method this way).
         `lookup_only`: auto without the draft model or head (serve --parallel's sequences while another holds it).
-        `draft`: the draft model's backend to draft with instead of the pipeline's (serve --parallel: a slot of
-        the draft model per sequence)."""
+        `draft`: the draft model's backend to draft with instead of the pipeline's (serve --parallel: the draft
+        model's own parallel sequence for each request)."""
         models = not lookup_only
         auto_head = self.options.auto_head if method == "auto" and not self.draft_note and models else None
         head = self.options.draft if registry.family(method).is_head or auto_head else None
         lazy = self.draft_slot.get if self.draft_slot.available and not self.draft_note and models else None
         if draft is not None and method == "auto" and models:
-            # A slot's draft, loaded: auto reads the prompt into it only when it wants model drafts, on this thread
-            # (the slots share one context, so never in the background, as a lazy draft model would).
+            # A parallel sequence's draft, loaded: auto reads the prompt into it only when it wants model drafts, on
+            # this thread (the sequences share one context, so never in the background, as a lazy draft model would).
             lazy = None
         elif draft is None:
             draft = self.draft_slot.get() if method == "model" and self.draft_slot.available else self.draft

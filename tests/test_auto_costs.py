@@ -416,7 +416,7 @@ def test_a_busy_spell_over_the_first_drafts_does_not_leave_a_first_answer_plain(
     assert done.stats.decode_s < 0.5 * 299 * true_cost(1)
 
 
-def test_auto_forecasts_its_lookup_copy_for_the_crowd_policy() -> None:
+def test_auto_forecasts_its_lookup_copy_for_the_parallel_policy() -> None:
     """serve --parallel asks each auto sequence what its next lookup draft is worth: one acceptance per token
     the suffix match would copy (auto's learnt acceptance by match length, longer matches surer), none without
     a match."""

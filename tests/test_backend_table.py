@@ -1,21 +1,22 @@
 """serve --parallel reaches a backend's several-sequences support through the backend table alone: a backend
-registered with a slots module gets slots, its default and its refusals, without a word of serve changed."""
+registered with a parallel module gets parallel sequences, its default and its refusals, without a word of serve
+changed."""
 
 from __future__ import annotations
 
 import dataclasses
 
 import pytest
-import toy_slots
+import toy_parallel
 from fakes import FakeBackend, hashed_logits
 
 from localspec.backends import registry
-from localspec.commands.serve import GPU_PARALLEL, open_slots, resolve_parallel
+from localspec.commands.serve import GPU_PARALLEL, open_parallel, resolve_parallel
 from localspec.errors import UsageError
 from localspec.options import ModelOptions
 from localspec.pipeline import DraftSlot, Pipeline, make_drafter
 
-TOY = dataclasses.replace(registry.LLAMA, name="fake", label="Toy", slots_module="toy_slots")
+TOY = dataclasses.replace(registry.LLAMA, name="fake", label="Toy", parallel_module="toy_parallel")
 
 
 def pipeline(n_gpu_layers: int = -1) -> Pipeline:
@@ -27,29 +28,29 @@ def pipeline(n_gpu_layers: int = -1) -> Pipeline:
 @pytest.fixture
 def toy(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(registry.BACKENDS, "fake", TOY)
-    monkeypatch.setitem(toy_slots.SAYS, "unbatchable", "")
-    monkeypatch.setitem(toy_slots.SAYS, "batches_pay", True)
+    monkeypatch.setitem(toy_parallel.SAYS, "unbatchable", "")
+    monkeypatch.setitem(toy_parallel.SAYS, "batches_pay", True)
 
 
-def test_a_registered_backends_slots_are_opened_through_the_table(toy: None) -> None:
+def test_a_registered_backends_parallel_sequences_are_opened_through_the_table(toy: None) -> None:
     p = pipeline()
     assert resolve_parallel(None, p) == GPU_PARALLEL  # the toy says batches pay here
-    slots = open_slots(p, 3)
-    assert isinstance(slots, toy_slots.ToySlots)
-    assert (slots.model, slots.n_slots, slots.n_ctx) == (p.target, 3, p.target.n_ctx)
-    assert open_slots(p, 1) is None
+    batch = open_parallel(p, 3)
+    assert isinstance(batch, toy_parallel.ToyParallel)
+    assert (batch.model, batch.n_sequences, batch.n_ctx) == (p.target, 3, p.target.n_ctx)
+    assert open_parallel(p, 1) is None
 
 
 def test_the_default_and_the_refusals_are_the_backends_word(toy: None, monkeypatch: pytest.MonkeyPatch) -> None:
     assert resolve_parallel(None, pipeline(n_gpu_layers=0)) == 1  # batches do not pay on its CPU
-    monkeypatch.setitem(toy_slots.SAYS, "unbatchable", "the toy's layers keep one sequence")
+    monkeypatch.setitem(toy_parallel.SAYS, "unbatchable", "the toy's layers keep one sequence")
     assert resolve_parallel(None, pipeline()) == 1
     with pytest.raises(UsageError, match="the toy's layers keep one sequence"):
         resolve_parallel(2, pipeline())
 
 
-def test_a_backend_without_slots_decodes_one_sequence_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(registry.BACKENDS, "fake", dataclasses.replace(TOY, slots_module=None))
+def test_a_backend_without_a_parallel_module_decodes_one_sequence_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(registry.BACKENDS, "fake", dataclasses.replace(TOY, parallel_module=None))
     assert resolve_parallel(None, pipeline()) == 1
     with pytest.raises(UsageError, match="the Toy backend decodes one sequence at a time"):
         resolve_parallel(2, pipeline())

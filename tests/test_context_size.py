@@ -66,7 +66,7 @@ def test_the_choice_and_its_note(trained_32k: Path, tmp_path: Path) -> None:
     assert choose_n_ctx(str(tmp_path)).n_ctx == FALLBACK_N_CTX  # the model names no trained context
 
 
-def test_parallel_counts_its_slots(trained_32k: Path) -> None:
+def test_parallel_counts_its_sequences(trained_32k: Path) -> None:
     from localspec.cli import build_parser
     from localspec.options import model_options
 

@@ -103,16 +103,26 @@ def test_cpu_mode_runs_every_measurement_on_tiny_shapes(payload: Path, tmp_path:
     assert copies["suffix"]["median"]["acceptance"] > 0.9 and copies["suffix"]["median"]["tokens_per_pass"] > 4
     assert copies["none"]["median"]["drafted"] == 0 and copies["auto"]["median"]["rounds"] > 0
     # Four sequences in one pass, plain and with suffix drafts, against one at a time.
-    crowd = t["crowd"]
-    assert crowd["together_plain"]["tokens"] > 0 and crowd["alone_plain_tps"] > 0
-    assert crowd["together_plain"]["mean_pass_tokens"] >= 2  # several sequences shared passes
+    parallel = t["parallel"]
+    assert parallel["together_plain"]["tokens"] > 0 and parallel["alone_plain_tps"] > 0
+    assert parallel["together_plain"]["mean_pass_tokens"] >= 2  # several sequences shared passes
     assert "llama_simple" not in t  # --no-tools
-    assert {f"tiny_{k}" for k in ("costs", "plain", "rounds", "copies", "crowd")} <= set(report["phases"])
+    assert {f"tiny_{k}" for k in ("costs", "plain", "rounds", "copies", "parallel")} <= set(report["phases"])
     table = (tmp_path / "out" / "gpu_check.txt").read_text()
     assert "== target tiny" in table and "speedup allowed" in table and "draft=target k=8" in table
-    assert "a continuation that repeats" in table and "crowd of 4 sequences" in table
+    assert "a continuation that repeats" in table and "4 sequences in parallel" in table
     assert table.strip() in proc.stdout  # the table is also printed
     assert "llama-speculative-simple" not in json.dumps(t)
+
+
+def test_the_table_reads_results_recorded_before_the_parallel_phase_had_its_name() -> None:
+    """benchmarks/gpu_results/ keep the parallel phase under its old key, "crowd": the table still shows it."""
+    import gpu_check
+
+    recorded = json.loads((ROOT / "benchmarks" / "gpu_results" / "h200-2026-12-04-second.json").read_text())
+    assert all("crowd" in t and "parallel" not in t for t in recorded["targets"].values())
+    table = "\n".join(gpu_check.table_lines(gpu_check.Report(**recorded)))
+    assert table.count("4 sequences in parallel: plain") == len(recorded["targets"]) == 2
 
 
 def test_bad_arguments_say_what_to_do(tmp_path: Path) -> None:

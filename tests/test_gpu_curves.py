@@ -1,6 +1,6 @@
-"""auto and the crowd policy replayed on the costs measured on an H200 (tests/gpu_curves.py): where a batch of 16
+"""auto and the parallel policy replayed on the costs measured on an H200 (tests/gpu_curves.py): where a batch of 16
 costs about two single tokens, lookup copies are drafted long, the 0.5B's model drafts are taken only where their
-acceptance pays for their steps, and a crowd of four sequences drafts where the curve allows. Pure: the policy
+acceptance pays for their steps, and four sequences decoded in parallel draft where the curve allows. Pure: the policy
 code sees the measured curves as a live run's rounds would time them (verify pass plus localspec's own work)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from gpu_curves import H200, H200_1_5B, H200_7B, GpuCurve, cpu_like_s
 
-from localspec.decoding.crowd import Candidate, plan_crowd
+from localspec.decoding.parallel import Candidate, plan_parallel
 from localspec.decoding.policy import DRAFT_REPS, MARGIN, Acceptance, Controller, CostModel, ngram_prior
 
 ALPHAS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
@@ -80,20 +80,20 @@ def test_the_break_even_acceptance_is_where_the_measured_costs_put_it() -> None:
 
 
 @pytest.mark.parametrize("curve", H200, ids=lambda c: c.name)
-def test_a_crowd_of_four_plans_drafts_where_the_curve_allows(curve: GpuCurve) -> None:
+def test_four_parallel_sequences_plan_drafts_where_the_curve_allows(curve: GpuCurve) -> None:
     live = curve.live_target_s()
     t = lambda n: live[min(n, 64)] if n <= 64 else live[64] * n / 64  # noqa: E731
     copies = [Candidate((0.95,) * 16)] * 4  # lookups on copies cost nothing to make
-    plan = plan_crowd(copies, t)
+    plan = plan_parallel(copies, t)
     assert all(n > 0 for n in plan.lengths), plan
     assert plan.rate > plan.plain_rate * (1.0 + MARGIN), plan
     # Model drafts at acceptance 0.6: each token costs a 0.5B step that all four sequences wait for.
     d = curve.draft_token_ms / 1e3
-    weak = plan_crowd([Candidate((0.6,) * 8, d)] * 4, t)
+    weak = plan_parallel([Candidate((0.6,) * 8, d)] * 4, t)
     assert sum(weak.lengths) < sum(plan.lengths)
     if curve is H200_1_5B:
         assert weak.lengths == (0, 0, 0, 0), weak
     # On a CPU's curve the same copies get far fewer draft tokens in the shared pass.
     cpu = cpu_like_s()
-    cpu_plan = plan_crowd(copies, lambda n: cpu[min(n, 64)])
+    cpu_plan = plan_parallel(copies, lambda n: cpu[min(n, 64)])
     assert sum(cpu_plan.lengths) < sum(plan.lengths) / 2, (cpu_plan, plan)

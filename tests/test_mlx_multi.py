@@ -1,8 +1,8 @@
 """Several sequences of one MLX target in one batched forward (localspec/backends/mlx/multi.py), on tiny random mlx-lm
 models (qwen2; a GLM-4.5-style MoE with partial RoPE; Gemma 3 with sliding windows in the mask): each
 row's logits equal the sequence decoded alone, through right padding, rows that are not one contiguous
-run, rollbacks of one slot and a prefix shared between slots; greedy answers decoded together through
-engine.CrowdDecoder equal each answered alone; each sequence decoded together follows the target's joint
+run, rollbacks of one sequence and a prefix shared between sequences; greedy answers decoded together through
+parallel_decoder.ParallelDecoder equal each answered alone; each sequence decoded together follows the target's joint
 distribution (chi-square at temperature 1, mixed draft lengths); a hybrid target is refused with the reason."""
 
 from __future__ import annotations
@@ -22,9 +22,10 @@ from test_llama_multi import _drive  # decode jobs together to the end
 from test_verify import joint_check
 
 from localspec.backends.mlx import backend as mb
-from localspec.backends.mlx.multi import MLXSlots
+from localspec.backends.mlx.multi import MLXParallel
 from localspec.decoding.drafters import ModelDrafter, NgramDrafter
-from localspec.decoding.engine import CrowdDecoder, Done, GenerationConfig, Job, generate
+from localspec.decoding.engine import Done, GenerationConfig, generate
+from localspec.decoding.parallel_decoder import Job, ParallelDecoder
 from localspec.errors import UnsupportedModelError
 from localspec.sampling import SamplingParams
 
@@ -70,62 +71,65 @@ def _alone(target: mb.MLXBackend, tokens: list[int]) -> np.ndarray:
 @pytest.mark.parametrize("arch", list(CONFIGS))
 def test_each_rows_logits_are_the_sequence_read_alone(loaded: Any, arch: str) -> None:
     """Prompts of different lengths (the longest past Gemma's window of 8), then a pass of parts of 1 to 4
-    tokens over slots 0, 2 and 3 (padded, not one contiguous run), a rollback of slot 0, another pass, a rollback
-    of slot 2, another pass: every row is its own sequence read alone (a cut reaches its own slot and no other)."""
+    tokens over sequences 0, 2 and 3 (padded, not one contiguous run), a rollback of sequence 0, another pass, a
+    rollback of sequence 2, another pass: every row is its own sequence read alone (a cut reaches its own sequence and
+    no other)."""
     target = loaded(arch)
-    slots = MLXSlots(target, 4, 256)
+    batch = MLXParallel(target, 4, 256)
     prompts = [target.tokenize(t) for t in TEXTS]
     for i, p in enumerate(prompts):
-        slots.slots[i].forward(p[:-1], all_logits=False)
+        batch.sequences[i].forward(p[:-1], all_logits=False)
     extra = {0: [5, 6, 7], 2: [], 3: [9]}
     parts = [(i, prompts[i][-1:] + extra[i]) for i in (3, 0, 2)]
-    rows = slots.forward_many(parts)
+    rows = batch.forward_many(parts)
     for (i, tokens), r in zip(parts, rows):
         full = prompts[i] + extra[i]
         assert r.shape == (len(tokens), target.n_vocab)
-        np.testing.assert_allclose(r, _alone(target, full)[-len(tokens) :], atol=1e-4, err_msg=f"slot {i}")
-        assert list(slots.slots[i].cached_tokens) == full
-    slots.slots[0].rollback(len(prompts[0]))  # drop the three drafts; slot 3's pass continues as it was
-    rows = slots.forward_many([(0, [11, 12]), (3, [13])])
+        np.testing.assert_allclose(r, _alone(target, full)[-len(tokens) :], atol=1e-4, err_msg=f"sequence {i}")
+        assert list(batch.sequences[i].cached_tokens) == full
+    batch.sequences[0].rollback(len(prompts[0]))  # drop the three drafts; sequence 3's pass continues as it was
+    rows = batch.forward_many([(0, [11, 12]), (3, [13])])
     np.testing.assert_allclose(rows[0], _alone(target, prompts[0] + [11, 12])[-2:], atol=1e-4)
     np.testing.assert_allclose(rows[1], _alone(target, prompts[3] + [9, 13])[-1:], atol=1e-4)
-    slots.slots[2].rollback(len(prompts[2]) - 2)  # a slot past the first: its own row goes back, no other
-    rows = slots.forward_many([(2, [14, 15]), (0, [16]), (3, [17])])
-    np.testing.assert_allclose(rows[0], _alone(target, prompts[2][:-2] + [14, 15])[-2:], atol=1e-4, err_msg="slot 2")
-    np.testing.assert_allclose(rows[1], _alone(target, prompts[0] + [11, 12, 16])[-1:], atol=1e-4, err_msg="slot 0")
-    np.testing.assert_allclose(rows[2], _alone(target, prompts[3] + [9, 13, 17])[-1:], atol=1e-4, err_msg="slot 3")
-    untouched = slots.slots[1].forward(prompts[1][-1:])
+    batch.sequences[2].rollback(len(prompts[2]) - 2)  # a sequence past the first: its own row goes back, no other
+    rows = batch.forward_many([(2, [14, 15]), (0, [16]), (3, [17])])
+    np.testing.assert_allclose(
+        rows[0], _alone(target, prompts[2][:-2] + [14, 15])[-2:], atol=1e-4, err_msg="sequence 2"
+    )
+    np.testing.assert_allclose(rows[1], _alone(target, prompts[0] + [11, 12, 16])[-1:], atol=1e-4, err_msg="sequence 0")
+    np.testing.assert_allclose(rows[2], _alone(target, prompts[3] + [9, 13, 17])[-1:], atol=1e-4, err_msg="sequence 3")
+    untouched = batch.sequences[1].forward(prompts[1][-1:])
     np.testing.assert_allclose(untouched, _alone(target, prompts[1])[-1:], atol=1e-4)
 
 
 def test_a_shared_prefix_answers_as_read_and_outlives_its_donors_cut(loaded: Any) -> None:
     target = loaded("qwen2")
-    slots = MLXSlots(target, 3, 256)
+    batch = MLXParallel(target, 3, 256)
     prefix = target.tokenize(TEXTS[2])
-    slots.slots[2].forward(target.tokenize(TEXTS[1]))  # what slot 2 held before is dropped
-    slots.slots[0].forward(prefix)
-    slots.share(0, 2, len(prefix) - 1)
-    assert list(slots.slots[2].cached_tokens) == prefix[:-1]
-    slots.slots[0].rollback(1)
-    slots.slots[0].forward(target.tokenize(TEXTS[3]))  # the donor writes over the shared positions
-    shared = slots.slots[2].forward(prefix[-1:])
+    batch.sequences[2].forward(target.tokenize(TEXTS[1]))  # what sequence 2 held before is dropped
+    batch.sequences[0].forward(prefix)
+    batch.share(0, 2, len(prefix) - 1)
+    assert list(batch.sequences[2].cached_tokens) == prefix[:-1]
+    batch.sequences[0].rollback(1)
+    batch.sequences[0].forward(target.tokenize(TEXTS[3]))  # the donor writes over the shared positions
+    shared = batch.sequences[2].forward(prefix[-1:])
     np.testing.assert_allclose(shared, _alone(target, prefix)[-1:], atol=1e-4)
     with pytest.raises(ValueError):
-        slots.share(1, 2, 1)  # slot 1 holds nothing
+        batch.share(1, 2, 1)  # sequence 1 holds nothing
 
 
 def test_greedy_answers_together_equal_each_alone(loaded: Any) -> None:
     """A model drafter, two lookups and plain decoding share every pass."""
     target, draft = loaded("qwen2"), loaded("draft")
-    slots = MLXSlots(target, 4, 256)
+    batch = MLXParallel(target, 4, 256)
     greedy = SamplingParams(temperature=0.0)
     drafters = [NgramDrafter(), ModelDrafter(draft), NgramDrafter(), NgramDrafter()]
     jobs = {
-        i: Job(i, slots.slots[i], drafters[i], target.tokenize(text),
+        i: Job(i, batch.sequences[i], drafters[i], target.tokenize(text),
                GenerationConfig(max_tokens=24, num_draft=0 if i == 3 else 3, sampling=greedy))
         for i, text in enumerate(TEXTS)
     }  # fmt: skip
-    together = _drive(CrowdDecoder(slots, crowd_aware=False), jobs)  # every draft as long as asked: mixed lengths
+    together = _drive(ParallelDecoder(batch, planned=False), jobs)  # every draft as long as asked: mixed lengths
     for i, text in enumerate(TEXTS):
         cfg = GenerationConfig(max_tokens=24, num_draft=0, sampling=greedy)
         target.rollback(0)
@@ -136,19 +140,19 @@ def test_greedy_answers_together_equal_each_alone(loaded: Any) -> None:
 
 
 def test_a_prompt_read_between_the_others_passes_answers_as_alone(loaded: Any) -> None:
-    """serve --parallel's interleaving on MLX: slot 1's prompt chunks are read apart from slot 0's passes."""
+    """serve --parallel's interleaving on MLX: sequence 1's prompt chunks are read apart from sequence 0's passes."""
     target = loaded("qwen2")
-    slots = MLXSlots(target, 2, 256)
+    batch = MLXParallel(target, 2, 256)
     cfg = GenerationConfig(max_tokens=10, num_draft=2, sampling=SamplingParams(temperature=0.0))
-    crowd = CrowdDecoder(slots)
-    crowd.add(0, Job(0, slots.slots[0], NgramDrafter(), target.tokenize(TEXTS[0]), cfg))
+    decoder = ParallelDecoder(batch)
+    decoder.add(0, Job(0, batch.sequences[0], NgramDrafter(), target.tokenize(TEXTS[0]), cfg))
     prompt = target.tokenize(TEXTS[2])
     for fed in range(0, len(prompt) - 1, 5):
-        crowd.step([(1, prompt[fed : min(fed + 5, len(prompt) - 1)])])
-    assert list(slots.slots[1].cached_tokens) == prompt[:-1]
-    events = crowd.add(1, Job(1, slots.slots[1], NgramDrafter(), prompt, cfg))
-    while 1 in crowd.members:
-        events += [e for key, e in crowd.step() if key == 1]
+        decoder.step([(1, prompt[fed : min(fed + 5, len(prompt) - 1)])])
+    assert list(batch.sequences[1].cached_tokens) == prompt[:-1]
+    events = decoder.add(1, Job(1, batch.sequences[1], NgramDrafter(), prompt, cfg))
+    while 1 in decoder.members:
+        events += [e for key, e in decoder.step() if key == 1]
     target.rollback(0)
     alone = list(generate(target, NgramDrafter(), prompt, cfg))[-1]
     assert isinstance(events[-1], Done) and isinstance(alone, Done)
@@ -158,7 +162,7 @@ def test_a_prompt_read_between_the_others_passes_answers_as_alone(loaded: Any) -
 def test_each_sequence_decoded_together_is_distributed_as_the_target(
     loaded: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Two sequences share every pass: a model draft of 2 and a lookup draft of 1 (crowd lengths off)."""
+    """Two sequences share every pass: a model draft of 2 and a lookup draft of 1 (planned lengths off)."""
     import head_chi
 
     target, draft = loaded("qwen2"), loaded("draft")
@@ -173,18 +177,19 @@ def test_each_sequence_decoded_together_is_distributed_as_the_target(
             break
     else:
         pytest.fail("every prompt's top-2 tree ends a generation")
-    slots = MLXSlots(target, 2, 64)
+    batch = MLXParallel(target, 2, 64)
     drafter = ModelDrafter(draft)
     samples, sizes = [], set()
     for draw in range(n):
-        crowd = CrowdDecoder(slots, crowd_aware=False)
+        decoder = ParallelDecoder(batch, planned=False)
         seeded = [SamplingParams(temperature=1.0, top_k=2, seed=1000 + draw + 5000 * i) for i in range(2)]
         jobs = {
-            0: Job(0, slots.slots[0], drafter, prompt, GenerationConfig(max_tokens=window, num_draft=2, sampling=seeded[0])),
-            1: Job(1, slots.slots[1], NgramDrafter(), target.tokenize("xyzxyz"),
+            0: Job(0, batch.sequences[0], drafter, prompt,
+                   GenerationConfig(max_tokens=window, num_draft=2, sampling=seeded[0])),
+            1: Job(1, batch.sequences[1], NgramDrafter(), target.tokenize("xyzxyz"),
                    GenerationConfig(max_tokens=window, num_draft=1, sampling=seeded[1])),
         }  # fmt: skip
-        samples.append(_drive(crowd, jobs, sizes)[0].tokens)
+        samples.append(_drive(decoder, jobs, sizes)[0].tokens)
     assert 2 in sizes
     failure = joint_check(lambda i: samples[i], expected, n)
     assert failure is None, failure
@@ -192,10 +197,10 @@ def test_each_sequence_decoded_together_is_distributed_as_the_target(
 
 def test_a_hybrid_target_is_refused_with_the_reason(loaded: Any) -> None:
     with pytest.raises(UnsupportedModelError, match="recurrent layers") as e:
-        MLXSlots(loaded("hybrid"), 2, 128)
+        MLXParallel(loaded("hybrid"), 2, 128)
     assert "--parallel 1" in (e.value.hint or "")
 
 
 def test_a_padded_pass_is_sized_rows_by_longest(loaded: Any) -> None:
-    slots = MLXSlots(loaded("qwen2"), 3, 64)
-    assert slots.pass_size([1, 4, 2]) == 12 and slots.pass_size([1, 1]) == 2
+    batch = MLXParallel(loaded("qwen2"), 3, 64)
+    assert batch.pass_size([1, 4, 2]) == 12 and batch.pass_size([1, 1]) == 2

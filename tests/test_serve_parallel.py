@@ -1,9 +1,9 @@
 """`localspec serve --parallel N`: a real server process on SmolLM2-135M decoding several requests together
-(server/crowd_scheduler.py). Greedy answers decoded together equal each answered alone (near-ties aside), a
-prompt shares the prefix another slot holds, the last of four clients hears its first token before the first
-client is done (the streams interleave), a client that goes away frees its slot, the queue bound still answers 503, /metrics shows batches of several sequences,
+(server/parallel_scheduler.py). Greedy answers decoded together equal each answered alone (near-ties aside), a
+prompt shares the prefix another sequence holds, the last of four clients hears its first token before the first
+client is done (the streams interleave), a client that goes away frees its sequence, the queue bound still answers 503, /metrics shows batches of several sequences,
 and targets that cannot decode together are refused with the reason. The same on MLX (a tiny random model).
-A head method, whose hidden states the slots do not capture, is a 400."""
+A head method, whose hidden states the sequences do not capture, is a 400."""
 
 from __future__ import annotations
 
@@ -125,7 +125,7 @@ def _wait_running(s: ServeProcess, n: int, timeout: float = 30.0) -> None:
         time.sleep(0.05)
 
 
-def test_a_full_crowd_answers_503_and_a_client_that_leaves_frees_its_slot(server: ServeProcess) -> None:
+def test_when_every_sequence_is_busy_503_and_a_client_that_leaves_frees_its_sequence(server: ServeProcess) -> None:
     body = {"max_tokens": 400, "temperature": 0.8, "seed": 3, "stream": True}
     with contextlib.ExitStack() as stack:
         streams, readers = [], []  # a line iterator dropped unread closes its connection: keep them
@@ -139,7 +139,7 @@ def test_a_full_crowd_answers_503_and_a_client_that_leaves_frees_its_slot(server
         _wait_running(server, 4)
         busy = httpx.post(f"{server.url}/v1/completions", json={"prompt": "hi", "max_tokens": 2})
         assert busy.status_code == 503 and busy.json()["error"]["code"] == "queue_full"
-        streams[0].close()  # the first client goes away: its slot is free within a round
+        streams[0].close()  # the first client goes away: its sequence is free within a round
         _wait_running(server, 3)
         t0 = time.perf_counter()
         ok = httpx.post(f"{server.url}/v1/completions", json={"prompt": "Hello", "max_tokens": 4, "temperature": 0},
@@ -152,23 +152,23 @@ def test_a_full_crowd_answers_503_and_a_client_that_leaves_frees_its_slot(server
         time.sleep(0.05)
 
 
-def test_a_conversations_next_turn_reuses_its_slots_cache(server: ServeProcess) -> None:
+def test_a_conversations_next_turn_reuses_its_sequences_cache(server: ServeProcess) -> None:
     first = "Tell me about the moon and its phases in detail, please. The moon"
     answer = _complete(server, first, max_tokens=8)
     r = httpx.post(f"{server.url}/v1/completions", timeout=60,
                    json={"prompt": first + answer + " And the sun?", "max_tokens": 4, "temperature": 0})  # fmt: skip
     t = r.json()["timings"]
-    assert t["cache_n"] >= 10  # the first turn's prompt came from its slot's cache
+    assert t["cache_n"] >= 10  # the first turn's prompt came from its sequence's cache
 
 
-def test_a_prefix_another_slot_holds_is_shared_not_read_again(server: ServeProcess) -> None:
+def test_a_prefix_another_sequence_holds_is_shared_not_read_again(server: ServeProcess) -> None:
     """Two agents with one system prompt: the second request, arriving while the first decodes, takes the
-    shared prefix from the first's busy slot (LlamaSlots.share) and reads only its own end."""
+    shared prefix from the first's busy sequence (LlamaParallel.share) and reads only its own end."""
     system = "You are a careful assistant. Answer in full sentences and check each step twice. " * 3
     body = {"max_tokens": 200, "temperature": 0.8, "seed": 5, "stream": True, "prompt": system + "Tell a story:"}
     with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=120) as first:
         lines = first.iter_lines()
-        assert any('"text"' in next(lines) for _ in range(6))  # the first decodes in its slot
+        assert any('"text"' in next(lines) for _ in range(6))  # the first decodes in its sequence
         r = httpx.post(f"{server.url}/v1/completions", timeout=60,
                        json={"prompt": system + "Name a colour:", "max_tokens": 4, "temperature": 0})  # fmt: skip
         assert r.status_code == 200, r.text
@@ -225,7 +225,8 @@ def test_parallel_on_a_hybrid_mlx_target_is_refused_with_the_reason(mlx_dirs: di
 
 @pytest.mark.parametrize("method", ["eagle3", "mtp"])
 def test_a_head_method_is_a_400_under_parallel(server: ServeProcess, method: str) -> None:
-    """A head reads the target's hidden states, which the slots do not capture: refused, never drafted badly."""
+    """A head reads the target's hidden states, which the parallel sequences do not capture: refused, never drafted
+    badly."""
     body = {"prompt": PROMPTS[2], "max_tokens": 4, "speculative": {"method": method}}
     r = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
     assert r.status_code == 400 and "--parallel 1" in r.text, r.text
@@ -239,16 +240,16 @@ def test_parallel_on_a_hybrid_target_is_refused_with_the_reason(hybrid_ggufs) ->
     assert "Traceback" not in r.stderr
 
 
-def test_a_prompt_longer_than_a_slot_is_a_400_and_the_server_serves_on(server: ServeProcess) -> None:
+def test_a_prompt_longer_than_a_sequence_is_a_400_and_the_server_serves_on(server: ServeProcess) -> None:
     r = httpx.post(f"{server.url}/v1/completions", json={"prompt": "word " * 700, "max_tokens": 2}, timeout=60)
     assert r.status_code == 400, r.text
     assert _complete(server, PROMPTS[0], max_tokens=3)
 
 
 @pytest.mark.parametrize("method", ["model", "auto"])
-def test_every_sequence_drafts_with_the_draft_model_in_its_own_slot(smollm2_path: Path, method: str) -> None:
-    """The draft model has a slot per sequence (serve.open_draft_slots): a request that arrives while another
-    drafts with it drafts with it too, from its own cache, and answers as it would alone."""
+def test_every_request_drafts_with_the_draft_model_in_its_own_sequence(smollm2_path: Path, method: str) -> None:
+    """The draft model has a sequence of its own per request (serve.open_draft_parallel): a request that arrives
+    while another drafts with it drafts with it too, from its own cache, and answers as it would alone."""
     s = ServeProcess("--target", str(smollm2_path), "--draft", str(smollm2_path), "--draft-method", method,
                      "-k", "3", "--n-ctx", "512", "--parallel", "2")  # fmt: skip
     try:
@@ -305,56 +306,56 @@ def test_each_sequence_that_read_the_suffix_memory_writes_its_answer_there(
         s.close()
 
 
-def test_a_draft_model_without_slots_is_lent_to_one_sequence_at_a_time(smollm2_path: Path) -> None:
-    """Where the draft model cannot have slots (serve.open_draft_slots gave a reason), the first sequence that
-    asks for it holds it; the next looks up: n-gram lookup for `model`, auto without its model for `auto`."""
-    from localspec.backends.llama.multi import LlamaSlots
+def test_a_draft_model_that_cannot_decode_in_parallel_is_lent_to_one_sequence_at_a_time(smollm2_path: Path) -> None:
+    """Where the draft model cannot decode in parallel (serve.open_draft_parallel gave a reason), the first sequence
+    that asks for it holds it; the next looks up: n-gram lookup for `model`, auto without its model for `auto`."""
+    from localspec.backends.llama.multi import LlamaParallel
     from localspec.options import ModelOptions
     from localspec.pipeline import load_pipeline
-    from localspec.server.crowd_scheduler import CrowdScheduler
     from localspec.server.metrics import Metrics
+    from localspec.server.parallel_scheduler import ParallelScheduler
 
     pipe = load_pipeline(ModelOptions(target=str(smollm2_path), draft=str(smollm2_path), draft_method="model",
                                       n_ctx=256, threads=1))  # fmt: skip
     logged: list[str] = []
-    crowd = CrowdScheduler(pipe, LlamaSlots(pipe.target, 2, 128), max_queue=0, metrics=Metrics(),  # type: ignore[arg-type]
-                           log=logged.append, draft_slots="its layers are recurrent")  # fmt: skip
+    scheduler = ParallelScheduler(pipe, LlamaParallel(pipe.target, 2, 128), max_queue=0, metrics=Metrics(),  # type: ignore[arg-type]
+                                  log=logged.append, draft_batch="its layers are recurrent")  # fmt: skip
     try:
         assert any("one request at a time" in line for line in logged)
-        first, lent, models = crowd._seat_drafter("model", 0)
+        first, lent, models = scheduler._seat_drafter("model", 0)
         assert (first.method, lent, models) == ("model", "model", True)
-        second, lent, models = crowd._seat_drafter("model", 1)
+        second, lent, models = scheduler._seat_drafter("model", 1)
         assert (second.method, lent, models) == ("ngram", None, False)
-        busy_auto, lent, _ = crowd._seat_drafter("auto", 1)
+        busy_auto, lent, _ = scheduler._seat_drafter("auto", 1)
         assert busy_auto.method == "auto" and lent == "auto"  # auto's own drafter was free: lent
-        again, lent, models = crowd._seat_drafter("auto", 0)
+        again, lent, models = scheduler._seat_drafter("auto", 0)
         assert again.method == "auto" and lent is None and not models  # auto without its model
     finally:
-        crowd.close()
+        scheduler.close()
         pipe.close()
 
 
-def test_while_no_request_runs_autos_calibration_times_the_crowds_curve(smollm2_path: Path) -> None:
-    """Idle-time calibration runs in crowd mode too (on the target's own context, between requests), and the
-    sizes it timed become the crowd's T(n) before any pass has measured them."""
-    from localspec.backends.llama.multi import LlamaSlots
+def test_while_no_request_runs_autos_calibration_times_the_parallel_curve(smollm2_path: Path) -> None:
+    """Idle-time calibration runs under --parallel too (on the target's own context, between requests), and the
+    sizes it timed become the decoder's T(n) before any pass has measured them."""
+    from localspec.backends.llama.multi import LlamaParallel
     from localspec.options import ModelOptions
     from localspec.pipeline import load_pipeline
-    from localspec.server.crowd_scheduler import CrowdScheduler
     from localspec.server.metrics import Metrics
+    from localspec.server.parallel_scheduler import ParallelScheduler
 
     pipe = load_pipeline(ModelOptions(target=str(smollm2_path), draft_method="auto", n_ctx=512, threads=1))
     logged: list[str] = []
-    crowd = CrowdScheduler(pipe, LlamaSlots(pipe.target, 2, 256), max_queue=0, metrics=Metrics(),  # type: ignore[arg-type]
-                           log=logged.append)  # fmt: skip
+    scheduler = ParallelScheduler(pipe, LlamaParallel(pipe.target, 2, 256), max_queue=0, metrics=Metrics(),  # type: ignore[arg-type]
+                                  log=logged.append)  # fmt: skip
     try:
         deadline = time.monotonic() + 120
-        while crowd._idle is not None and time.monotonic() < deadline:
+        while scheduler._idle is not None and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert crowd._idle is None and crowd.idle_pieces > 0, logged
+        assert scheduler._idle is None and scheduler.idle_pieces > 0, logged
         assert any("cost curve timed" in line for line in logged), logged
-        sizes = sorted(crowd.crowd.costs.target)
-        assert len(sizes) >= 3 and sizes[-1] > 2, sizes  # sizes no crowd pass has run (it has run none)
+        sizes = sorted(scheduler.decoder.costs.target)
+        assert len(sizes) >= 3 and sizes[-1] > 2, sizes  # sizes no parallel pass has run (it has run none)
     finally:
-        crowd.close()
+        scheduler.close()
         pipe.close()

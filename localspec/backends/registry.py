@@ -26,10 +26,10 @@ if TYPE_CHECKING:
     from localspec.backends.base import Backend, BackendModule
 
 
-class SlotsModule(Protocol):
-    """What a backend's module for several sequences in one pass offers (BackendSpec.slots_module)."""
+class ParallelModule(Protocol):
+    """What a backend's module for several sequences in one pass offers (BackendSpec.parallel_module)."""
 
-    def open_slots(self, model: Backend, n_slots: int, n_ctx: int) -> Any: ...
+    def open_parallel(self, model: Backend, n_sequences: int, n_ctx: int) -> Any: ...
 
     def unbatchable(self, model: Backend) -> str: ...
 
@@ -53,9 +53,9 @@ class BackendSpec:
     model_format: str  # "GGUF file", "mlx-lm directory": what a model path is, for people
     single_file: bool  # a model is one file (GGUF, maybe split in parts); else a directory / Hub repo snapshot
     hidden_states: bool  # can hand its hidden states to a head drafter (EAGLE-3, MTP, DFlash, ...)
-    # Its module for several sequences in one pass (serve --parallel): open_slots(model, n, n_ctx),
+    # Its module for several sequences in one pass (serve --parallel): open_parallel(model, n, n_ctx),
     # unbatchable(model) -> why not or "", batches_pay(model, n_gpu_layers) -> bool. None: one at a time.
-    slots_module: str | None = None
+    parallel_module: str | None = None
     preferred_on_apple: bool = False  # auto picks it on Apple silicon when installed
 
     def installed(self) -> bool:
@@ -83,9 +83,11 @@ class BackendSpec:
             return False, f"{' and '.join(self.distributions)} does not load: {e}. {self.install_hint}"
         return cast("BackendModule", module).probe()
 
-    def slots(self) -> SlotsModule | None:
+    def parallel(self) -> ParallelModule | None:
         """Its module for decoding several sequences together, or None where it decodes one at a time."""
-        return None if self.slots_module is None else cast("SlotsModule", importlib.import_module(self.slots_module))
+        if self.parallel_module is None:
+            return None
+        return cast("ParallelModule", importlib.import_module(self.parallel_module))
 
     def owns_path(self, path: str) -> bool:
         """Whether a model path has this backend's format (from its name alone)."""
@@ -103,7 +105,7 @@ LLAMA = BackendSpec(
     model_format="GGUF file",
     single_file=True,
     hidden_states=True,
-    slots_module="localspec.backends.llama.multi",
+    parallel_module="localspec.backends.llama.multi",
 )
 MLX = BackendSpec(
     name="mlx",
@@ -115,7 +117,7 @@ MLX = BackendSpec(
     model_format="mlx-lm directory or Hub repo",
     single_file=False,
     hidden_states=True,  # EAGLE-3, DFlash/DSpark and MTP heads read them (mlx/capture.py)
-    slots_module="localspec.backends.mlx.multi",
+    parallel_module="localspec.backends.mlx.multi",
     preferred_on_apple=True,
 )
 BACKENDS: dict[str, BackendSpec] = {spec.name: spec for spec in (LLAMA, MLX)}

@@ -1,6 +1,6 @@
-"""What a slot of several-sequence batch is on any backend (llama.multi.LlamaSlot, mlx.multi.MLXSlot): a
-Backend of its own over one loaded target, whose text, templates and facts it borrows, with its own tokens;
-each backend's slot adds how it reads tokens (`forward`) and cuts them back (`rollback`)."""
+"""What one sequence of a parallel batch (serve --parallel) is on any backend (llama.multi.LlamaSequence,
+mlx.multi.MLXSequence): a Backend of its own over one loaded target, whose text, templates and facts it borrows,
+with its own tokens; each backend's sequence adds how it reads tokens (`forward`) and cuts them back (`rollback`)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from localspec.vocab import VocabInfo
 ROOM_HINT = "raise --n-ctx (memory permitting), or lower --max-tokens"
 
 
-class Slot(CachedModel):
+class ParallelSequence(CachedModel):
     """One sequence of a loaded `target`'s batch, holding up to n_ctx positions."""
 
     def __init__(self, target: Any, index: int, n_ctx: int) -> None:
@@ -65,7 +65,7 @@ class Slot(CachedModel):
         self._tokens.extend(int(t) for t in tokens)
 
     def replaced(self, tokens: Sequence[int]) -> None:
-        """The slot now holds `tokens` (its owner's `share`)."""
+        """The sequence now holds `tokens` (its owner's `share`)."""
         self._tokens = [int(t) for t in tokens]
 
     def _route(self, n_keep: int) -> RollbackRoute:
@@ -81,4 +81,4 @@ class Slot(CachedModel):
         self._target.abort(on)
 
     def close(self) -> None:
-        return None  # the owner frees what the slots share
+        return None  # the owner frees what its sequences share

@@ -41,9 +41,9 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
 
     from localspec.backends.base import Backend
-    from localspec.backends.registry import SlotsModule
+    from localspec.backends.registry import ParallelModule
     from localspec.pipeline import Pipeline
-    from localspec.server.crowd_scheduler import Slots
+    from localspec.server.parallel_scheduler import ParallelTarget
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -82,7 +82,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                    help=f"requests that may wait while one generates; more get 503 (default: {DEFAULT_MAX_QUEUE})")  # fmt: skip
     g.add_argument("--parallel", type=int, default=None, metavar="N",
                    help="generations decoded together, one shared target pass per step, drafts sized for the "
-                        "crowd (targets without recurrent layers; default: 1 on a CPU, "
+                        "whole pass (targets without recurrent layers; default: 1 on a CPU, "
                         f"{GPU_PARALLEL} when llama.cpp offloads to a GPU or MLX runs on Metal)")  # fmt: skip
     g.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                    help="allow browser requests from this origin (repeatable; '*' for any); default: CORS off")  # fmt: skip
@@ -200,8 +200,8 @@ def build_server(args: argparse.Namespace, opts: ModelOptions) -> tuple[FastAPI,
     pipeline = load_pipeline(opts)
     try:
         args.parallel = resolve_parallel(args.parallel, pipeline)
-        slots = open_slots(pipeline, args.parallel)
-        draft_slots = open_draft_slots(pipeline, args.parallel) if slots is not None else None
+        parallel = open_parallel(pipeline, args.parallel)
+        draft_parallel = open_draft_parallel(pipeline, args.parallel) if parallel is not None else None
         name = args.model_name or opts.pair or Path(opts.target).name.removesuffix(".gguf")
         settings = ServerSettings(
             model_name=name,
@@ -214,7 +214,7 @@ def build_server(args: argparse.Namespace, opts: ModelOptions) -> tuple[FastAPI,
             max_body_bytes=args.max_body_bytes,
             reasoning_format=args.reasoning_format,
         )
-        return create_app(pipeline, settings, slots, draft_slots), pipeline, name
+        return create_app(pipeline, settings, parallel, draft_parallel), pipeline, name
     except BaseException:
         pipeline.close()
         raise
@@ -224,70 +224,70 @@ def resolve_parallel(asked: int | None, pipeline: Pipeline) -> int:
     """--parallel as given, else its default for this target (see GPU_PARALLEL); refused where it cannot run."""
     info = pipeline.target.info
     head = pipeline.options.family.is_head
-    slots = _slots_module(pipeline.target)
+    module = _parallel_module(pipeline.target)
     if asked is None:
-        if slots is None or info.is_recurrent or head or _unbatchable(pipeline):
+        if module is None or info.is_recurrent or head or _unbatchable(pipeline):
             return 1
-        return GPU_PARALLEL if slots.batches_pay(pipeline.target, pipeline.options.n_gpu_layers) else 1
-    if asked > 1 and slots is None:
+        return GPU_PARALLEL if module.batches_pay(pipeline.target, pipeline.options.n_gpu_layers) else 1
+    if asked > 1 and module is None:
         raise UsageError(f"--parallel {asked}: the {backend_label(info.backend)} backend decodes one sequence at a "
                          "time here", "serve it with --parallel 1")  # fmt: skip
     if asked > 1 and info.is_recurrent:
         raise UsageError(f"--parallel {asked}: {info.name} has recurrent layers ({info.recurrent}), whose per-sequence "
                          "state snapshots localspec does not keep", "serve it with --parallel 1")  # fmt: skip
     if asked > 1 and head:
-        from localspec.server.requests import HEAD_IN_CROWD
+        from localspec.server.requests import HEAD_IN_PARALLEL
 
-        raise UsageError(f"--parallel {asked} with --draft-method {pipeline.options.draft_method}: {HEAD_IN_CROWD}",
+        raise UsageError(f"--parallel {asked} with --draft-method {pipeline.options.draft_method}: {HEAD_IN_PARALLEL}",
                          "serve it with --parallel 1, or draft with auto, model or a lookup")  # fmt: skip
     if asked > 1 and (why := _unbatchable(pipeline)):
         raise UsageError(f"--parallel {asked}: {why}", "serve it with --parallel 1")
     return asked
 
 
-def _slots_module(model: Backend) -> SlotsModule | None:
+def _parallel_module(model: Backend) -> ParallelModule | None:
     """The model's backend's module for several sequences in one pass (the backend table), or None."""
     spec = BACKENDS.get(model.info.backend)
-    return spec.slots() if spec is not None else None
+    return spec.parallel() if spec is not None else None
 
 
 def _unbatchable(pipeline: Pipeline) -> str:
-    """Why the target's slots cannot be opened (its backend says: MLX, a layer cache other than a KVCache), else ""."""
-    slots = _slots_module(pipeline.target)
-    return "" if slots is None else slots.unbatchable(pipeline.target)
+    """Why the target cannot decode in parallel (its backend says: MLX, a layer cache other than a KVCache), else ""."""
+    module = _parallel_module(pipeline.target)
+    return "" if module is None else module.unbatchable(pipeline.target)
 
 
-def open_slots(pipeline: Pipeline, parallel: int) -> Slots | None:
-    """The target's sequences, one slot per generation, each as long as --n-ctx: on llama.cpp a second context
+def open_parallel(pipeline: Pipeline, parallel: int) -> ParallelTarget | None:
+    """The target's parallel sequences, one per generation, each as long as --n-ctx: on llama.cpp a second context
     on the target's weights, on MLX a batched cache for the target's own model."""
     if parallel <= 1:
         return None
-    return _slots_of(pipeline.target, parallel)
+    return _parallel_of(pipeline.target, parallel)
 
 
-def open_draft_slots(pipeline: Pipeline, parallel: int) -> Slots | str | None:
-    """A slot of the draft model per generation, so that every sequence can draft with it: the draft's slots
-    (as open_slots makes them), or why they cannot be opened (each request then waits its turn for the one
-    draft model), or None when no draft model is in use."""
+def open_draft_parallel(pipeline: Pipeline, parallel: int) -> ParallelTarget | str | None:
+    """A sequence of the draft model per generation, so that every sequence can draft with it: the draft's
+    parallel sequences (as open_parallel makes them), or why they cannot be opened (each request then waits its
+    turn for the one draft model), or None when no draft model is in use."""
     if not pipeline.has_draft_model or pipeline.draft_note:
         return None
     from localspec.errors import UnsupportedModelError
 
     try:
-        return _slots_of(pipeline.draft_slot.get(), parallel)
+        return _parallel_of(pipeline.draft_slot.get(), parallel)
     except UnsupportedModelError as e:
         return e.message
 
 
-def _slots_of(model: Backend, parallel: int) -> Slots:
-    """`parallel` slots on a loaded model, each as long as its context, through its backend's table entry."""
-    slots = _slots_module(model)
-    if slots is None:
+def _parallel_of(model: Backend, parallel: int) -> ParallelTarget:
+    """`parallel` sequences on a loaded model, each as long as its context, through its backend's table entry."""
+    module = _parallel_module(model)
+    if module is None:
         from localspec.errors import UnsupportedModelError
 
         raise UnsupportedModelError(f"the {backend_label(model.info.backend)} backend decodes one sequence at a time",
                                     "serve it with --parallel 1")  # fmt: skip
-    return cast("Slots", slots.open_slots(model, parallel, model.n_ctx))
+    return cast("ParallelTarget", module.open_parallel(model, parallel, model.n_ctx))
 
 
 def _parallel_text(n: int) -> str:

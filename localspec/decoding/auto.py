@@ -3,26 +3,14 @@ costs and acceptance.
 
 AutoDrafter composes a lookup drafter (the suffix drafter, or prompt-lookup n-grams) and a model
 drafter through the Drafter protocol only, and leaves the decisions to localspec.decoding.policy (pure)
-and the measurements to localspec.decoding.calibrate. While plain decoding wins, lookup proposals are
-still made and graded against the text the target then writes, which measures their acceptance for free
-(exactly, at any temperature). Every round's note says what was chosen and why; the run's
-SpecStats.sources totals it.
+and the cost curve to localspec.decoding.cost_learning (remembered, checked, or learnt from the rounds and
+idle time; see there). While plain decoding wins, lookup proposals are still made and graded against the
+text the target then writes, which measures their acceptance for free (exactly, at any temperature). Every
+round's note says what was chosen and why; the run's SpecStats.sources totals it.
 
-No fixed cost, and no stall: the cost curve comes from the on-disk cache (localspec.decoding.cost_cache)
-when this pair was measured on this machine before. Without one, an answer never stops to calibrate: it
-learns the curve from its own rounds (localspec.decoding.live_costs: every verify pass times T(n) at the
-size it verified, a plain round times T(1), per context length), starting from a prior slope that lets
-lookup drafts and short model probes pay where a flat (GPU-like) curve makes them pay. Timing passes that
-need filler run only where nobody waits (idle_step: serve between requests, chat between turns), in
-pieces of one pair each, and feed the same curve. A learnt curve is stored once it is consistent (enough
-timings, plausible, not spread like a busy machine's); a busy machine's is used for the answer and said.
-
-A curve from the cache is a hypothesis: pairs of neighbouring rounds (one a 1-token pass, one a batch)
-test it (cost_cache.CurveCheck), and where the rounds do not form such pairs by themselves (a run that
-decodes plainly throughout, or drafts throughout) a check round makes one now and then: a draft of one
-token in a plain run (the lookup's next one where it has one), paid for from CHECK_SHARE (1%) of the plain
-rounds' time, and a plain round in a drafting one, from EXPLORE of the drafting rounds' time. A curve the
-rounds contradict is dropped from the cache and learnt afresh from the rounds.
+The draft model is loaded lazily: not before a round's plan wants it (on a thread of its own beside the
+answer, LazyModelDrafter.start), or in idle time where a model draft may pay; never where the remembered
+costs say it cannot pay.
 """
 
 from __future__ import annotations
@@ -34,11 +22,11 @@ from dataclasses import replace
 import numpy as np
 
 from localspec.backends.base import Backend
-from localspec.decoding.calibrate import PairedRun
-from localspec.decoding.cost_cache import CHECK_PAIRS, CONTRADICTION, CostStore, CurveCheck
+from localspec.decoding.cost_cache import CostStore
+from localspec.decoding.cost_learning import IDLE_TOP, CostLearner
 from localspec.decoding.drafters import Drafter, LazyModelDrafter, ModelDrafter, NgramDrafter
-from localspec.decoding.live_costs import LiveCurve, context_bucket
-from localspec.decoding.policy import DRAFT_RATIO, EXPLORE, MAX_BACKOFF, Controller, CostModel, Plan
+from localspec.decoding.live_costs import LiveCurve
+from localspec.decoding.policy import DRAFT_RATIO, Controller, CostModel, Plan
 from localspec.decoding.stats import RoundStats
 from localspec.decoding.suffix import SuffixDrafter
 from localspec.decoding.suffix_memory import SuffixMemory
@@ -48,14 +36,7 @@ from localspec.sampling import SamplingParams
 
 SHADOWS = 8  # lookup proposals graded against the text that followed, at most this many pending
 SHADOW_SPAN = 4  # ... each on its first tokens only
-CALIBRATION_SIZES = (2, 3, 4, 6, 8, 12, 16, 24, 32)  # batch sizes timed in idle time (plus the top one)
-CALIBRATION_REPS = 3  # pairs per batch size: their median outlasts one pair that a busy spell split
-IDLE_TOP = 33  # the top size timed in idle time before any answer said its k (auto's default k + 1)
-IDLE_TRIES = 3  # idle calibrations per drafter at most (a machine too busy to measure stays so for a while)
-SAVE_EVERY = 16  # rounds between writes of a learnt curve
-CHECK_SHARE = 0.01  # checks of a remembered curve may cost at most this share of plain rounds' time
 READ_INLINE = 32  # a lazy draft model catches up on at most this many tokens in a round; more, beside it
-FILLER = "The quick brown fox jumps over the lazy dog. " * 2  # idle timing on an empty cache needs a context
 
 
 def auto_ngram() -> NgramDrafter:
@@ -85,7 +66,7 @@ class AutoDrafter:
     """Adaptive drafting over an n-gram drafter and/or a model drafter (the `auto` draft method).
 
     The longest draft it may choose is the k the engine asks for in each round (GenerationConfig.num_draft),
-    so a k changed between generations takes effect at once.
+    so a k changed between generations takes effect at once. Its cost curve is `learner`'s (cost_learning.py).
     """
 
     method = "auto"
@@ -107,33 +88,8 @@ class AutoDrafter:
         self.model = model
         self.target = target
         self.clock = clock
-        self.store = store
-        from_store = costs is None and store is not None
-        if costs is None and store is not None:
-            costs = store.load()
-        # Only a remembered curve is checked (a learnt one is the rounds' own medians).
-        self.check = CurveCheck(dict(costs.target)) if from_store and costs is not None else None
-        self.live = LiveCurve()  # the curve as this process's rounds (and idle pairs) time it
-        # No remembered curve: learn it from the rounds (never a calibration inside an answer).
-        self.learning = costs is None and target is not None
-        self._since_save = SAVE_EVERY  # rounds since a learnt curve was last written (the first is written at once)
-        self._prev_plain: float | None = None  # the last round's seconds if it was a 1-token pass at this length
-        self._lookup_probes = 0  # lookup probes in a row while learning (each costs twice the last, up to 2**5)
-        self._busy_said = False  # a busy machine's curve, not stored, said once an answer
-        self._idle_run: PairedRun | None = None
-        self._idle_tries = 0
-        self._idle_later = False  # the last idle calibration found the machine busy: again after the next answer
-        self._context = 0  # this round's context length (the cost curve depends on it)
-        # A remembered curve's pace per context bucket (attention grows with the context): restored when an
-        # answer comes back to a length seen before; a length not seen yet takes its pace from its first round.
-        self._bucket: int | None = None
-        self._bucket_scale: dict[int, float] = {}
-        self._fresh_bucket = False
-        self._check_credit = 0.0  # seconds check rounds may still cost (a share of the rounds' time)
-        self._checks_agreed = 0  # pairs in a row that agreed with the curve: checks back off
-        self._checking = False  # this round is a check round
-        self._cost_note = ""  # what became of the costs, said once in the next round's note
-        self.controller = Controller(costs, draft_ratio(model, target))
+        self.learner = CostLearner(target=target, costs=costs, store=store, clock=clock)
+        self.controller = Controller(self.learner.initial, draft_ratio(model, target))
         parts = [p for p in (ngram.name if ngram else "", model.name if model else "") if p]
         self.name = "auto(" + "+".join(parts) + ")"
         self.max_k = 0
@@ -144,6 +100,19 @@ class AutoDrafter:
         self.model_note = ""  # why the draft model was dropped mid-run, if it was
         self._shadows: list[tuple[list[int], int, int]] = []  # (proposal, n-gram order, context length then)
 
+    @property
+    def live(self) -> LiveCurve:
+        """The cost curve as this process's rounds (and idle pairs) timed it."""
+        return self.learner.live
+
+    @property
+    def store(self) -> CostStore | None:
+        return self.learner.store
+
+    @store.setter
+    def store(self, store: CostStore | None) -> None:
+        self.learner.store = store
+
     # -- Drafter protocol -------------------------------------------------------------------------
 
     def prepare(self, context: Sequence[int], max_k: int) -> None:
@@ -152,11 +121,7 @@ class AutoDrafter:
         if self.ngram is not None:
             self.ngram.prepare(context, max_k)
         self.controller.new_generation()
-        if self.check is not None:
-            self.check.new_generation()
-        self._busy_said = False
-        self._idle_later = False
-        self._prev_plain = None
+        self.learner.new_generation(max_k)
         self._model_mark = None  # a new text: the model's cache is compared with it once
         # The draft model does not read the prompt now: it catches up in one batch when a plan first needs it
         # (the policy counts that cost), so a run where model drafts never pay never pays for it.
@@ -168,58 +133,14 @@ class AutoDrafter:
 
     def save_costs(self) -> None:
         """Remember the costs: a learnt curve once it is consistent, a remembered one as the rounds refined it."""
-        if self.store is None:
-            return
-        costs = self.controller.costs
-        draft = costs.draft_s() if self.controller.draft_settled else None
-        if self.learning:
-            if self.live.storable():
-                return
-            self._since_save = 0
-            self.store.save(CostModel(target=self.live.stored_curve(), draft_token=draft))
-            return
-        self.store.save(replace(costs.copy(), draft_token=None if draft is None else costs.draft_token))
-
-    def _learn(self, n: int, seconds: float) -> None:
-        """One round's verify pass into the live curve; a learnt curve written now and then, when consistent."""
-        if n == 1:
-            self.live.add_plain(self._context, seconds)
-        else:
-            self.live.add_batch(self._context, n, seconds, paired=self._prev_plain)
-        self._prev_plain = seconds if n == 1 else None
-        if not self.learning:
-            return
-        self._since_save += 1
-        why = self.live.storable()
-        if not why and self._since_save >= SAVE_EVERY:
-            self.save_costs()
-        elif why.startswith("machine too busy") and not self._busy_said:
-            self._busy_said = True
-            self._cost_note = _join(self._cost_note, f"auto: costs not stored: {why}; the rounds go on measuring")
-
-    def _explore_k(self) -> int:
-        """While learning, drafts grow by doubling past the largest batch timed: the prior's slope is a guess,
-        and at a long context on a CPU a batch of 33 can cost 29 single-token passes (seen at 8.7k tokens)."""
-        timed = max(self.live.ratios, default=1)
-        return max(2, 2 * (timed - 1))
-
-    def _use_live(self, context: int) -> None:
-        """While learning: the costs at this context length as the rounds (and idle pairs) timed them."""
-        costs = self.controller.costs
-        curve = self.live.curve(context, max(self.max_k, 1) + 1)
-        costs.target = {n: t / costs.scale for n, t in curve.items()}
+        self.learner.save(self.controller)
 
     # -- idle time (serve between requests, chat between turns) -------------------------------------
 
     def idle_due(self) -> bool:
         """Whether timing passes are still wanted where nobody waits (no trusted curve yet), or the draft model
         is still to be loaded there (a lazy one that may pay)."""
-        return self._timing_due() or self._preload_due()
-
-    def _timing_due(self) -> bool:
-        if not self.learning or self.target is None:
-            return False
-        return self._idle_run is not None or (self._idle_tries < IDLE_TRIES and not self._idle_later)
+        return self.learner.timing_due() or self._preload_due()
 
     def _preload_due(self) -> bool:
         model = self.model
@@ -234,34 +155,12 @@ class AutoDrafter:
         if self._preload_due():
             assert isinstance(self.model, LazyModelDrafter)
             self.model.start([])
-        if not self._timing_due():
-            return False
-        target = self.target
-        assert target is not None
-        if not target.cached_tokens:  # a server just started: time on a short filler context
-            target.forward(target.tokenize(FILLER, add_special=True, parse_special=False), all_logits=False)
-        if self._idle_run is None:
-            self._idle_tries += 1
-            top = max(self.max_k + 1, IDLE_TOP)
-            sizes = [n for n in CALIBRATION_SIZES if n < top] + [top]
-            self._idle_run = PairedRun(target, sizes, reps=CALIBRATION_REPS, clock=self.clock)
-        run = self._idle_run
-        if run.step() and run.last is not None:
-            n, t1, tn = run.last
-            self.live.add_pair(len(target.cached_tokens), t1, n, tn)
-            return True
-        self._idle_run = None
-        if self.live.storable():
-            self._idle_later = True
-        else:
-            self._idle_tries = IDLE_TRIES  # measured: nothing more to do where nobody waits
-            self.save_costs()
-        return False
+        return self.learner.idle_step(self.controller)
 
     def forecast(self, context: Sequence[int], k: int) -> tuple[float, ...] | None:
         """The acceptance expected at each position of the lookup draft `context` has now (auto's learnt
         acceptance by match length, over the tokens the lookup would copy); None when it has none. serve
-        --parallel's crowd policy sizes this sequence's share of a pass from it (decoding/crowd.py)."""
+        --parallel's policy sizes this sequence's share of a pass from it (decoding/parallel.py)."""
         lookup = getattr(self.ngram, "lookup", None)  # a suffix drafter's ungated draft
         if lookup is None or k <= 0:
             return None
@@ -296,14 +195,10 @@ class AutoDrafter:
             self._grade_shadows(context)
             ng = self._lookup(context, k, sampling, rng)
             self._order = ng.order if ng.tokens else 0
-        self._context = len(context)
-        if self.learning:
-            self._use_live(len(context))
-        else:
-            self._enter_bucket(context_bucket(len(context)))
+        self.learner.at_context(len(context), self.controller.costs)
         loading = self._model_loading()
         gap = self._model_gap(context) if self.model is not None and not loading else 0
-        k_plan = min(k, self._explore_k()) if self.learning else k
+        k_plan = self.learner.draft_cap(k)
         plan = self.controller.plan(
             k_plan,
             model=self.model is not None and not loading,
@@ -313,23 +208,14 @@ class AutoDrafter:
         )
         if plan.method == "model" and not self._model_ready(context):
             plan = self.controller.plan(k_plan, model=False, ngram_avail=len(ng.tokens), ngram_order=self._order)
-        if self.learning and plan.method != "none":
-            self._lookup_probes = 0
-        self._checking = self._check_due(plan, k, len(ng.tokens))
-        if self._checking and self.learning and plan.method == "none":
-            # Plain decoding wins on a learnt curve: a short lookup draft right after a plain round times a batch
-            # in a pair, so a curve that a busy spell made steep is corrected (paid from EXPLORE, backing off).
-            self._lookup_probes += 1
-            plan = Plan("ngram", min(len(ng.tokens), 2), plan.rate, plan.plain_rate, plan.alpha, probe=True)
-        elif self._checking:
-            plan = Plan("none", 0, plan.plain_rate, plan.plain_rate)
+        plan = self.learner.steer(plan, k, len(ng.tokens))  # a check round for the cost curve, now and then
         self._plan = plan
         if ng.tokens and plan.method != "ngram":
             # Not used this round: grade it against the text that follows, for free.
             self._shadows.append((list(ng.tokens), self._order, len(context)))
             del self._shadows[:-SHADOWS]
         # A dropped draft model, and what became of the costs, are said once, in this round's note.
-        said, self.model_note, self._cost_note = _join(self.model_note, self._cost_note), "", ""
+        said, self.model_note = _join(self.model_note, self.learner.take_note()), ""
         if plan.method == "ngram":
             note = plan.note() + " " + (ng.note or f"{ng.source} match {self._order}")
             return Draft(ng.tokens[: plan.k], None, _join(said, note), ng.source, self._order)
@@ -344,70 +230,10 @@ class AutoDrafter:
             self._model_mark = None  # the model's cache moved: its lag is read again next time
             note = _join(said, plan.note() + (f"; {d.note}" if d.note else ""))
             return Draft(d.tokens, d.q, note, d.source if d.source != "none" else "model")  # a head says its family
-        if self._checking:
-            return self._check_draft(context, said, ng)
+        if self.learner.checking:
+            check = self.learner.check_draft(context, ng)
+            return replace(check, note=_join(said, check.note))
         return Draft([], None, _join(said, plan.note()))
-
-    def _check_due(self, plan: Plan, k: int, lookup: int = 0) -> bool:
-        """Whether this round should check the remembered curve: make the round the other kind (a batch
-        after a 1-token pass, or a 1-token pass after a batch) than the last, while the allowance lasts. While
-        learning, whether a drafting round should be a plain one instead, to time T(1) at this length, or a
-        plain one a short lookup draft (when there is one), to time a batch in a pair with the round before."""
-        if k <= 0 or self._check_credit < 0:
-            return False
-        if self.learning:  # a run that drafts throughout times T(1) now and then: every ratio rests on it
-            paid = plan.plain_rate > 0 and self._check_credit * plan.plain_rate >= 1.0  # a whole T(1) saved up
-            if plan.method == "none":
-                return paid and lookup > 0 and self._prev_plain is not None
-            return paid and not plan.probe and self.live.wants_t1(self._context)
-        last = self.check.last if self.check is not None else None
-        return last is not None and (plan.method == "none") == (last[0] == 1)
-
-    def _check_draft(self, context: Sequence[int], said: str, lookup: Draft) -> Draft:
-        if self.learning:
-            return Draft([], None, _join(said, "auto: plain, to time T(1) for the cost curve"))
-        assert self.check is not None and self.check.last is not None
-        if self.check.last[0] > 1:
-            return Draft([], None, _join(said, "auto: plain, to check T(1) against the remembered costs"))
-        # The cheapest batch: one token drafted, the lookup's next one where it has one (the check then pays for
-        # itself when it holds), else the last one again (verified like any draft, so harmless).
-        guess = lookup.tokens[:1] or [int(context[-1])]
-        note = _join(said, "auto: check T(2) against the remembered costs")
-        return Draft(list(guess), None, note, "check")
-
-    def _check_curve(self, stats: RoundStats) -> None:
-        """Test the remembered curve against this round, pay for a check round; drop a contradicted curve."""
-        seconds = stats.verify_s - stats.rollback_s
-        if self.check is None:
-            # Learning: a round timed for the curve costs at most itself, from EXPLORE of the rounds' time; lookup
-            # probes that keep finding plain decoding ahead cost twice as much each time.
-            backoff = 2 ** min(self._lookup_probes, MAX_BACKOFF) if stats.n_drafted else 1
-            self._check_credit += -seconds * backoff if self._checking else EXPLORE * seconds
-            return
-        before = self.check.last
-        deviation = self.check.observe(stats.n_drafted + 1, seconds)
-        if self._checking and before is not None:
-            # What the check cost over the round it replaced: the batch's extra seconds in a plain run, less a
-            # plain round for a token it drafted and got accepted; a whole plain round (at most) where the run
-            # drafts. It backs off while the curve holds.
-            cost = seconds - before[1] * (1 + stats.n_accepted) if stats.n_drafted else seconds
-            self._check_credit -= max(cost, 0.0) * 2 ** min(self._checks_agreed, MAX_BACKOFF)
-        else:  # a plain answer (auto cannot help there) pays CHECK_SHARE for its checks; a drafting one EXPLORE
-            self._check_credit += (EXPLORE if stats.n_drafted else CHECK_SHARE) * seconds
-        if deviation is not None:
-            held = 1 / CONTRADICTION <= deviation <= CONTRADICTION
-            self._checks_agreed = self._checks_agreed + 1 if held else 0
-        if self.check.contradicted:
-            self._drop_curve(self.check.deviation or 0.0)
-
-    def _drop_curve(self, deviation: float) -> None:
-        why = f"T(n)/T(1) {deviation:.2g}x its own over {CHECK_PAIRS} pairs of rounds"
-        self._cost_note = f"auto: remembered costs contradicted by live rounds ({why}): dropped, learning afresh"
-        self.check = None
-        if self.store is not None:
-            self.store.drop()
-        self.learning = self.target is not None  # learnt afresh from the rounds (and idle pairs)
-        self._since_save = SAVE_EVERY
 
     def _model_loading(self) -> bool:
         """Whether the draft model is loading (and reading the text) in the background: no model rounds till then."""
@@ -466,38 +292,14 @@ class AutoDrafter:
                 pending.append((tokens, order, start))
         self._shadows = pending
 
-    def _enter_bucket(self, bucket: int) -> None:
-        if bucket == self._bucket:
-            return
-        costs = self.controller.costs
-        if self._bucket is not None:
-            self._bucket_scale[self._bucket] = costs.scale
-        self._bucket = bucket
-        known = self._bucket_scale.get(bucket)
-        if known is not None:
-            costs.scale = known
-        self._fresh_bucket = known is None
-
-    def _first_at_length(self, n: int, seconds: float) -> None:
-        """The first round at a context length not seen yet sets the pace outright (the common factor's slow
-        average would take some twenty rounds to follow an 8k prompt's doubled T(1)), within 4x either way."""
-        self._fresh_bucket = False
-        costs = self.controller.costs
-        predicted = costs.target_s(n)
-        if seconds > 0 and predicted > 0 and not np.isnan(predicted):
-            costs.scale *= min(max(seconds / predicted, 0.25), 4.0)
-
     def observe(self, stats: RoundStats) -> None:
-        if self._fresh_bucket and not self.learning:
-            self._first_at_length(stats.n_drafted + 1, stats.verify_s - stats.rollback_s)
+        self.learner.pace(stats, self.controller.costs)
         if self._plan is not None:
             # Catching the draft's cache up after plain rounds is a one-off, not the draft's per-token cost.
             drafting = replace(stats, draft_s=max(stats.draft_s - self._catch_up_s, 0.0)) if self._catch_up_s else stats
             self.controller.observe(self._plan, drafting, self._order)
-        self._learn(stats.n_drafted + 1, stats.verify_s - stats.rollback_s)
-        self._check_curve(stats)
+        self.learner.observe(stats, self.controller)
         self._plan = None
-        self._checking = False
         self._catch_up_s = 0.0
 
     def lag(self, context: Sequence[int]) -> int:

@@ -13,16 +13,14 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field, replace
-from typing import Literal, Protocol
+from typing import Literal
 
 import numpy as np
 
 from localspec.backends.base import Backend, Detokenizer, sync_cache
 from localspec.decoding import verify
-from localspec.decoding.crowd import Candidate, plan_crowd
 from localspec.decoding.drafters import Drafter
 from localspec.decoding.grammar import Constraint, GrammarSpec, apply_mask, mask_q
-from localspec.decoding.policy import MODEL_PRIOR, Acceptance, CostModel
 from localspec.decoding.stats import NEAR_TIE_GAP, NearTie, RoundStats, SpecStats, StatsCollector, StopReason
 from localspec.draft import Draft
 from localspec.errors import ContextOverflowError, Interrupted, UsageError
@@ -103,10 +101,13 @@ def generate(
     ends it at once: the round in flight is dropped, and Done says "stopped". `on_phase` hears what the
     run does before its first token: "prompt" (reading the prompt), then "drafter" (preparing the drafter).
     """
-    return _Run(target, drafter, prompt, config, stop, clock, on_phase).events()
+    return Run(target, drafter, prompt, config, stop, clock, on_phase).events()
 
 
-class _Run:
+class Run:
+    """One sequence's generation: `events()` is the whole loop; its parts (begin, next_round, draft, settle,
+    emit, finish) let a shared pass (decoding/parallel_decoder.py) drive several runs at once."""
+
     def __init__(
         self,
         target: Backend,
@@ -166,7 +167,7 @@ class _Run:
             reason = yield from self._emit(*step)
         yield from self.finish(reason)
 
-    # -- the loop's parts (a batched pass, CrowdDecoder below, drives several runs through them) ----------
+    # -- the loop's parts (decoding/parallel_decoder.py drives several runs through them in one pass) ------
 
     def begin(self) -> Iterator[Event]:
         """Read the prompt and emit the first token; return why the run already ends (None: it goes on)."""
@@ -404,195 +405,6 @@ class _Run:
             grammar_masks=self.constraint.n_masks if self.constraint is not None else 0,
             **self.collector.totals(),
         )
-
-
-# -- several sequences in one target pass -------------------------------------------------------------
-
-
-class BatchTarget(Protocol):
-    """A target holding several sequences (localspec/backends/llama_multi.LlamaSlots, localspec/backends/mlx_multi.MLXSlots): one
-    pass appends each (slot, tokens) to its slot and returns every position's logits rows per part.
-    `pass_size(lengths)`: positions a pass over parts of these lengths computes (the sum, or rows x the
-    longest for a right-padded batch, `pass_padded`); `prefill_apart`: prompt chunks are read in a forward of
-    their own."""
-
-    prefill_apart: bool
-    pass_padded: bool
-
-    def forward_many(
-        self, parts: Sequence[tuple[int, Sequence[int]]], prefill: Sequence[tuple[int, Sequence[int]]] = ()
-    ) -> list[np.ndarray]: ...
-
-    def pass_size(self, lengths: Sequence[int]) -> int: ...
-
-
-@dataclass(frozen=True)
-class Job:
-    """One sequence of a crowd: `target` is its slot's own Backend (prompt passes, rollback)."""
-
-    slot: int
-    target: Backend
-    drafter: Drafter
-    prompt: Sequence[int]
-    config: GenerationConfig
-    stop: threading.Event | None = None
-    model_drafts: bool = False  # its drafter may draft with a model, whose steps every sequence of the pass waits for
-
-
-@dataclass(frozen=True)
-class PassStats:
-    """One shared target pass: how many sequences, how many tokens, what share of them were drafts."""
-
-    n_sequences: int
-    n_tokens: int
-    n_drafted: int
-    target_s: float
-
-    @property
-    def draft_share(self) -> float:
-        return self.n_drafted / self.n_tokens if self.n_tokens else 0.0
-
-
-@dataclass
-class _Member:
-    run: _Run
-    slot: int
-    accept: Acceptance
-    draft_token_s: float = 0.0
-    model_drafts: bool = False  # Job.model_drafts
-
-
-class CrowdDecoder:
-    """Decodes several sequences together: each pass drafts for every active sequence (lengths from the crowd
-    policy, decoding/crowd.py, on the measured T(n) of the whole batch), verifies all of them in one target
-    pass, and grades and rolls back each sequence with the same exact rule as a single run.
-
-    Keys name the sequences; `add` reads a prompt and returns its first events; `step` runs one shared pass
-    and returns every sequence's events, a Done for each that ended (its slot is then free).
-    `crowd_aware=False` gives every sequence its full draft length (the fixed-k baseline).
-    """
-
-    def __init__(
-        self,
-        batch: BatchTarget,
-        *,
-        clock: Callable[[], float] = time.perf_counter,
-        costs: CostModel | None = None,
-        crowd_aware: bool = True,
-    ) -> None:
-        self.batch = batch
-        self.clock = clock
-        self.costs = costs or CostModel()
-        self.crowd_aware = crowd_aware
-        self.members: dict[object, _Member] = {}
-        self.last_pass: PassStats | None = None
-
-    def add(self, key: object, job: Job) -> list[Event]:
-        if key in self.members:
-            raise ValueError(f"sequence {key!r} is already decoding")
-        run = _Run(job.target, job.drafter, job.prompt, job.config, job.stop, self.clock)
-        prior = self._draft_prior() if job.model_drafts else 0.0
-        member = _Member(run, job.slot, Acceptance(MODEL_PRIOR), prior, job.model_drafts)
-        events, reason = _collect(run.begin())
-        if reason is not None:
-            return events + list(run.finish(reason))
-        self.members[key] = member
-        return events
-
-    def cancel(self, key: object) -> list[Event]:
-        """End a sequence now (a disconnect): its Done says "stopped"."""
-        member = self.members.pop(key, None)
-        return [] if member is None else list(member.run.finish("stopped"))
-
-    def step(self, prefill: Sequence[tuple[int, Sequence[int]]] = ()) -> list[tuple[object, Event]]:
-        """One shared pass. `prefill`: (slot, prompt chunk) pairs of sequences not yet added, read in the same
-        pass (BatchTarget.forward_many), so a long prompt does not stop the others' streams."""
-        out: list[tuple[object, Event]] = []
-        ready: dict[object, int] = {}
-        for key, member in list(self.members.items()):
-            reason, k = member.run.next_round()
-            if reason is not None:
-                out += [(key, e) for e in member.run.finish(reason)]
-                del self.members[key]
-            else:
-                ready[key] = k if member.run.drafter.method != "none" else 0
-        if not ready:
-            if prefill:
-                self.batch.forward_many([], prefill)
-            return out
-        lengths = self._lengths(ready)
-        pending = {key: self.members[key].run.draft(lengths[key]) for key in ready}
-        parts = [(self.members[key].slot, pending[key].batch) for key in ready]
-        apart = self.batch.prefill_apart
-        t0 = self.clock()
-        try:
-            rows = self.batch.forward_many(parts, prefill) if prefill and not apart else self.batch.forward_many(parts)
-            seconds = self.clock() - t0
-            if prefill and apart:
-                self.batch.forward_many([], prefill)
-        except Interrupted:
-            for key in ready:
-                self.members[key].run.drop_round()
-                out += [(key, e) for e in self.members.pop(key).run.finish("stopped")]
-            return out
-        n_tokens = sum(len(p.batch) for p in pending.values())
-        size = self.batch.pass_size([len(b) for _, b in parts])
-        self.costs.observe_target(size + (0 if apart else sum(len(c) for _, c in prefill)), seconds)
-        self.last_pass = PassStats(len(ready), n_tokens, n_tokens - len(ready), seconds)
-        for (key, p), logits in zip(pending.items(), rows):
-            member = self.members[key]
-            step = member.run.settle(p, logits, t0)
-            self._learn(member, step[2])
-            events, reason = _collect(member.run.emit(step))
-            out += [(key, e) for e in events]
-            if reason is not None:
-                out += [(key, e) for e in member.run.finish(reason)]
-                del self.members[key]
-        return out
-
-    def _lengths(self, ready: dict[object, int]) -> dict[object, int]:
-        """Each sequence's draft length this pass: its budget, or the crowd policy's share of it."""
-        if not self.crowd_aware:
-            return dict(ready)
-        candidates = [self._candidate(self.members[key], k) for key, k in ready.items()]
-        plan = plan_crowd(candidates, self.costs.target_s, self.batch.pass_size, padded=self.batch.pass_padded)
-        return dict(zip(ready, plan.lengths))
-
-    def _candidate(self, member: _Member, k: int) -> Candidate:
-        """A sequence's prospects: its drafter's own forecast for the draft it has now where it makes one (auto:
-        what its lookup would copy, at its learnt acceptance), else the acceptance its drafted rounds showed."""
-        forecast = getattr(member.run.drafter, "forecast", None)  # optional (AutoDrafter)
-        alphas = forecast(member.run.context, k) if forecast is not None and k > 0 else None
-        return Candidate(tuple(alphas[:k]) if alphas else (member.accept.alpha,) * k, member.draft_token_s)
-
-    def _draft_prior(self) -> float:
-        """Seconds per model draft token before a sequence's own are measured: the remembered cost, else a
-        quarter of T(1) (a cautious guess: free drafts would make the first passes stall the whole crowd)."""
-        known = self.costs.draft_s()
-        if known:
-            return known
-        t1 = self.costs.target_s(1)
-        return 0.25 * t1 if t1 == t1 and t1 > 0 else 0.0  # NaN: nothing measured yet
-
-    def _learn(self, member: _Member, stats: RoundStats) -> None:
-        if stats.n_drafted == 0:
-            return
-        member.accept.update(stats.n_accepted, stats.n_drafted)
-        if member.model_drafts:  # a lookup's draft costs ~nothing per token: only a model's steps are timed
-            per = stats.draft_s / stats.n_drafted
-            member.draft_token_s = (
-                per if not member.draft_token_s else member.draft_token_s + 0.3 * (per - member.draft_token_s)
-            )
-
-
-def _collect(events: Iterator[Event]) -> tuple[list[Event], StopReason | None]:
-    """A generator's events and its return value."""
-    out: list[Event] = []
-    while True:
-        try:
-            out.append(next(events))
-        except StopIteration as done:
-            return out, done.value
 
 
 def _same_width(p: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -23,7 +23,7 @@ tool_requests.py  a chat request's tools, read and checked
 stops.py     stop strings over a text stream, holding back what could still become one
 reasoning.py a reasoning model's <think> block split from the answer as it streams (reasoning_content)
 scheduler.py one generation at a time on a worker thread, a bounded FIFO queue, cancellation
-crowd_scheduler.py  several at once (--parallel N)
+parallel_scheduler.py  several at once (--parallel N)
 notes.py     the rule for fields that cannot be honoured, and the `warnings` a response carries
 metrics.py   Prometheus counters (vLLM-like names)
 app.py       the Starlette/FastAPI app: mounts the adapters, errors by protocol, API key, body limit, CORS

@@ -32,7 +32,7 @@ from localspec.server.response_store import ResponseStore
 from localspec.server.scheduler import Scheduler
 
 if TYPE_CHECKING:
-    from localspec.server.crowd_scheduler import Slots
+    from localspec.server.parallel_scheduler import ParallelTarget
 
 DEFAULT_MAX_BODY = 8 * 1024 * 1024
 OPEN_PATHS = ("/", "/health")  # answered without the API key (load balancers, `curl` checks, HEAD /)
@@ -58,29 +58,32 @@ class ServerSettings:
 
 
 def create_app(
-    pipeline: Pipeline, settings: ServerSettings, slots: Slots | None = None, draft_slots: Slots | str | None = None
+    pipeline: Pipeline,
+    settings: ServerSettings,
+    parallel: ParallelTarget | None = None,
+    draft_parallel: ParallelTarget | str | None = None,
 ) -> FastAPI:
-    """`slots` (serve --parallel N > 1): the requests decode together in them (crowd_scheduler.py); `draft_slots`:
-    the draft model's, one per sequence (or why there are none)."""
+    """`parallel` (serve --parallel N > 1): the target's sequences, where the requests decode together
+    (parallel_scheduler.py); `draft_parallel`: the draft model's, one per sequence (or why there are none)."""
     metrics = Metrics()
     served = Served(
         pipeline,
         settings.defaults,
         (settings.model_name, *settings.model_aliases),
         reasoning_format=settings.reasoning_format,
-        crowd=slots is not None,
+        parallel=parallel is not None,
     )
     core = Core(served, settings.model_name, metrics)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if slots is None:
+        if parallel is None:
             core.scheduler = Scheduler(pipeline, max_queue=settings.max_queue, metrics=metrics, log=settings.log)
         else:
-            from localspec.server.crowd_scheduler import CrowdScheduler
+            from localspec.server.parallel_scheduler import ParallelScheduler
 
-            core.scheduler = CrowdScheduler(pipeline, slots, max_queue=settings.max_queue, metrics=metrics,
-                                            log=settings.log, draft_slots=draft_slots)  # fmt: skip
+            core.scheduler = ParallelScheduler(pipeline, parallel, max_queue=settings.max_queue, metrics=metrics,
+                                               log=settings.log, draft_batch=draft_parallel)  # fmt: skip
         try:
             yield
         finally:

@@ -12,7 +12,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from localspec.decoding.engine import PassStats
+from localspec.decoding.parallel_decoder import PassStats
 from localspec.decoding.stats import SpecStats
 
 PREFIX = "localspec:"
@@ -57,7 +57,7 @@ class Metrics:
                                          "share of the passes spent on drafts).", registry=r)  # fmt: skip
 
     def passed(self, p: PassStats) -> None:
-        """One shared target pass of the crowd scheduler."""
+        """One shared target pass of the parallel scheduler."""
         self.batch_size.set(p.n_sequences)
         self.pass_sequences.observe(p.n_sequences)
         self.pass_tokens.inc(p.n_tokens)

@@ -31,8 +31,8 @@ from localspec.server.schemas import (
 from localspec.server.tool_requests import message_tool_fields, read_tools, with_tools
 from localspec.server.tools import ToolPlan, ToolTemplate, tool_template
 
-HEAD_IN_CROWD = (
-    "a head reads the target's hidden states, which the slots of --parallel do not capture "
+HEAD_IN_PARALLEL = (
+    "a head reads the target's hidden states, which the sequences of --parallel do not capture "
     "(start the server with --parallel 1)"
 )
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
@@ -51,7 +51,7 @@ class Served:
     _fim: list[FimTokens | None] = field(default_factory=list, compare=False, repr=False)
     reasoning_format: str = DEFAULT_FORMAT  # serve --reasoning-format: for requests that send none
     _thinks: list[bool] = field(default_factory=list, compare=False, repr=False)
-    crowd: bool = False  # serve --parallel N > 1: requests decode in the target's slots
+    parallel: bool = False  # serve --parallel N > 1: requests decode together in the target's parallel sequences
 
     def tool_template(self) -> ToolTemplate | str:
         """How the served model takes tools, or why it cannot; found once."""
@@ -84,7 +84,7 @@ class Served:
     def method_unfit(self, method: str) -> str:
         """Why a request may not draft with `method` here ("" when it may); found once per method."""
         if method not in self._unfit:
-            self._unfit[method] = method_unfit(self.pipeline, method, crowd=self.crowd)
+            self._unfit[method] = method_unfit(self.pipeline, method, parallel=self.parallel)
         return self._unfit[method]
 
 
@@ -343,12 +343,13 @@ def check_method(method: str, served: Served) -> None:
                        "invalid_value")  # fmt: skip
 
 
-def method_unfit(pipeline: Pipeline, method: str, *, crowd: bool = False) -> str:
+def method_unfit(pipeline: Pipeline, method: str, *, parallel: bool = False) -> str:
     """Why `pipeline` cannot build a drafter of `method` (Pipeline.new_drafter), "" when it can: from the
-    family's table entry and the files' headers only, nothing loaded. `crowd`: the server decodes in slots."""
+    family's table entry and the files' headers only, nothing loaded. `parallel`: the server decodes several
+    requests together."""
     opts = pipeline.options
-    if crowd and registry.family(method).is_head:
-        return HEAD_IN_CROWD
+    if parallel and registry.family(method).is_head:
+        return HEAD_IN_PARALLEL
     if method == opts.draft_method:
         return ""  # its drafter was built with the models
     fam = registry.family(method)

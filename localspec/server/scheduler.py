@@ -10,7 +10,7 @@ While no request waits, the same thread times auto's cost curve where it has non
 (decoding.auto.idle_work), one piece (a pair of forward passes) at a time, checking the queue between
 pieces: a request that arrives meanwhile starts once the piece in flight ends.
 
-`Reply` is one job's text on its way out (reasoning split, stop strings, stalls); crowd_scheduler.py uses it
+`Reply` is one job's text on its way out (reasoning split, stop strings, stalls); parallel_scheduler.py uses it
 too, for `serve --parallel N`, where several jobs decode together.
 """
 
@@ -264,7 +264,7 @@ class Scheduler:
 
 class Reply:
     """One job's text on its way to the client: reasoning split off, stop strings held back and matched,
-    a stalled reader cancelled. The one-at-a-time and the crowd schedulers both stream through it."""
+    a stalled reader cancelled. The one-at-a-time and the parallel schedulers both stream through it."""
 
     def __init__(self, job: Job, cancel: Callable[[Job], None]) -> None:
         self.job = job

@@ -1,11 +1,11 @@
-"""Several sequences in one llama.cpp context: a sequence id per slot, one batch for all of them.
+"""Several sequences in one llama.cpp context (serve --parallel): a sequence id each, one batch for all of them.
 
-`LlamaSlots` makes a second context on a loaded target's model (the weights are shared, not loaded again)
-with `n_seq_max` = slots and a unified KV cache, so the slots share the cells and each holds up to
-`n_ctx_slot` positions. Each slot is a Backend of its own (`LlamaSlot`: its tokens, forward and rollback
-on its sequence id, `llama_memory_seq_rm` per slot), and `forward_many` puts several slots' tokens in one
-`llama_decode`, returning each part's logits rows. `share` gives one slot another's cached prefix without
-reading it (the cells are tagged with both sequence ids). Recurrent and hybrid targets are refused: their per-slot
+`LlamaParallel` makes a second context on a loaded target's model (the weights are shared, not loaded again)
+with `n_seq_max` = sequences and a unified KV cache, so the sequences share the cells and each holds up to
+`n_ctx_each` positions. Each sequence is a Backend of its own (`LlamaSequence`: its tokens, forward and rollback
+on its sequence id, `llama_memory_seq_rm` per sequence), and `forward_many` puts several sequences' tokens in one
+`llama_decode`, returning each part's logits rows. `share` gives one sequence another's cached prefix without
+reading it (the cells are tagged with both sequence ids). Recurrent and hybrid targets are refused: their per-sequence
 state snapshots are not built here (serve runs them with --parallel 1).
 """
 
@@ -20,48 +20,48 @@ import llama_cpp
 import numpy as np
 
 from localspec.backends.llama.backend import LOG, LlamaCppBackend, abort_check, last_error
-from localspec.backends.slots import Slot
+from localspec.backends.slots import ParallelSequence
 from localspec.errors import GenerationError, Interrupted, ModelFileError, UnsupportedModelError
 
 
 @dataclass(frozen=True)
 class Part:
-    """One slot's share of a batched pass."""
+    """One sequence's share of a batched pass."""
 
-    slot: int
+    seq: int
     tokens: Sequence[int]
     all_logits: bool = True  # every position's logits (a verify), else the last one's (a prompt)
 
 
-class LlamaSlots:
-    """A context holding `n_slots` sequences of a loaded llama.cpp target."""
+class LlamaParallel:
+    """A context holding `n_sequences` sequences of a loaded llama.cpp target."""
 
     prefill_apart = False  # prompt chunks ride in the pass: a batch costs its tokens, not rows x the longest
     pass_padded = False
 
-    def __init__(self, target: LlamaCppBackend, n_slots: int, n_ctx_slot: int, n_batch: int = 512) -> None:
+    def __init__(self, target: LlamaCppBackend, n_sequences: int, n_ctx_each: int, n_batch: int = 512) -> None:
         if target.info.is_recurrent:
             raise UnsupportedModelError(
-                f"{target.info.name} has recurrent layers, whose per-slot state snapshots localspec does not keep",
+                f"{target.info.name} has recurrent layers, whose per-sequence state snapshots localspec does not keep",
                 "serve it with --parallel 1",
             )
-        if n_slots < 1:
-            raise ValueError(f"n_slots must be >= 1, got {n_slots}")
+        if n_sequences < 1:
+            raise ValueError(f"n_sequences must be >= 1, got {n_sequences}")
         self.target = target
-        self._ctx: llama_cpp.llama_context_p | None = self._new_context(n_slots, n_ctx_slot, n_batch)
+        self._ctx: llama_cpp.llama_context_p | None = self._new_context(n_sequences, n_ctx_each, n_batch)
         self._n_batch = int(llama_cpp.llama_n_batch(self._ctx))
         self._batch: Any = llama_cpp.llama_batch_init(self._n_batch, 0, 1)
         self._memory = llama_cpp.llama_get_memory(self._ctx)
-        self.slots = [LlamaSlot(self, i, n_ctx_slot) for i in range(n_slots)]
+        self.sequences = [LlamaSequence(self, i, n_ctx_each) for i in range(n_sequences)]
 
-    def _new_context(self, n_slots: int, n_ctx_slot: int, n_batch: int) -> llama_cpp.llama_context_p:
+    def _new_context(self, n_sequences: int, n_ctx_each: int, n_batch: int) -> llama_cpp.llama_context_p:
         model, _ = self.target.handle
         params = llama_cpp.llama_context_default_params()
-        params.n_ctx = n_slots * n_ctx_slot
+        params.n_ctx = n_sequences * n_ctx_each
         params.n_batch = n_batch
         params.n_ubatch = n_batch
-        params.n_seq_max = n_slots
-        params.kv_unified = True  # the slots share the cells: a long conversation may use what idle ones leave
+        params.n_seq_max = n_sequences
+        params.kv_unified = True  # the sequences share the cells: a long conversation may use what idle ones leave
         params.n_threads = self.target.threads
         params.n_threads_batch = self.target.threads
         params.no_perf = True
@@ -69,7 +69,7 @@ class LlamaSlots:
             ctx: llama_cpp.llama_context_p | None = llama_cpp.llama_init_from_model(model, params)
         if not ctx:
             raise ModelFileError(
-                f"llama.cpp could not create a context of {n_slots} x {n_ctx_slot:,} tokens: "
+                f"llama.cpp could not create a context of {n_sequences} x {n_ctx_each:,} tokens: "
                 f"{last_error(log) or 'no reason given'}",
                 "lower --parallel or --n-ctx, or free memory",
             )
@@ -88,21 +88,21 @@ class LlamaSlots:
     def forward_many(
         self, parts: Sequence[tuple[int, Sequence[int]]], prefill: Sequence[tuple[int, Sequence[int]]] = ()
     ) -> list[np.ndarray]:
-        """Append each (slot, tokens) in one pass (more where they overflow the batch size); every position's
-        logits rows per part (copies), [len(tokens), V]. `prefill`: prompt chunks of other slots that ride in the
+        """Append each (sequence index, tokens) in one pass (more where they overflow the batch size); every position's
+        logits rows per part (copies), [len(tokens), V]. `prefill`: prompt chunks of other sequences that ride in the
         same pass, their logits not kept (a new sequence's prompt read between the others' steps)."""
-        chunks = [Part(slot, tokens, all_logits=False) for slot, tokens in prefill]
-        return self.forward_parts([Part(slot, tokens) for slot, tokens in parts] + chunks)[: len(parts)]
+        chunks = [Part(seq, tokens, all_logits=False) for seq, tokens in prefill]
+        return self.forward_parts([Part(seq, tokens) for seq, tokens in parts] + chunks)[: len(parts)]
 
     def forward_parts(self, parts: Sequence[Part]) -> list[np.ndarray]:
-        """Append each part's tokens to its slot in as few decodes as the batch size allows (one, when they fit);
+        """Append each part's tokens to its sequence in as few decodes as the batch size allows (one, when they fit);
         return each part's logits rows (copies), [len(tokens) or 1, V]."""
         if not parts or any(not p.tokens for p in parts):
             raise ValueError("forward_many needs parts with at least one token each")
-        if len({p.slot for p in parts}) != len(parts):
-            raise ValueError("forward_many takes one part per slot")
+        if len({p.seq for p in parts}) != len(parts):
+            raise ValueError("forward_many takes one part per sequence")
         for p in parts:
-            self.slots[p.slot].check_room(len(p.tokens))
+            self.sequences[p.seq].check_room(len(p.tokens))
         out: list[np.ndarray | None] = [None] * len(parts)
         group: list[int] = []
         size = 0
@@ -141,13 +141,12 @@ class LlamaSlots:
         n = 0
         counts = []
         for p in parts:
-            slot = self.slots[p.slot]
-            base = len(slot.cached_tokens)
+            base = len(self.sequences[p.seq].cached_tokens)
             for j, t in enumerate(p.tokens):
                 b.token[n] = t
                 b.pos[n] = base + j
                 b.n_seq_id[n] = 1
-                b.seq_id[n][0] = p.slot
+                b.seq_id[n][0] = p.seq
                 b.logits[n] = p.all_logits or j == len(p.tokens) - 1
                 n += 1
             counts.append(len(p.tokens) if p.all_logits else 1)
@@ -155,8 +154,8 @@ class LlamaSlots:
         with LOG.capture() as log:
             rc = llama_cpp.llama_decode(self._ctx, b)
         if rc != 0:
-            for p in parts:  # a failed decode may leave part of the batch: cut back to what each slot tracks
-                llama_cpp.llama_memory_seq_rm(self._memory, p.slot, len(self.slots[p.slot].cached_tokens), -1)
+            for p in parts:  # a failed decode may leave part of the batch: cut back to what each sequence tracks
+                llama_cpp.llama_memory_seq_rm(self._memory, p.seq, len(self.sequences[p.seq].cached_tokens), -1)
             if rc == 2:
                 raise Interrupted("stopped during a forward pass")
             raise GenerationError(
@@ -167,25 +166,25 @@ class LlamaSlots:
         out, start = [], 0
         for p, c in zip(parts, counts):
             out.append(logits[start : start + c].copy())
-            self.slots[p.slot].appended(p.tokens)
+            self.sequences[p.seq].appended(p.tokens)
             start += c
         return out
 
     def share(self, src: int, dst: int, n: int) -> None:
-        """Slot `dst` holds the first `n` cached tokens of slot `src` without reading them: in the unified cache
-        their cells are tagged with `dst`'s sequence id as well (no copy). What `dst` held before is dropped.
-        A common prefix (a system prompt, an agent's tool list) is read once for every slot."""
-        source = self.slots[src].cached_tokens
+        """Sequence `dst` holds the first `n` cached tokens of sequence `src` without reading them: in the unified
+        cache their cells are tagged with `dst`'s sequence id as well (no copy). What `dst` held before is dropped.
+        A common prefix (a system prompt, an agent's tool list) is read once for every sequence."""
+        source = self.sequences[src].cached_tokens
         if not 0 < n <= len(source) or src == dst:
-            raise ValueError(f"cannot share {n} tokens of slot {src} (holding {len(source)}) with slot {dst}")
+            raise ValueError(f"cannot share {n} tokens of sequence {src} (holding {len(source)}) with sequence {dst}")
         self.remove(dst, 0)
         llama_cpp.llama_memory_seq_cp(self._memory, src, dst, 0, n)
-        self.slots[dst].replaced(source[:n])
+        self.sequences[dst].replaced(source[:n])
 
-    def remove(self, slot: int, n_keep: int) -> None:
-        if not llama_cpp.llama_memory_seq_rm(self._memory, slot, n_keep, -1):
+    def remove(self, seq: int, n_keep: int) -> None:
+        if not llama_cpp.llama_memory_seq_rm(self._memory, seq, n_keep, -1):
             raise UnsupportedModelError(
-                f"llama.cpp could not cut slot {slot} back to {n_keep} tokens", "use --parallel 1"
+                f"llama.cpp could not cut sequence {seq} back to {n_keep} tokens", "use --parallel 1"
             )
 
     def close(self) -> None:
@@ -200,10 +199,11 @@ class LlamaSlots:
         self.close()
 
 
-class LlamaSlot(Slot):
-    """One sequence of a LlamaSlots context, as a Backend (slots.Slot: text, templates and facts from the target)."""
+class LlamaSequence(ParallelSequence):
+    """One sequence of a LlamaParallel context, as a Backend (slots.ParallelSequence: text, templates and facts from
+    the target)."""
 
-    def __init__(self, owner: LlamaSlots, index: int, n_ctx: int) -> None:
+    def __init__(self, owner: LlamaParallel, index: int, n_ctx: int) -> None:
         super().__init__(owner.target, index, n_ctx)
         self._owner = owner
 
@@ -219,11 +219,11 @@ class LlamaSlot(Slot):
         del self._tokens[n_keep:]
 
 
-# -- the backend table's entry points for serve --parallel (registry.BackendSpec.slots_module) ---------------
+# -- the backend table's entry points for serve --parallel (registry.BackendSpec.parallel_module) ---------------
 
 
-def open_slots(model: LlamaCppBackend, n_slots: int, n_ctx: int) -> LlamaSlots:
-    return LlamaSlots(model, n_slots, n_ctx)
+def open_parallel(model: LlamaCppBackend, n_sequences: int, n_ctx: int) -> LlamaParallel:
+    return LlamaParallel(model, n_sequences, n_ctx)
 
 
 def unbatchable(model: LlamaCppBackend) -> str:

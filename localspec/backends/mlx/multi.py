@@ -2,14 +2,14 @@
 
 mlx-lm's own batching (BatchKVCache) keeps every row on one shared time axis with left padding, so a row
 cannot be cut back alone; speculation cuts each sequence back by its own rejected drafts every pass. Here
-each attention layer gets a `_SlotCache` over one buffer [slots, kv heads, capacity, head dim]: row r holds
-slot r's keys at positions 0..length_r - 1, and a rollback only lowers length_r (the cells above are
+each attention layer gets a `_BatchCache` over one buffer [sequences, kv heads, capacity, head dim]: row r holds
+sequence r's keys at positions 0..length_r - 1, and a rollback only lowers length_r (the cells above are
 masked and later overwritten). The model's own layers run unchanged: they read `offset` (an array, one
 RoPE offset per row, as for BatchKVCache), call `update_and_fetch` (each row's new keys are written at its
 own length) and build their mask through `make_mask`: query j of row b sees the keys at 0..length_b + j.
 
 A pass is right-padded: B rows of the longest part's length. The padding costs compute, so
-`pass_size` reports B x longest (the crowd policy plans on it: equal draft lengths are cheap, one long
+`pass_size` reports B x longest (the parallel policy plans on it: equal draft lengths are cheap, one long
 draft among short ones is not). Prompt chunks of newly admitted sequences are read in their own forward
 after the pass (`prefill_apart`): padding every row to a 256-token chunk would cost far more than a pass.
 
@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from localspec.backends.mlx.backend import MLXBackend, make_cache
-from localspec.backends.slots import Slot
+from localspec.backends.slots import ParallelSequence
 from localspec.errors import GenerationError, Interrupted, UnsupportedModelError
 
 STEP = 256  # buffer growth, in positions (as mlx-lm's caches grow)
@@ -39,7 +39,7 @@ CHUNK = 256  # a prompt is read this many tokens per forward
 class _Pass:
     """What every layer's cache needs during one batched forward."""
 
-    rows: tuple[int, ...]  # slot of each batch row
+    rows: tuple[int, ...]  # sequence of each batch row
     starts: tuple[int, ...]  # each row's length before the pass (its RoPE offset and write position)
     width: int  # key positions each row attends over: max(starts) + padded length
     offsets: Any  # mx.array [B]
@@ -56,10 +56,10 @@ class _Pass:
         return self.masks[window]
 
 
-class _SlotCache:
-    """One attention layer's keys and values for every slot (see the module docstring)."""
+class _BatchCache:
+    """One attention layer's keys and values for every sequence (see the module docstring)."""
 
-    def __init__(self, owner: MLXSlots) -> None:
+    def __init__(self, owner: MLXParallel) -> None:
         self._owner = owner
         self.keys: Any = None
         self.values: Any = None
@@ -92,9 +92,9 @@ class _SlotCache:
         if need <= have:
             return
         more = -(-(need - have) // STEP) * STEP
-        n_slots = len(self._owner.slots)
-        k = mx.zeros((n_slots, keys.shape[1], more, keys.shape[3]), keys.dtype)
-        v = mx.zeros((n_slots, values.shape[1], more, values.shape[3]), values.dtype)
+        n_sequences = len(self._owner.sequences)
+        k = mx.zeros((n_sequences, keys.shape[1], more, keys.shape[3]), keys.dtype)
+        v = mx.zeros((n_sequences, values.shape[1], more, values.shape[3]), values.dtype)
         self.keys = k if self.keys is None else mx.concatenate([self.keys, k], axis=2)
         self.values = v if self.values is None else mx.concatenate([self.values, v], axis=2)
 
@@ -104,22 +104,22 @@ class _SlotCache:
             self.values[dst, :, :n, :] = self.values[src, :, :n, :]
 
 
-class MLXSlots:
-    """`n_slots` sequences of a loaded MLX target, decoded together (the weights are the target's own)."""
+class MLXParallel:
+    """`n_sequences` sequences of a loaded MLX target, decoded together (the weights are the target's own)."""
 
     pass_padded = True  # a pass costs rows x its longest part
     prefill_apart = True  # prompt chunks are read in their own forward
 
-    def __init__(self, target: MLXBackend, n_slots: int, n_ctx_slot: int) -> None:
-        if n_slots < 1:
-            raise ValueError(f"n_slots must be >= 1, got {n_slots}")
+    def __init__(self, target: MLXBackend, n_sequences: int, n_ctx_each: int) -> None:
+        if n_sequences < 1:
+            raise ValueError(f"n_sequences must be >= 1, got {n_sequences}")
         check_batchable(target)
         import mlx.core as mx
 
         self.mx = mx
         self.target = target
-        self.slots = [MLXSlot(self, i, n_ctx_slot) for i in range(n_slots)]
-        self.layers = [_SlotCache(self) for _ in make_cache(target.model, target.config)]
+        self.sequences = [MLXSequence(self, i, n_ctx_each) for i in range(n_sequences)]
+        self.layers = [_BatchCache(self) for _ in make_cache(target.model, target.config)]
         self.current: _Pass | None = None  # type: ignore[assignment]
         self.n_batch = CHUNK * 2
 
@@ -132,14 +132,14 @@ class MLXSlots:
     def forward_many(
         self, parts: Sequence[tuple[int, Sequence[int]]], prefill: Sequence[tuple[int, Sequence[int]]] = ()
     ) -> list[np.ndarray]:
-        """Append each (slot, tokens) in one batched forward; every position's logits rows per part (copies),
-        [len(tokens), V]. `prefill`: prompt chunks of other slots, read after it, one forward each (their
+        """Append each (sequence index, tokens) in one batched forward; every position's logits rows per part (copies),
+        [len(tokens), V]. `prefill`: prompt chunks of other sequences, read after it, one forward each (their
         logits not kept)."""
-        if len({slot for slot, _ in parts}) != len(parts):
-            raise ValueError("forward_many takes one part per slot")
-        out = self._forward([(slot, list(tokens)) for slot, tokens in parts], all_logits=True) if parts else []
-        for slot, tokens in prefill:
-            self.slots[slot].forward(tokens, all_logits=False)
+        if len({seq for seq, _ in parts}) != len(parts):
+            raise ValueError("forward_many takes one part per sequence")
+        out = self._forward([(seq, list(tokens)) for seq, tokens in parts], all_logits=True) if parts else []
+        for seq, tokens in prefill:
+            self.sequences[seq].forward(tokens, all_logits=False)
         return out
 
     def _forward(self, parts: list[tuple[int, list[int]]], *, all_logits: bool) -> list[np.ndarray]:
@@ -148,13 +148,13 @@ class MLXSlots:
             raise ValueError("forward_many needs parts with at least one token each")
         if self.target._aborted:
             raise Interrupted("stopped before the forward pass")
-        for slot, tokens in parts:
-            self.slots[slot].check_room(len(tokens))
-        order = [slot for slot, _ in parts]
+        for seq, tokens in parts:
+            self.sequences[seq].check_room(len(tokens))
+        order = [seq for seq, _ in parts]
         parts = sorted(parts)
         longest = max(len(tokens) for _, tokens in parts)
         inputs = mx.array([tokens + [0] * (longest - len(tokens)) for _, tokens in parts], dtype=mx.uint32)
-        self.current = self._plan([slot for slot, _ in parts], longest)
+        self.current = self._plan([seq for seq, _ in parts], longest)
         try:
             logits = self.target.model(inputs, cache=self.layers)  # [B, L, V]
             spans = [(0, len(t)) if all_logits else (len(t) - 1, len(t)) for _, t in parts]
@@ -166,15 +166,15 @@ class MLXSlots:
             ) from e
         finally:
             self.current = None  # type: ignore[assignment]
-        by_slot: dict[int, np.ndarray] = {}
-        for (slot, tokens), r in zip(parts, rows):
-            self.slots[slot].appended(tokens)
-            by_slot[slot] = np.asarray(r)
-        return [by_slot[slot] for slot in order]
+        by_seq: dict[int, np.ndarray] = {}
+        for (seq, tokens), r in zip(parts, rows):
+            self.sequences[seq].appended(tokens)
+            by_seq[seq] = np.asarray(r)
+        return [by_seq[seq] for seq in order]
 
     def _plan(self, rows: list[int], longest: int) -> _Pass:
         mx = self.mx
-        starts = [len(self.slots[r].cached_tokens) for r in rows]
+        starts = [len(self.sequences[r].cached_tokens) for r in rows]
         width = max(starts) + longest
         key_pos = mx.arange(width)[None, None, None, :]
         query_pos = mx.array(starts)[:, None, None, None] + mx.arange(longest)[None, None, :, None]
@@ -183,21 +183,22 @@ class MLXSlots:
         return _Pass(tuple(rows), tuple(starts), width, mx.array(starts), query_pos, key_pos, index)
 
     def share(self, src: int, dst: int, n: int) -> None:
-        """Slot `dst` holds the first `n` cached tokens of slot `src` (copied in every layer; not read again)."""
-        source = self.slots[src].cached_tokens
+        """Sequence `dst` holds the first `n` cached tokens of sequence `src` (copied in every layer; not read
+        again)."""
+        source = self.sequences[src].cached_tokens
         if not 0 < n <= len(source) or src == dst:
-            raise ValueError(f"cannot share {n} tokens of slot {src} (holding {len(source)}) with slot {dst}")
+            raise ValueError(f"cannot share {n} tokens of sequence {src} (holding {len(source)}) with sequence {dst}")
         for layer in self.layers:
             layer.copy_prefix(src, dst, n)
         self.mx.eval(*[(c.keys, c.values) for c in self.layers if c.keys is not None])
-        self.slots[dst].replaced(source[:n])
+        self.sequences[dst].replaced(source[:n])
 
     def close(self) -> None:
         self.layers = []
 
 
 def unbatchable(target: MLXBackend) -> str:
-    """Why the target's layers cannot share an MLXSlots batch (a cache other than a plain KVCache), else ""."""
+    """Why the target's layers cannot share an MLXParallel batch (a cache other than a plain KVCache), else ""."""
     from mlx_lm.models.cache import KVCache
 
     kinds = Counter(type(c).__name__ for c in make_cache(target.model, target.config))
@@ -209,8 +210,8 @@ def unbatchable(target: MLXBackend) -> str:
     return f"{target.info.name} has {reasons}, which localspec's batched MLX cache does not hold per sequence"
 
 
-def open_slots(model: MLXBackend, n_slots: int, n_ctx: int) -> MLXSlots:
-    return MLXSlots(model, n_slots, n_ctx)
+def open_parallel(model: MLXBackend, n_sequences: int, n_ctx: int) -> MLXParallel:
+    return MLXParallel(model, n_sequences, n_ctx)
 
 
 def batches_pay(model: MLXBackend, n_gpu_layers: int) -> bool:
@@ -225,15 +226,16 @@ def check_batchable(target: MLXBackend) -> None:
         raise UnsupportedModelError(why, "serve it with --parallel 1")
 
 
-class MLXSlot(Slot):
-    """One sequence of an MLXSlots batch, as a Backend (slots.Slot: text, templates and facts from the target)."""
+class MLXSequence(ParallelSequence):
+    """One sequence of an MLXParallel batch, as a Backend (slots.ParallelSequence: text, templates and facts from
+    the target)."""
 
-    def __init__(self, owner: MLXSlots, index: int, n_ctx: int) -> None:
+    def __init__(self, owner: MLXParallel, index: int, n_ctx: int) -> None:
         super().__init__(owner.target, index, n_ctx)
         self._owner = owner
 
     def forward(self, tokens: Sequence[int], *, all_logits: bool = True) -> np.ndarray:
-        """Append tokens to this slot alone (a prompt: CHUNK tokens per forward)."""
+        """Append tokens to this sequence alone (a prompt: CHUNK tokens per forward)."""
         if not tokens:
             raise ValueError("forward needs at least one token")
         self.check_room(len(tokens))

@@ -1,40 +1,43 @@
 """Several generations at once (`serve --parallel N`, N > 1): up to N requests decode together in one
-engine.CrowdDecoder over the target's slots, one slot per request: a LlamaSlots context on llama.cpp
-(localspec/backends/llama_multi.py), an MLXSlots batch on MLX (localspec/backends/mlx_multi.py).
+parallel_decoder.ParallelDecoder over the target's parallel sequences, one sequence per request: a
+LlamaParallel context on llama.cpp (localspec/backends/llama/multi.py), an MLXParallel batch on MLX
+(localspec/backends/mlx/multi.py).
 
-Each engine step is one shared target pass: every running sequence's next token and draft (lengths from the
-crowd-aware policy, decoding/crowd.py, on the measured T(n) of the whole batch), and chunks of the prompts of
+Each decoder step is one shared target pass: every running sequence's next token and draft (lengths from the
+parallel policy, decoding/parallel.py, on the measured T(n) of the whole batch), and chunks of the prompts of
 requests just admitted (at most n_batch/2 prompt tokens a step), so a long prompt does not freeze the others'
 streams. Each sequence's text goes to its client through the same Reply as the one-at-a-time scheduler (stop
 strings, reasoning split, stalled readers). A cancel or a stop string sets the job's stop event: the sequence
-ends before the next pass and its slot is free.
+ends before the next pass and is free.
 
-Slots and prefix reuse: a slot keeps its last conversation's tokens after the request ends. A new request takes
-the free slot whose cached tokens share the longest prefix with its prompt (a conversation's next turn finds
-its own slot while nobody else took it). When another slot, busy or free, holds a longer prefix of the prompt
-(the same system prompt and tools, a sibling agent's conversation), that prefix is shared into the new slot
-(llama.cpp: the unified KV cache's cells tagged with both sequence ids, nothing copied or read; MLX: the
-rows copied in every layer, nothing read). Either way the request reads only the rest of its prompt.
+Sequences and prefix reuse: a sequence keeps its last conversation's tokens after the request ends. A new
+request takes the free sequence whose cached tokens share the longest prefix with its prompt (a conversation's
+next turn finds its own sequence while nobody else took it). When another sequence, busy or free, holds a
+longer prefix of the prompt (the same system prompt and tools, a sibling agent's conversation), that prefix is
+shared into the new one (llama.cpp: the unified KV cache's cells tagged with both sequence ids, nothing copied
+or read; MLX: the rows copied in every layer, nothing read). Either way the request reads only the rest of its
+prompt.
 
 Drafters: lookup drafters (none, ngram, suffix) keep only their sequence's text, so every sequence gets its
-own. The draft model has slots too (serve.open_draft_slots: a second LlamaSlots context or MLXSlots batch on
-the draft's weights), so `model` and `auto` get a drafter of their own over their slot's draft cache, which
-also keeps the conversation for its next turn; their draft steps run one sequence after another, and the
-crowd policy weighs their measured cost per token. Where the draft model cannot have slots (recurrent
-layers), it serves one sequence at a time: the first request that asks for it gets it, and requests that ask
-for it while it is taken draft by lookup instead (auto without its model for `auto`, which keeps choosing
-lookups or none by their measured worth; n-gram lookup for the others: their stats say `ngram`). Heads read the target's hidden states, which
-the slots do not capture: a head method is refused under --parallel (serve.resolve_parallel, a 400 per
-request), and `auto` whose draft is a head drafts without it.
+own. The draft model has parallel sequences too (serve.open_draft_parallel: a second LlamaParallel context or
+MLXParallel batch on the draft's weights), so `model` and `auto` get a drafter of their own over their
+sequence's draft cache, which also keeps the conversation for its next turn; their draft steps run one sequence
+after another, and the parallel policy weighs their measured cost per token. Where the draft model cannot
+decode in parallel (recurrent layers), it serves one sequence at a time: the first request that asks for it gets
+it, and requests that ask for it while it is taken draft by lookup instead (auto without its model for `auto`,
+which keeps choosing lookups or none by their measured worth; n-gram lookup for the others: their stats say
+`ngram`). Heads read the target's hidden states, which the parallel sequences do not capture: a head method is
+refused under --parallel (serve.resolve_parallel, a 400 per request), and `auto` whose draft is a head drafts
+without it.
 
 A sequence whose drafter read the suffix memory (suffix, auto) writes its prompt and answer there when it
 ends, as a single generation does; each keeps its own claim (SuffixMemory.take_claim).
 
 While no request runs, auto's idle-time calibration (scheduler.py) times the target's cost curve on its own
-context, one piece at a time; the sizes it timed become the crowd's T(n) where its passes have not measured
+context, one piece at a time; the sizes it timed become the decoder's T(n) where its passes have not measured
 them, so a new server plans drafts for sizes it has not run yet from measurements, not a guess.
 
-Requests waiting for a slot are the queue: its bound and the 503 are as in scheduler.py.
+Requests waiting for a free sequence are the queue: its bound and the 503 are as in scheduler.py.
 """
 
 from __future__ import annotations
@@ -47,8 +50,9 @@ from typing import Protocol
 from localspec.backends.base import Backend, common_prefix
 from localspec.backends.registry import releasing
 from localspec.decoding.drafters import Drafter
-from localspec.decoding.engine import BatchTarget, CrowdDecoder, Done, Event, Step
-from localspec.decoding.engine import Job as SequenceJob
+from localspec.decoding.engine import Done, Event, Step
+from localspec.decoding.parallel_decoder import BatchTarget, ParallelDecoder
+from localspec.decoding.parallel_decoder import Job as SequenceJob
 from localspec.decoding.policy import CostModel
 from localspec.errors import ContextOverflowError, UsageError, error_text
 from localspec.pipeline import Pipeline
@@ -59,10 +63,10 @@ PER_SEQUENCE = ("none", "ngram", "suffix")  # drafters cheap enough to make one 
 BUSY_FALLBACK = "ngram"  # what a sequence drafts with while another holds the model drafter it asked for
 
 
-class Slots(BatchTarget, Protocol):
-    """The target's sequences (LlamaSlots, MLXSlots): each slot a Backend of its own, sharing one batch."""
+class ParallelTarget(BatchTarget, Protocol):
+    """The target's parallel sequences (LlamaParallel, MLXParallel): each a Backend of its own, sharing one batch."""
 
-    slots: list[Backend]  # type: ignore[misc]
+    sequences: list[Backend]  # type: ignore[misc]
     n_batch: int
 
     def share(self, src: int, dst: int, n: int) -> None: ...
@@ -72,45 +76,45 @@ class Slots(BatchTarget, Protocol):
 
 @dataclass(eq=False)
 class _Seat:
-    """An admitted request: its slot, its prompt and how much of it the slot holds, its drafter."""
+    """An admitted request: its sequence, its prompt and how much of it the sequence holds, its drafter."""
 
     job: Job
-    slot: int
+    seq: int
     prompt: list[int]
-    fed: int  # prompt tokens in the slot's cache
-    cached: int  # of those, reused from the slot's earlier conversation
+    fed: int  # prompt tokens in the sequence's cache
+    cached: int  # of those, reused from the sequence's earlier conversation
     reply: Reply
     drafter: Drafter
     lent: str | None  # the shared drafter's method it holds (None: its own drafter)
     t0: float
-    started: bool = False  # added to the crowd (its first token is out)
+    started: bool = False  # added to the decoder (its first token is out)
     prompt_s: float = 0.0
     remember: Callable[[str], None] | None = None  # its drafter read the suffix memory: its text goes there
     model_drafts: bool = False  # its drafter may draft with a model (its steps cost every sequence of a pass)
 
 
-class CrowdScheduler(Scheduler):
+class ParallelScheduler(Scheduler):
     def __init__(
-        self, pipeline: Pipeline, slots: Slots, *, max_queue: int, metrics: Metrics,
-        log: Callable[[str], None] = print, draft_slots: Slots | str | None = None,
+        self, pipeline: Pipeline, batch: ParallelTarget, *, max_queue: int, metrics: Metrics,
+        log: Callable[[str], None] = print, draft_batch: ParallelTarget | str | None = None,
     ) -> None:  # fmt: skip
-        self.slots = slots
-        self.n_slots = len(slots.slots)
-        self.draft_slots = draft_slots if not isinstance(draft_slots, str) else None
-        if isinstance(draft_slots, str):
-            log(f"note: the draft model drafts for one request at a time ({draft_slots}); the others look up")
+        self.batch = batch
+        self.n_sequences = len(batch.sequences)
+        self.draft_batch = draft_batch if not isinstance(draft_batch, str) else None
+        if isinstance(draft_batch, str):
+            log(f"note: the draft model drafts for one request at a time ({draft_batch}); the others look up")
         if pipeline.draft_slot.available and not pipeline.draft_note:
             pipeline.draft_slot.get()  # now, not inside a pass that every running sequence would wait for
-        self.crowd = CrowdDecoder(slots, costs=_prior_costs(pipeline))
+        self.decoder = ParallelDecoder(batch, costs=_prior_costs(pipeline))
         self._head_unused = bool(pipeline.options.auto_head) and not pipeline.draft_note
         if self._head_unused:
             log(
                 f"note: auto drafts without its {pipeline.options.auto_head} head here: a head reads the target's "
-                "hidden states, which the slots of --parallel do not capture (serve with --parallel 1 to use it)"
+                "hidden states, which the sequences of --parallel do not capture (serve with --parallel 1 to use it)"
             )
         self._seats: dict[Job, _Seat] = {}
         self._lent: set[str] = set()
-        self._prefill_budget = max(1, slots.n_batch // 2)
+        self._prefill_budget = max(1, batch.n_batch // 2)
         super().__init__(pipeline, max_queue=max_queue, metrics=metrics, log=log)
 
     @property
@@ -119,14 +123,14 @@ class CrowdScheduler(Scheduler):
             return len(self._waiting) + len(self._seats)
 
     def _full(self) -> bool:
-        return len(self._waiting) >= self.max_queue + self.n_slots - len(self._seats)
+        return len(self._waiting) >= self.max_queue + self.n_sequences - len(self._seats)
 
     def close(self, timeout: float = 10.0) -> None:
         super().close(timeout)
         if not self._thread.is_alive():
-            self.slots.close()
-            if self.draft_slots is not None:
-                self.draft_slots.close()
+            self.batch.close()
+            if self.draft_batch is not None:
+                self.draft_batch.close()
 
     # -- the engine thread --------------------------------------------------------------------------
 
@@ -156,19 +160,19 @@ class CrowdScheduler(Scheduler):
 
     def _adopt_curve(self) -> None:
         """After idle-time calibration (auto's, on the target's own context while no request runs): the sizes
-        it timed that the crowd's passes have not, as the crowd's T(n) prior (in the crowd's scale)."""
+        it timed that the decoder's passes have not, as the decoder's T(n) prior (in the decoder's scale)."""
         try:
             timed = self.pipeline.cost_store.load()
         except (OSError, ValueError):
             return
-        costs = self.crowd.costs
+        costs = self.decoder.costs
         for n in sorted(timed.target) if timed is not None else ():
             if n not in costs.target:
                 costs.target[n] = timed.target_s(n) / costs.scale
 
     def _admit(self) -> None:
-        """Waiting jobs into free slots, oldest first (the caller holds the lock)."""
-        while self._waiting and len(self._seats) < self.n_slots and not self._closed:
+        """Waiting jobs into free sequences, oldest first (the caller holds the lock)."""
+        while self._waiting and len(self._seats) < self.n_sequences and not self._closed:
             job = self._waiting.popleft()
             try:
                 seat = self._seat(job)
@@ -181,49 +185,49 @@ class CrowdScheduler(Scheduler):
 
     def _seat(self, job: Job) -> _Seat:
         prompt = self.pipeline.prompt_tokens(job.request.prompt)
-        n_ctx = self.slots.slots[0].n_ctx
+        n_ctx = self.batch.sequences[0].n_ctx
         if not prompt:
             raise UsageError("the prompt is empty", "give the model some text to continue")
         if len(prompt) >= n_ctx:  # refused here, before its chunks share a pass with the others
-            raise ContextOverflowError(f"the prompt is {len(prompt):,} tokens but a slot's context holds {n_ctx:,}",
+            raise ContextOverflowError(f"the prompt is {len(prompt):,} tokens but a sequence's context holds {n_ctx:,}",
                                        "raise --n-ctx (memory permitting) or shorten the prompt")  # fmt: skip
-        slot = self._best_slot(prompt)
-        keep = self._reuse(slot, prompt)
-        drafter, lent, models = self._seat_drafter(job.request.method, slot)
-        return _Seat(job, slot, prompt, keep, keep, Reply(job, self.cancel), drafter, lent, time.perf_counter(),
+        seq = self._best_sequence(prompt)
+        keep = self._reuse(seq, prompt)
+        drafter, lent, models = self._seat_drafter(job.request.method, seq)
+        return _Seat(job, seq, prompt, keep, keep, Reply(job, self.cancel), drafter, lent, time.perf_counter(),
                      model_drafts=models)  # fmt: skip
 
-    def _best_slot(self, prompt: list[int]) -> int:
-        """The free slot whose cache shares the longest prefix with the prompt (the emptiest on a tie)."""
-        taken = {seat.slot for seat in self._seats.values()}
-        free = [i for i in range(self.n_slots) if i not in taken]
-        cached = {i: self.slots.slots[i].cached_tokens for i in free}
+    def _best_sequence(self, prompt: list[int]) -> int:
+        """The free sequence whose cache shares the longest prefix with the prompt (the emptiest on a tie)."""
+        taken = {seat.seq for seat in self._seats.values()}
+        free = [i for i in range(self.n_sequences) if i not in taken]
+        cached = {i: self.batch.sequences[i].cached_tokens for i in free}
         return max(free, key=lambda i: (common_prefix(cached[i], prompt, limit=len(prompt)), -len(cached[i])))
 
-    def _reuse(self, slot: int, prompt: list[int]) -> int:
-        """Keep the longest cached prefix of the prompt in `slot`: its own, or a longer one another slot (busy or
-        not) holds, shared into it (LlamaSlots.share). How many prompt tokens it then holds."""
+    def _reuse(self, seq: int, prompt: list[int]) -> int:
+        """Keep the longest cached prefix of the prompt in `seq`: its own, or a longer one another sequence (busy or
+        not) holds, shared into it (LlamaParallel.share). How many prompt tokens it then holds."""
         limit = len(prompt) - 1  # the last prompt token is read for its logits
-        own = common_prefix(self.slots.slots[slot].cached_tokens, prompt, limit=limit)
-        held = {i: s.cached_tokens for i, s in enumerate(self.slots.slots) if i != slot}
+        own = common_prefix(self.batch.sequences[seq].cached_tokens, prompt, limit=limit)
+        held = {i: s.cached_tokens for i, s in enumerate(self.batch.sequences) if i != seq}
         others = {i: common_prefix(tokens, prompt, limit=limit) for i, tokens in held.items()}
         donor = max(others, key=lambda i: others[i], default=None)
         if donor is not None and others[donor] > own:
-            self.slots.share(donor, slot, others[donor])
+            self.batch.share(donor, seq, others[donor])
             return others[donor]
-        self.slots.slots[slot].rollback(own)
+        self.batch.sequences[seq].rollback(own)
         return own
 
-    def _seat_drafter(self, method: str, slot: int) -> tuple[Drafter, str | None, bool]:
+    def _seat_drafter(self, method: str, seq: int) -> tuple[Drafter, str | None, bool]:
         """(the drafter, the shared drafter's method it was lent or None, whether it may draft with a model)."""
         if method in PER_SEQUENCE:
             return self.pipeline.new_drafter(method), None, False
-        if method == "auto" and self._head_unused:  # a head reads hidden states the slots do not capture
+        if method == "auto" and self._head_unused:  # a head reads hidden states the sequences do not capture
             return self.pipeline.new_drafter("auto", lookup_only=True), None, False
-        if self.draft_slots is not None and method in ("model", "auto"):
-            # auto starts from its lookups (nearly free) and loads its draft slot when it wants model drafts: its
+        if self.draft_batch is not None and method in ("model", "auto"):
+            # auto starts from its lookups (nearly free) and loads its draft sequence when it wants model drafts: its
             # cost per token is learnt, not assumed; `model` drafts with the model from its first round
-            return self.pipeline.new_drafter(method, draft=self.draft_slots.slots[slot]), None, method == "model"
+            return self.pipeline.new_drafter(method, draft=self.draft_batch.sequences[seq]), None, method == "model"
         if method in self._lent:  # auto adapts its lookups alone; anything else looks up n-grams
             busy = self.pipeline.new_drafter("auto", lookup_only=True) if method == "auto" else None
             return busy or self.pipeline.new_drafter(BUSY_FALLBACK), None, False
@@ -236,8 +240,8 @@ class CrowdScheduler(Scheduler):
         next chunks of the others' prompts (several arriving together are read together)."""
         chunks: list[tuple[int, list[int]]] = []
         unstarted = [s for s in self._seats.values() if not s.started]
-        alone = not self.crowd.members and len(unstarted) == 1  # nobody to share a pass with: read it whole
-        budget = self._prefill_budget if self.crowd.members else self.slots.n_batch  # nobody's stream to stall
+        alone = not self.decoder.members and len(unstarted) == 1  # nobody to share a pass with: read it whole
+        budget = self._prefill_budget if self.decoder.members else self.batch.n_batch  # nobody's stream to stall
         for seat in unstarted:
             if seat.job.stop.is_set():
                 self._release(seat)
@@ -247,31 +251,32 @@ class CrowdScheduler(Scheduler):
                 self._start(seat)
             elif budget > 0:
                 n = min(rest, budget)
-                chunks.append((seat.slot, seat.prompt[seat.fed : seat.fed + n]))
+                chunks.append((seat.seq, seat.prompt[seat.fed : seat.fed + n]))
                 budget -= n
-        if not self.crowd.members and not chunks:
+        if not self.decoder.members and not chunks:
             return
-        before = self.crowd.last_pass
-        events = self.crowd.step(chunks)
-        by_slot = {s.slot: s for s in self._seats.values()}
-        for slot, chunk in chunks:
-            by_slot[slot].fed += len(chunk)
-        if self.crowd.last_pass is not None and self.crowd.last_pass is not before:
-            self.metrics.passed(self.crowd.last_pass)
+        before = self.decoder.last_pass
+        events = self.decoder.step(chunks)
+        by_seq = {s.seq: s for s in self._seats.values()}
+        for seq, chunk in chunks:
+            by_seq[seq].fed += len(chunk)
+        if self.decoder.last_pass is not None and self.decoder.last_pass is not before:
+            self.metrics.passed(self.decoder.last_pass)
         for key, event in events:
             self._handle(self._seats[key], event)  # type: ignore[index]
 
     def _start(self, seat: _Seat) -> None:
         req = seat.job.request
-        job = SequenceJob(seat.slot, self.slots.slots[seat.slot], seat.drafter, seat.prompt, req.config, seat.job.stop,
+        target = self.batch.sequences[seat.seq]
+        job = SequenceJob(seat.seq, target, seat.drafter, seat.prompt, req.config, seat.job.stop,
                           model_drafts=seat.model_drafts)  # fmt: skip
         seat.started = True
         memory = self.pipeline.memory
         if memory is not None:
             memory.release()
         try:
-            events = self.crowd.add(seat.job, job)  # the drafter's prepare may claim the memory
-        except Exception as e:  # noqa: BLE001 - this request's failure (a prompt too long for its slot)
+            events = self.decoder.add(seat.job, job)  # the drafter's prepare may claim the memory
+        except Exception as e:  # noqa: BLE001 - this request's failure (a prompt too long for its sequence)
             self._failed(seat.job, e)
             self._release(seat)
             return
@@ -301,12 +306,12 @@ class CrowdScheduler(Scheduler):
                 seen(name)
 
     def _release(self, seat: _Seat) -> None:
-        """The seat's slot and drafter are free again (a cancelled job is owed no answer)."""
-        self.crowd.cancel(seat.job)
+        """The seat's sequence and drafter are free again (a cancelled job is owed no answer)."""
+        self.decoder.cancel(seat.job)
         with self._cv:
             self._seats.pop(seat.job, None)
             self.metrics.running.set(len(self._seats))
-            self._recent_s.append((time.perf_counter() - seat.t0) / self.n_slots)
+            self._recent_s.append((time.perf_counter() - seat.t0) / self.n_sequences)
             if seat.job.cancelled and not seat.job.finished:
                 seat.job.finished = True  # its client is gone: nothing to tell
         if seat.lent is not None:
@@ -320,7 +325,7 @@ class CrowdScheduler(Scheduler):
             self._release(seat)
             if not seat.job.finished:
                 self._failed(seat.job, e)
-        self.crowd = CrowdDecoder(self.slots, costs=self.crowd.costs)
+        self.decoder = ParallelDecoder(self.batch, costs=self.decoder.costs)
 
 
 def _prior_costs(pipeline: Pipeline) -> CostModel:

@@ -1,4 +1,4 @@
-"""Crowd-aware drafting: how many draft tokens each of several sequences gets in one shared target pass.
+"""Drafting in parallel: how many draft tokens each of several sequences gets in one shared target pass.
 
 Pure: no backends, no clocks. Several sequences share each forward pass, so a draft token costs what it
 adds to the whole batch, T(n + 1) - T(n), not what it would cost alone. The plan maximises the expected
@@ -10,7 +10,8 @@ accepted tokens per second of the whole pass:
 Each E_i is concave (s_i(m) never grows with m), so for a given total the best split takes draft tokens in
 order of their survival per cost; the plan walks that order one token at a time and keeps the best prefix.
 Each sequence's acceptances come from its drafter's forecast where it makes one (auto: what its lookup would
-copy, at its learnt acceptance by match length), else from what its drafted rounds showed (engine.CrowdDecoder).
+copy, at its learnt acceptance by match length), else from what its drafted rounds showed
+(parallel_decoder.ParallelDecoder).
 The empty prefix is plain batched decoding, so the plan is never expected to be slower than it; as auto, drafts
 must beat it by policy.MARGIN (a smaller expected gain is within timing noise, and a loss on a steep T(n)).
 A right-padded batch (MLX) computes rows x its longest part instead of the sum: T(N (1 + max_i j_i)) then
@@ -38,7 +39,7 @@ class Candidate:
 
 
 @dataclass(frozen=True)
-class CrowdPlan:
+class ParallelPlan:
     lengths: tuple[int, ...]  # draft tokens per sequence
     expected: float  # tokens the pass is expected to emit, all sequences together
     seconds: float  # what the pass is expected to cost (drafts and the target's batch)
@@ -58,25 +59,25 @@ def summed(lengths: Sequence[int]) -> int:
     return sum(lengths)
 
 
-def plan_crowd(
+def plan_parallel(
     candidates: Sequence[Candidate],
     target_s: Callable[[int], float],
     pass_size: Callable[[Sequence[int]], int] = summed,
     *,
     padded: bool = False,
-) -> CrowdPlan:
+) -> ParallelPlan:
     """The draft lengths that maximise the pass's expected tokens per second; `target_s(n)`: T(n).
     `pass_size`: positions a pass over parts of these lengths (1 + draft) computes; `padded`: it is a
     right-padded batch (MLX), rows x the longest, so one long draft among short ones costs every row its length."""
     n = len(candidates)
     if n == 0:
-        return CrowdPlan((), 0.0, 0.0, 0.0)
+        return ParallelPlan((), 0.0, 0.0, 0.0)
     t = _memo(target_s)
     t_plain = t(pass_size([1] * n))
     if math.isnan(t_plain) or t_plain <= 0:
-        return CrowdPlan((0,) * n, float(n), 0.0, 0.0)  # nothing measured: the caller explores
+        return ParallelPlan((0,) * n, float(n), 0.0, 0.0)  # nothing measured: the caller explores
     plain_rate = n / t_plain
-    best = CrowdPlan((0,) * n, float(n), t_plain, plain_rate)
+    best = ParallelPlan((0,) * n, float(n), t_plain, plain_rate)
     plans = _walk(_token_order(candidates, target_s), candidates, t, pass_size, plain_rate)
     if padded:
         plans += [
@@ -101,7 +102,7 @@ def _memo(target_s: Callable[[int], float]) -> Callable[[int], float]:
 def _walk(
     order: list[tuple[int, float]], candidates: Sequence[Candidate], t: Callable[[int], float],
     pass_size: Callable[[Sequence[int]], int], plain_rate: float,
-) -> list[CrowdPlan]:  # fmt: skip
+) -> list[ParallelPlan]:  # fmt: skip
     """A plan per prefix of the token order (every draft token most worth its cost first)."""
     lengths = [0] * len(candidates)
     expected, draft_cost = float(len(candidates)), 0.0
@@ -111,7 +112,7 @@ def _walk(
         expected += held
         draft_cost += candidates[i].draft_s
         plans.append(
-            CrowdPlan(tuple(lengths), expected, draft_cost + t(pass_size([1 + j for j in lengths])), plain_rate)
+            ParallelPlan(tuple(lengths), expected, draft_cost + t(pass_size([1 + j for j in lengths])), plain_rate)
         )
     return plans
 
@@ -119,13 +120,13 @@ def _walk(
 def _even(
     candidates: Sequence[Candidate], m: int, t: Callable[[int], float], pass_size: Callable[[Sequence[int]], int],
     plain_rate: float,
-) -> CrowdPlan:  # fmt: skip
+) -> ParallelPlan:  # fmt: skip
     """Every sequence drafting up to m tokens: a padded pass's cost is set by its longest draft, so the best
     plans give many sequences the same length, which the walk in survival order passes by."""
     lengths = tuple(min(m, len(c.alphas)) for c in candidates)
     expected = len(candidates) + sum(sum(survival(c.alphas)[:j]) for c, j in zip(candidates, lengths))
     draft_cost = sum(c.draft_s * j for c, j in zip(candidates, lengths))
-    return CrowdPlan(lengths, expected, draft_cost + t(pass_size([1 + j for j in lengths])), plain_rate)
+    return ParallelPlan(lengths, expected, draft_cost + t(pass_size([1 + j for j in lengths])), plain_rate)
 
 
 def _token_order(candidates: Sequence[Candidate], target_s: Callable[[int], float]) -> list[tuple[int, float]]:

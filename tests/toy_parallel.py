@@ -1,5 +1,6 @@
-"""A backend's module for several sequences in one pass (registry.BackendSpec.slots_module), as a new backend would
-write one: the toy's slots record what they were opened on, and what the module says is set by the test."""
+"""A backend's module for several sequences in one pass (registry.BackendSpec.parallel_module), as a new backend
+would write one: the toy's parallel sequences record what they were opened on, and what the module says is set by
+the test."""
 
 from __future__ import annotations
 
@@ -11,15 +12,15 @@ SAYS = {"unbatchable": "", "batches_pay": True}
 
 
 @dataclass
-class ToySlots:
+class ToyParallel:
     model: Backend
-    n_slots: int
+    n_sequences: int
     n_ctx: int
     closed: list[bool] = field(default_factory=list)
 
 
-def open_slots(model: Backend, n_slots: int, n_ctx: int) -> ToySlots:
-    return ToySlots(model, n_slots, n_ctx)
+def open_parallel(model: Backend, n_sequences: int, n_ctx: int) -> ToyParallel:
+    return ToyParallel(model, n_sequences, n_ctx)
 
 
 def unbatchable(model: Backend) -> str:

@@ -1,8 +1,9 @@
-"""Several sequences in one target pass (engine.CrowDecoder) and the crowd-aware draft lengths (crowd.py).
+"""Several sequences in one target pass (parallel_decoder.ParallelDecoder) and their planned draft lengths
+(decoding/parallel.py).
 
 The policy's tests use a cost curve T(n) flat to 8 tokens, then steep (a GPU-like shape): one sequence drafts
 long, eight draft nothing, and the plan's expected rate is never below plain batched decoding. The decoder
-runs on fake slots whose shared pass advances a fake clock by that curve, so the policy sees only what it
+runs on a fake batch whose shared pass advances a fake clock by that curve, so the policy sees only what it
 measured. Exactness: each of several sequences decoded together follows its target's joint distribution
 (chi-square, exact rule, temperature 1, mixed draft lengths), and greedy answers decoded together equal
 each answered alone.
@@ -28,9 +29,10 @@ from test_verify import (
     joint_check,
 )
 
-from localspec.decoding.crowd import Candidate, plan_crowd
 from localspec.decoding.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
-from localspec.decoding.engine import CrowdDecoder, Done, Event, GenerationConfig, Job, generate
+from localspec.decoding.engine import Done, Event, GenerationConfig, generate
+from localspec.decoding.parallel import Candidate, plan_parallel
+from localspec.decoding.parallel_decoder import Job, ParallelDecoder
 from localspec.decoding.policy import MARGIN, Controller, CostModel
 from localspec.sampling import SamplingParams
 
@@ -44,20 +46,20 @@ def steep_after_8(n: int) -> float:
 
 
 def test_one_sequence_drafts_long_on_a_flat_curve() -> None:
-    plan = plan_crowd([Candidate((0.8,) * 8)], steep_after_8)
+    plan = plan_parallel([Candidate((0.8,) * 8)], steep_after_8)
     assert plan.lengths == (7,)  # the batch fills the flat part exactly
     assert plan.rate > 3 * plan.plain_rate
 
 
 def test_eight_sequences_draft_nothing_where_the_curve_turns_steep() -> None:
-    plan = plan_crowd([Candidate((0.8,) * 8)] * 8, steep_after_8)
+    plan = plan_parallel([Candidate((0.8,) * 8)] * 8, steep_after_8)
     assert plan.lengths == (0,) * 8
     assert plan.rate == pytest.approx(plan.plain_rate)
 
 
 def test_four_sequences_share_the_spare_room_by_acceptance() -> None:
     """The flat part has 4 spare tokens: the likelier drafts take them."""
-    plan = plan_crowd(
+    plan = plan_parallel(
         [Candidate((0.9,) * 8), Candidate((0.3,) * 8), Candidate((0.9,) * 8), Candidate(())], steep_after_8
     )
     assert plan.batch == 8
@@ -75,9 +77,9 @@ def padded(lengths: Sequence[int]) -> int:
 def test_the_plan_is_never_below_plain_batched_decoding(n: int, alpha: float, size: Callable | None) -> None:
     candidates = [Candidate((alpha,) * 6, draft_s=0.001)] * n
     plan = (
-        plan_crowd(candidates, steep_after_8)
+        plan_parallel(candidates, steep_after_8)
         if size is None
-        else plan_crowd(candidates, steep_after_8, size, padded=True)
+        else plan_parallel(candidates, steep_after_8, size, padded=True)
     )
     assert plan.rate >= plan.plain_rate
     assert plan.plain_rate == pytest.approx(n / steep_after_8(n))
@@ -87,8 +89,8 @@ def test_a_padded_batch_spreads_the_spare_room_evenly() -> None:
     """The same four sequences as above: one batch of tokens gives the likely drafts 4 tokens between them; a
     right-padded one pays every row for the longest draft, so one token each fills its 8 positions."""
     candidates = [Candidate((0.9,) * 8), Candidate((0.3,) * 8), Candidate((0.9,) * 8), Candidate(())]
-    summed = plan_crowd(candidates, steep_after_8)
-    even = plan_crowd(candidates, steep_after_8, padded, padded=True)
+    summed = plan_parallel(candidates, steep_after_8)
+    even = plan_parallel(candidates, steep_after_8, padded, padded=True)
     assert max(summed.lengths) >= 2
     assert even.lengths == (1, 1, 1, 0) and padded([1 + j for j in even.lengths]) == 8
     assert even.rate > even.plain_rate
@@ -104,17 +106,17 @@ def test_one_sequence_reduces_to_autos_choice(alpha: float, draft_s: float) -> N
         controller.model_accept.update(round(alpha * 10), 10)
     a = controller.model_accept.alpha
     best = controller.best("model", 8)
-    plan = plan_crowd([Candidate((a,) * 8, draft_s)], costs.target_s)
+    plan = plan_parallel([Candidate((a,) * 8, draft_s)], costs.target_s)
     expected = best.k if best.rate > controller.plain_rate() * (1 + MARGIN) else 0  # Controller.plan's rule
     assert plan.lengths == (expected,)
 
 
 def test_nothing_measured_means_plain_decoding() -> None:
-    plan = plan_crowd([Candidate((0.9,) * 4)] * 2, lambda n: float("nan"))
+    plan = plan_parallel([Candidate((0.9,) * 4)] * 2, lambda n: float("nan"))
     assert plan.lengths == (0, 0)
 
 
-# -- the decoder on fake slots ------------------------------------------------------------------------
+# -- the decoder on a fake batch ----------------------------------------------------------------------
 
 
 class FakeClock:
@@ -125,11 +127,11 @@ class FakeClock:
         return self.now
 
 
-class FakeSlots:
-    """Fake backends as the slots of one batched target: a shared pass advances the clock by T(total)."""
+class FakeParallel:
+    """Fake backends as the sequences of one batched target: a shared pass advances the clock by T(total)."""
 
     def __init__(self, fn: Callable[[Sequence[int]], np.ndarray], n: int, clock: FakeClock, **kw: object) -> None:
-        self.slots = [FakeBackend(fn, name=f"slot{i}", **kw) for i in range(n)]  # type: ignore[arg-type]
+        self.sequences = [FakeBackend(fn, name=f"seq{i}", **kw) for i in range(n)]  # type: ignore[arg-type]
         self.clock = clock
         self.passes: list[list[int]] = []  # each pass's part sizes
 
@@ -142,7 +144,7 @@ class FakeSlots:
     def forward_many(self, parts: Sequence[tuple[int, Sequence[int]]]) -> list[np.ndarray]:
         self.passes.append([len(t) for _, t in parts])
         self.clock.now += steep_after_8(sum(len(t) for _, t in parts))
-        return [self.slots[s].forward(t).copy() for s, t in parts]
+        return [self.sequences[s].forward(t).copy() for s, t in parts]
 
 
 TARGET = without(hashed_logits(1))
@@ -159,10 +161,10 @@ PROMPTS = [
 ]
 
 
-def _drive(crowd: CrowdDecoder, jobs: dict[int, Job]) -> dict[int, Done]:
-    events: dict[int, list[Event]] = {key: crowd.add(key, job) for key, job in jobs.items()}
-    while crowd.members:
-        for key, event in crowd.step():
+def _drive(decoder: ParallelDecoder, jobs: dict[int, Job]) -> dict[int, Done]:
+    events: dict[int, list[Event]] = {key: decoder.add(key, job) for key, job in jobs.items()}
+    while decoder.members:
+        for key, event in decoder.step():
             events[key].append(event)
     done = {key: evs[-1] for key, evs in events.items()}
     assert all(isinstance(d, Done) for d in done.values())
@@ -173,26 +175,26 @@ def _self_drafter() -> Drafter:
     return ModelDrafter(FakeBackend(TARGET, name="self-draft"))
 
 
-def _jobs(slots: FakeSlots, n: int, drafter: Callable[[], Drafter], **config: object) -> dict[int, Job]:
+def _jobs(batch: FakeParallel, n: int, drafter: Callable[[], Drafter], **config: object) -> dict[int, Job]:
     cfg = GenerationConfig(**{"sampling": GREEDY, "max_tokens": 60, "num_draft": 8, **config})  # type: ignore[arg-type]
-    return {i: Job(i, slots.slots[i], drafter(), PROMPTS[i], cfg) for i in range(n)}
+    return {i: Job(i, batch.sequences[i], drafter(), PROMPTS[i], cfg) for i in range(n)}
 
 
 def test_one_sequence_drafts_long_eight_draft_nothing_on_the_measured_curve() -> None:
     clock = FakeClock()
-    slots = FakeSlots(TARGET, 8, clock)
-    _drive(CrowdDecoder(slots, clock=clock), _jobs(slots, 1, _self_drafter))
-    late = [p[0] - 1 for p in slots.passes[len(slots.passes) // 2 :]]
+    batch = FakeParallel(TARGET, 8, clock)
+    _drive(ParallelDecoder(batch, clock=clock), _jobs(batch, 1, _self_drafter))
+    late = [p[0] - 1 for p in batch.passes[len(batch.passes) // 2 :]]
     assert np.median(late) >= 5  # a perfect drafter fills the flat part of the curve
 
     clock = FakeClock()
-    slots = FakeSlots(TARGET, 8, clock)
-    crowd = CrowdDecoder(slots, clock=clock)
-    _drive(crowd, _jobs(slots, 8, _self_drafter, max_tokens=30))
-    full = [p for p in slots.passes if len(p) == 8]
+    batch = FakeParallel(TARGET, 8, clock)
+    decoder = ParallelDecoder(batch, clock=clock)
+    _drive(decoder, _jobs(batch, 8, _self_drafter, max_tokens=30))
+    full = [p for p in batch.passes if len(p) == 8]
     drafted = sum(sum(n - 1 for n in p) for p in full)
     assert drafted <= len(full)  # at most the cold start's probes: about nothing per sequence
-    assert crowd.last_pass is not None and crowd.last_pass.n_sequences >= 1
+    assert decoder.last_pass is not None and decoder.last_pass.n_sequences >= 1
 
 
 def test_a_model_drafting_sequence_starts_from_the_draft_models_cost_not_free() -> None:
@@ -204,25 +206,25 @@ def test_a_model_drafting_sequence_starts_from_the_draft_models_cost_not_free() 
     drafted = {}
     for model_drafts in (False, True):
         clock = FakeClock()
-        slots = FakeSlots(TARGET, 4, clock)
-        crowd = CrowdDecoder(slots, clock=clock, costs=CostModel(dict(curve), draft_token=steep_after_8(1)))
+        batch = FakeParallel(TARGET, 4, clock)
+        decoder = ParallelDecoder(batch, clock=clock, costs=CostModel(dict(curve), draft_token=steep_after_8(1)))
         cfg = GenerationConfig(sampling=GREEDY, max_tokens=20, num_draft=8)
         for i in range(4):
-            crowd.add(i, Job(i, slots.slots[i], _self_drafter(), PROMPTS[i], cfg, model_drafts=model_drafts))
-        crowd.step()
-        drafted[model_drafts] = sum(slots.passes[-1]) - 4
+            decoder.add(i, Job(i, batch.sequences[i], _self_drafter(), PROMPTS[i], cfg, model_drafts=model_drafts))
+        decoder.step()
+        drafted[model_drafts] = sum(batch.passes[-1]) - 4
     assert drafted[False] > 0 and drafted[True] == 0
-    prior = CrowdDecoder(FakeSlots(TARGET, 1, FakeClock()), costs=CostModel(dict(curve)))._draft_prior()
+    prior = ParallelDecoder(FakeParallel(TARGET, 1, FakeClock()), costs=CostModel(dict(curve)))._draft_prior()
     assert prior == pytest.approx(0.25 * steep_after_8(1))  # nothing remembered: a quarter of T(1)
 
 
-def test_crowd_aware_beats_fixed_k_with_eight_sequences() -> None:
-    """Aggregate tokens per (fake) second: the crowd-aware lengths vs every sequence drafting its full k."""
+def test_planned_lengths_beat_fixed_k_with_eight_sequences() -> None:
+    """Aggregate tokens per (fake) second: the planned lengths vs every sequence drafting its full k."""
     rates = {}
     for aware in (True, False):
         clock = FakeClock()
-        slots = FakeSlots(TARGET, 8, clock)
-        done = _drive(CrowdDecoder(slots, clock=clock, crowd_aware=aware), _jobs(slots, 8, NgramDrafter, max_tokens=40))
+        batch = FakeParallel(TARGET, 8, clock)
+        done = _drive(ParallelDecoder(batch, clock=clock, planned=aware), _jobs(batch, 8, NgramDrafter, max_tokens=40))
         rates[aware] = sum(len(d.tokens) for d in done.values()) / clock.now
     assert rates[True] > rates[False]
 
@@ -230,8 +232,8 @@ def test_crowd_aware_beats_fixed_k_with_eight_sequences() -> None:
 @pytest.mark.parametrize("drafter", [NoDrafter, NgramDrafter, lambda: ModelDrafter(FakeBackend(noisy(TARGET, 5, 2.0)))])
 def test_greedy_answers_together_equal_each_alone(drafter: Callable[[], Drafter]) -> None:
     clock = FakeClock()
-    slots = FakeSlots(TARGET, 5, clock)
-    together = _drive(CrowdDecoder(slots, clock=clock), _jobs(slots, 5, drafter, num_draft=4))
+    batch = FakeParallel(TARGET, 5, clock)
+    together = _drive(ParallelDecoder(batch, clock=clock), _jobs(batch, 5, drafter, num_draft=4))
     for i in range(5):
         cfg = GenerationConfig(max_tokens=60, num_draft=4, sampling=GREEDY)
         alone = list(generate(FakeBackend(TARGET), drafter(), PROMPTS[i], cfg))[-1]
@@ -242,16 +244,16 @@ def test_greedy_answers_together_equal_each_alone(drafter: Callable[[], Drafter]
 
 def test_a_cancelled_sequence_ends_stopped_and_the_others_go_on() -> None:
     clock = FakeClock()
-    slots = FakeSlots(TARGET, 3, clock)
-    crowd = CrowdDecoder(slots, clock=clock)
-    for i, job in _jobs(slots, 3, NgramDrafter, max_tokens=20).items():
-        crowd.add(i, job)
-    crowd.step()
-    stopped = crowd.cancel(1)
+    batch = FakeParallel(TARGET, 3, clock)
+    decoder = ParallelDecoder(batch, clock=clock)
+    for i, job in _jobs(batch, 3, NgramDrafter, max_tokens=20).items():
+        decoder.add(i, job)
+    decoder.step()
+    stopped = decoder.cancel(1)
     assert isinstance(stopped[-1], Done) and stopped[-1].stats.stop_reason == "stopped"
     ends = {}
-    while crowd.members:
-        ends |= {k: e for k, e in crowd.step() if isinstance(e, Done)}
+    while decoder.members:
+        ends |= {k: e for k, e in decoder.step() if isinstance(e, Done)}
     assert set(ends) == {0, 2} and all(len(d.tokens) == 20 for d in ends.values())
 
 
@@ -261,7 +263,7 @@ N_DRAWS = 8000
 
 
 def test_each_sequence_decoded_together_is_distributed_as_its_target() -> None:
-    """Three sequences share every pass: a model draft of 2, a lookup draft of 2, a model draft of 1 (crowd
+    """Three sequences share every pass: a model draft of 2, a lookup draft of 2, a model draft of 1 (planned
     lengths off, so the drafts stay mixed). Each one's first WINDOW tokens follow the target exactly."""
     specs = [  # (prompt, drafter, k)
         (MODEL_PROMPT, lambda: ModelDrafter(FakeBackend(_draft_fn(Q_TABLE), n_vocab=V, eog=frozenset())), 2),
@@ -269,15 +271,15 @@ def test_each_sequence_decoded_together_is_distributed_as_its_target() -> None:
         ([2, 3], lambda: ModelDrafter(FakeBackend(_draft_fn(Q_TABLE), n_vocab=V, eog=frozenset())), 1),
     ]
     clock = FakeClock()
-    slots = FakeSlots(_target_fn(P_TABLE), 3, clock, n_vocab=V, eog=frozenset())
+    batch = FakeParallel(_target_fn(P_TABLE), 3, clock, n_vocab=V, eog=frozenset())
     drafters = [make() for _, make, _ in specs]
     samples: list[list[tuple[int, ...]]] = [[] for _ in specs]
     for draw in range(N_DRAWS):
-        crowd = CrowdDecoder(slots, clock=clock, crowd_aware=False)
+        decoder = ParallelDecoder(batch, clock=clock, planned=False)
         jobs = {
             i: Job(
                 i,
-                slots.slots[i],
+                batch.sequences[i],
                 drafters[i],
                 prompt,
                 GenerationConfig(
@@ -286,16 +288,16 @@ def test_each_sequence_decoded_together_is_distributed_as_its_target() -> None:
             )
             for i, (prompt, _, k) in enumerate(specs)
         }
-        for i, d in _drive(crowd, jobs).items():
+        for i, d in _drive(decoder, jobs).items():
             samples[i].append(d.tokens)
-    sizes = {tuple(p) for p in slots.passes}
+    sizes = {tuple(p) for p in batch.passes}
     assert (3, 3, 2) in sizes  # the sequences were verified together, with mixed draft lengths
     for i, (prompt, _, _) in enumerate(specs):
         failure = joint_check(lambda n, i=i: samples[i][n], _expected_joint(prompt, WINDOW), N_DRAWS)
         assert failure is None, f"sequence {i}: {failure}"
 
 
-class SwappedSlots(FakeSlots):
+class SwappedParallel(FakeParallel):
     """A broken batch: every part gets the next part's rows (what mixing up sequences in a pass would do)."""
 
     def forward_many(self, parts: Sequence[tuple[int, Sequence[int]]]) -> list[np.ndarray]:
@@ -307,14 +309,16 @@ class SwappedSlots(FakeSlots):
 def test_the_together_check_catches_rows_given_to_the_wrong_sequence() -> None:
     """The same check fails when the pass hands a sequence another one's rows (the test's own test)."""
     clock = FakeClock()
-    slots = SwappedSlots(_target_fn(P_TABLE), 2, clock, n_vocab=V, eog=frozenset())
+    batch = SwappedParallel(_target_fn(P_TABLE), 2, clock, n_vocab=V, eog=frozenset())
     drafters = [ModelDrafter(FakeBackend(_draft_fn(Q_TABLE), n_vocab=V, eog=frozenset())) for _ in range(2)]
     samples = []
     for draw in range(2000):
-        crowd = CrowdDecoder(slots, clock=clock, crowd_aware=False)
+        decoder = ParallelDecoder(batch, clock=clock, planned=False)
         cfg = GenerationConfig(max_tokens=WINDOW, num_draft=2, sampling=SamplingParams(temperature=1.0, seed=draw))
-        jobs = {i: Job(i, slots.slots[i], drafters[i], prompt, cfg) for i, prompt in enumerate([MODEL_PROMPT, [2, 3]])}
-        samples.append(_drive(crowd, jobs)[0].tokens)
+        jobs = {
+            i: Job(i, batch.sequences[i], drafters[i], prompt, cfg) for i, prompt in enumerate([MODEL_PROMPT, [2, 3]])
+        }
+        samples.append(_drive(decoder, jobs)[0].tokens)
     assert joint_check(lambda n: samples[n], _expected_joint(MODEL_PROMPT, WINDOW), 2000) is not None
 
 
@@ -326,14 +330,14 @@ class Forecasting(ModelDrafter):
 
 
 def test_a_drafters_forecast_buys_drafts_the_measured_prior_would_not() -> None:
-    """Each extra token costs half a single one: at the crowd's prior acceptance (0.6) no draft pays, at the
+    """Each extra token costs half a single one: at the decoder's prior acceptance (0.6) no draft pays, at the
     drafter's own forecast (0.99, auto's for a long copy) drafts do; the first pass shows which."""
     half = {n: 0.01 + 0.005 * (n - 1) for n in range(1, 40)}
     for drafter, drafts in ((ModelDrafter, False), (Forecasting, True)):
         clock = FakeClock()
-        slots = FakeSlots(TARGET, 2, clock)
-        crowd = CrowdDecoder(slots, clock=clock, costs=CostModel(dict(half)))
-        for i, job in _jobs(slots, 2, lambda d=drafter: d(FakeBackend(TARGET)), num_draft=4).items():
-            crowd.add(i, job)
-        crowd.step()
-        assert (max(slots.passes[-1]) > 1) == drafts, (drafter.__name__, slots.passes)
+        batch = FakeParallel(TARGET, 2, clock)
+        decoder = ParallelDecoder(batch, clock=clock, costs=CostModel(dict(half)))
+        for i, job in _jobs(batch, 2, lambda d=drafter: d(FakeBackend(TARGET)), num_draft=4).items():
+            decoder.add(i, job)
+        decoder.step()
+        assert (max(batch.passes[-1]) > 1) == drafts, (drafter.__name__, batch.passes)
