@@ -177,6 +177,8 @@ def main() -> None:
     ap.add_argument("--no-sleep", action="store_true", help="passes cost only their rows (auto then sees free passes)")
     ap.add_argument("--prompt-tokens", type=int, default=200, help="context length (work that grows with it shows)")
     ap.add_argument("--only", help="a comma-separated list of case labels' methods to run (model,suffix,auto)")
+    ap.add_argument("--sort", default="tottime", help="--profile: pstats sort key (tottime, cumulative, ...)")
+    ap.add_argument("--lines", type=int, default=25, help="--profile: lines to print")
     ap.add_argument("--host-rows", action="store_true", help="no picks on the device: greedy rounds read whole rows")
     args = ap.parse_args()
     table = make_table()
@@ -188,7 +190,7 @@ def main() -> None:
         prof.enable()
         print(run_case(table, case, args.rounds, not args.no_sleep, picks=not args.host_rows))
         prof.disable()
-        pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+        pstats.Stats(prof).sort_stats(args.sort).print_stats(args.lines)
         return
     print(f"localspec's own time per round, vocabulary {VOCAB:,}, a {args.prompt_tokens:,}-token context, median of "
           f"{args.reps} runs of {args.rounds} rounds")  # fmt: skip

@@ -138,6 +138,7 @@ class _Run:
         self.rng = np.random.default_rng(self.seed)
         self.context: list[int] = list(prompt)  # every committed token: prompt + generated
         self.near_ties: list[NearTie] = []
+        self._ties: tuple[NearTie, ...] = ()  # near_ties as the stats hand it out
         self.pending_ties: list[tuple[int, int, int, float]] = []  # (offset, token, runner-up, gap) of the next emit
         self.generated: list[int] = []
         self.detok: Detokenizer = target.detokenizer()
@@ -362,7 +363,9 @@ class _Run:
             self.collector.add(stats)
             self.drafter.observe(stats)
         start = len(self.generated)
-        self.near_ties += [NearTie(start + i, t, r, g) for i, t, r, g in self.pending_ties if i < cut]
+        if self.pending_ties:
+            self.near_ties += [NearTie(start + i, t, r, g) for i, t, r, g in self.pending_ties if i < cut]
+            self._ties = tuple(self.near_ties)  # the snapshots' copy, made when it grows (not every round)
         self.pending_ties = []
         self.generated += tokens
         self.context += tokens
@@ -427,7 +430,7 @@ class _Run:
             n_generated=len(self.generated),
             decode_s=decode_s,
             stop_reason=reason,
-            near_ties=tuple(self.near_ties),
+            near_ties=self._ties,
             grammar_s=self.constraint.busy_s if self.constraint is not None else 0.0,
             grammar_masks=self.constraint.n_masks if self.constraint is not None else 0,
             **self.collector.totals(),
