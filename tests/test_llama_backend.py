@@ -133,6 +133,8 @@ def test_a_greedy_round_reads_two_picks_a_row_and_no_whole_row(tiny_ggufs, monke
 
     from localspec.backends import registry
 
+    monkeypatch.setattr(lb, "PICK_ON_CPU", True)  # the graph path a GPU runs, run here on the CPU
+
     def run() -> tuple[Done, Counter, Counter]:  # type: ignore[type-arg]
         target, draft = lb.load(tiny_ggufs[0], n_ctx=512), lb.load(tiny_ggufs[1], n_ctx=512)
         try:
@@ -160,6 +162,31 @@ def test_a_greedy_round_reads_two_picks_a_row_and_no_whole_row(tiny_ggufs, monke
         (t.position, t.token, t.runner_up) for t in st.near_ties
     ]
     assert np.allclose([t.gap for t in rows.stats.near_ties], [t.gap for t in st.near_ties], atol=1e-6)
+
+
+def test_rows_where_picks_do_not_pay_or_the_build_cannot(tiny_ggufs, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Picks only where they pay and the build has them: with the logits on the CPU (this machine) greedy runs read
+    rows unless PICK_ON_CPU says otherwise, and a llama-cpp-python without llama_set_sampler (older builds) reads
+    rows too (forward_top2: None, nothing fed); the tokens are the same every way."""
+    import llama_cpp
+
+    def run() -> tuple[Done, Counter]:  # type: ignore[type-arg]
+        target = lb.load(tiny_ggufs[0], n_ctx=512)
+        try:
+            prompt = chat_prompt_tokens(target, [ChatMessage("user", PROMPT)])
+            return _run(target, NgramDrafter(), prompt, max_tokens=24, num_draft=4), target.reads
+        finally:
+            target.close()
+
+    on_cpu, reads = run()
+    assert reads["picks"] == 0 and reads["rows"] == 1 + on_cpu.stats.n_rounds + on_cpu.stats.n_drafted
+    monkeypatch.setattr(lb, "PICK_ON_CPU", True)
+    picked, reads = run()
+    assert reads["rows"] == 0 and reads["picks"] == 1 + picked.stats.n_rounds + picked.stats.n_drafted
+    monkeypatch.delattr(llama_cpp, "llama_set_sampler")
+    rows, reads = run()
+    assert reads["picks"] == 0 and reads["rows"] == 1 + rows.stats.n_rounds + rows.stats.n_drafted
+    assert rows.tokens == picked.tokens == on_cpu.tokens
 
 
 # -- errors a user meets --------------------------------------------------------------------------

@@ -173,6 +173,18 @@ def load(
     )
 
 
+# Whether forward_top2 picks on a CPU build too. On a GPU the picks save copying whole rows off the device and the
+# host's pass over them; on a CPU the rows are in memory already and llama.cpp's top-k in the graph costs more than
+# the host's arg-max (measured with a 151,936-token vocabulary: about 1 ms for one row, 5 ms a row for 9, against
+# tens of microseconds a row on the host). Tests turn it on to run the same graph path here.
+PICK_ON_CPU = False
+
+
+def _output_on_gpu(n_layer: int, n_gpu_layers: int) -> bool:
+    """Whether llama.cpp runs the output layer (the logits) on a GPU: a GPU build with every layer offloaded."""
+    return gpu_kind() is not None and (n_gpu_layers < 0 or n_gpu_layers > n_layer)
+
+
 @functools.cache
 def abort_check() -> Callable[[ctypes.c_void_p], bool] | None:
     """ggml's abort callback, as a native function: libc's strlen on a 2-byte flag buffer is 0 until the
@@ -236,6 +248,7 @@ class LlamaCppBackend(CachedModel):
             self._top2: _DevicePicks | None = None  # the top-2 sampler, made on the first forward_top2
             self.reads: Counter[str] = Counter()  # what passes handed the host: "rows" (whole), "picks" (top-2 rows)
             self._info = self._describe(p, n_gpu_layers)
+            self._picks_pay = _output_on_gpu(int(llama_cpp.llama_model_n_layer(self._model)), n_gpu_layers)
         except BaseException:
             self.close()
             raise
@@ -437,9 +450,10 @@ class LlamaCppBackend(CachedModel):
 
     def forward_top2(self, tokens: Sequence[int], *, all_rows: bool = True) -> TopTwo | None:
         """forward, but each row's best two tokens and their logits come back (all rows, or the last one), picked
-        by a top-2 sampler in the model's graph (llama.cpp's backend sampling: on the GPU where the model runs
-        there), and no whole row is copied to the host. None, having fed nothing, where this build cannot: the
-        caller then uses forward. Switching between the two re-plans llama.cpp's graph, so a caller stays on
+        by a top-2 sampler in the model's graph (llama.cpp's backend sampling, on the GPU that runs the output
+        layer), and no whole row is copied to the host. None, having fed nothing, where that does not pay or this
+        build cannot (the output layer on the CPU, no backend sampling, a head reading the passes): the caller
+        then uses forward. Switching between the two re-plans llama.cpp's graph, so a caller stays on
         one (the engine: forward for the prompt, this for every greedy round after it)."""
         if not tokens:
             raise ValueError("forward needs at least one token")
@@ -461,9 +475,11 @@ class LlamaCppBackend(CachedModel):
 
     def _use_top2(self, on: bool) -> bool:
         """Attach (or detach) the top-2 sampler to the sequence; whether it is attached as asked."""
+        if on and not (self._picks_pay or PICK_ON_CPU):
+            return False  # the logits are on the host already: its arg-max is cheaper (PICK_ON_CPU)
+        if on and (self._captured or self._nextn is not None):
+            return False  # a head reads this context's passes: leave its graph as the head expects
         if on and self._top2 is None:
-            if self._captured or self._nextn is not None:
-                return False  # a head reads this context's passes: leave its graph as the head expects
             self._top2 = _DevicePicks.make()
             if self._top2 is None:
                 return False

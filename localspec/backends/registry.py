@@ -59,7 +59,7 @@ class BackendSpec:
     preferred_on_apple: bool = False  # auto picks it on Apple silicon when installed
     # Its models' forward_top2(tokens) can hand back each row's two best tokens and their logits, picked where the
     # model runs (base.TopTwo), instead of whole rows: what a greedy round reads. It may still return None (a
-    # build without it): the caller then reads rows.
+    # build without it, or where it does not pay): the caller then reads rows.
     top2_on_device: bool = False
 
     def installed(self) -> bool:
@@ -108,7 +108,7 @@ LLAMA = BackendSpec(
     single_file=True,
     hidden_states=True,
     slots_module="localspec.backends.llama_multi",
-    top2_on_device=True,  # llama.cpp's backend sampling: a top-2 sampler in the model's graph
+    top2_on_device=True,  # llama.cpp's backend sampling: a top-2 sampler in the graph (output layer on a GPU)
 )
 MLX = BackendSpec(
     name="mlx",
