@@ -278,8 +278,9 @@ def decode_takes_every_core(target: Backend) -> bool:
     are cores, as llama.cpp's default; a partly offloaded one too). Work beside it on another thread (a draft
     model's load, its read of the text) then finds no idle core: it takes one from the target's threads, which
     wait for each other at every step of a pass, and the answer slows by more than the work itself costs
-    (counted on 2 cores: a 0.5B draft's load beside a 1.5B target's decode took its passes from 42 to 90 ms
-    of wall time each, benchmarks/draft_contention.py). False for a target on an accelerator."""
+    (benchmarks/auto_tax.py, 2 cores, a 1.5B target: with a 0.5B draft loaded and fed beside the decode, the
+    target's plain passes took 90 ms against 44 under `none`, and a first answer ran at 0.5-0.6x of plain).
+    False for a target on an accelerator."""
     device = target.info.device
     if not device.startswith("CPU") and "rest on CPU" not in device:
         return False
