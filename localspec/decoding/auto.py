@@ -281,6 +281,7 @@ class AutoDrafter:
             return NO_COPY_NO_MODEL
         if not ng.tokens and not self._model_may_pay():
             return NO_COPY_MODEL_CANNOT_PAY
+        self.learner.for_policy(self.controller.costs)
         gap = self._model_gap(context) if plannable else 0
         k_plan = self.learner.draft_cap(k)
         lookup, order = len(ng.tokens), self._order
@@ -293,6 +294,7 @@ class AutoDrafter:
         """Whether a model draft could beat plain decoding with every token accepted (Controller.model_can_pay),
         read again every SAVE_EVERY rounds, each new answer, and after each model round: the costs move slowly."""
         if self._can_pay_in <= 0:
+            self.learner.for_policy(self.controller.costs)
             self._can_pay = self.controller.model_can_pay(self.max_k)
             self._can_pay_in = SAVE_EVERY
         self._can_pay_in -= 1
