@@ -7,6 +7,7 @@ the committed context itself, through backends.base.sync_cache.
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -290,6 +291,30 @@ class ModelDrafter:
         pass
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def decode_takes_every_core(target: Backend) -> bool:
+    """Whether the target's decode already keeps every CPU core busy (a CPU target on as many threads as there
+    are cores, as llama.cpp's default; a partly offloaded one too). Work beside it on another thread (a draft
+    model's load, its read of the text) then finds no idle core: it takes one from the target's threads, which
+    wait for each other at every step of a pass, and the answer slows by more than the work itself costs
+    (benchmarks/auto_tax.py, 2 cores, a 1.5B target: with a 0.5B draft loaded and fed beside the decode, the
+    target's plain passes took 90 ms against 44 under `none`, and a first answer ran at 0.5-0.6x of plain).
+    False for a target on an accelerator."""
+    device = target.info.device
+    if not device.startswith("CPU") and "rest on CPU" not in device:
+        return False
+    threads = getattr(target, "threads", None)
+    cores = usable_cores()
+    return not isinstance(threads, int) or threads >= cores
+
+
 class LazyModelDrafter:
     """A ModelDrafter whose draft model is loaded the first time a round wants it, off the answer's path.
 
@@ -345,6 +370,11 @@ class LazyModelDrafter:
     @property
     def loading(self) -> bool:
         return self._job is not None and self._job.is_alive()
+
+    @property
+    def loaded_drafter(self) -> ModelDrafter | None:
+        """The drafter over the loaded model, once no load or read runs beside (None until then)."""
+        return None if self.loading else self._drafter
 
     def ready(self) -> bool:
         """Whether the model can draft now without waiting (a background load done). Raises what the load
