@@ -686,6 +686,14 @@ class TimedForward:
         finally:
             self.seconds += time.perf_counter() - t0
 
+    def forward_top2(self, tokens: Any, *, all_rows: bool = True) -> Any:
+        """A pass whose rows' best two tokens are picked in the model's graph (greedy rounds): timed the same."""
+        t0 = time.perf_counter()
+        try:
+            return self._backend.forward_top2(tokens, all_rows=all_rows)
+        finally:
+            self.seconds += time.perf_counter() - t0
+
 
 def timed_generate(
     target: Any, drafter: Any, prompt: list[int], tokens: int, k: int, draft: Any = None

@@ -9,7 +9,10 @@ sleeps for what the H200 took for the 1.5B target (tests/gpu_curves.py's figures
 5.7 ms for 16) and a draft token for the 0.5B's 1.2 ms, so that auto decides as it would on that GPU; the
 sleeps are part of the passes' time, which is left out.
 
-    python benchmarks/round_cost.py [--rounds 150] [--profile model:8:0] [--no-sleep]
+A greedy round reads each row's best two tokens, picked inside the pass as llama.cpp's backend sampling picks
+them (BackendSpec.top2_on_device); --host-rows reads whole rows instead, as a backend without it does.
+
+    python benchmarks/round_cost.py [--rounds 150] [--profile model:8:0] [--no-sleep] [--host-rows]
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from localspec.backends.base import ByteDetokenizer, ModelInfo
+from localspec.backends.base import ByteDetokenizer, ModelInfo, TopTwo
 from localspec.decoding.drafters import ModelDrafter
 from localspec.decoding.engine import Done, GenerationConfig, generate
 from localspec.pipeline import make_drafter
@@ -44,7 +47,11 @@ def h200_pass_s(n: int) -> float:
 class TableBackend:
     """The Backend protocol over a fixed table: after token t the logits are row t % LOOP (pre-built)."""
 
-    def __init__(self, table: np.ndarray, name: str, pass_s: Callable[[int], float] | None = None) -> None:
+    def __init__(
+        self, table: np.ndarray, name: str, pass_s: Callable[[int], float] | None = None, picks: bool = True
+    ) -> None:
+        if not picks:  # as a backend that cannot pick on its device (MLX, an older llama.cpp): rows only
+            self.forward_top2 = None
         self._pass_s = pass_s
         self._table = table
         self._tokens: list[int] = []
@@ -53,6 +60,7 @@ class TableBackend:
         self.info = ModelInfo("llama", f"/table/{name}", name, "table", "CPU", 1 << 16)
         self.n_vocab, self.n_ctx, self.eog_ids = VOCAB, 1 << 16, frozenset({EOG})
         self._rows = np.empty((64, VOCAB), np.float32)
+        self._top2: TopTwo | None = None  # every table row's best two, as a device picks them inside its pass
 
     @property
     def cached_tokens(self) -> Sequence[int]:
@@ -64,6 +72,21 @@ class TableBackend:
         picked = tokens if all_logits else tokens[-1:]
         out = self._rows[: len(picked)]  # one buffer, as llama.cpp's: valid until the next forward
         np.take(self._table, [t % LOOP for t in picked], axis=0, out=out)
+        if self._pass_s is not None:
+            time.sleep(max(self._pass_s(len(tokens)) - (time.perf_counter() - t0), 0.0))
+        self.seconds += time.perf_counter() - t0
+        self.cpu_seconds += time.thread_time() - c0
+        return out
+
+    def forward_top2(self, tokens: Sequence[int], *, all_rows: bool = True) -> TopTwo:
+        """As llama.cpp's with a top-2 sampler in the graph: the picks are made inside the pass (timed with it; a
+        GPU makes them in microseconds), and only they reach the host."""
+        t0, c0 = time.perf_counter(), time.thread_time()
+        self._tokens += tokens
+        if self._top2 is None:
+            self._top2 = TopTwo.of_rows(self._table)
+        rows = [t % LOOP for t in (tokens if all_rows else tokens[-1:])]
+        out = TopTwo(self._top2.ids[rows], self._top2.logits[rows])
         if self._pass_s is not None:
             time.sleep(max(self._pass_s(len(tokens)) - (time.perf_counter() - t0), 0.0))
         self.seconds += time.perf_counter() - t0
@@ -116,9 +139,11 @@ class Case:
         return f"{self.method} k={self.k} {'greedy' if self.temperature == 0 else f'T={self.temperature}'}"
 
 
-def run_case(table: np.ndarray, case: Case, rounds: int, sleep: bool = True, prompt_len: int = 200) -> dict[str, float]:
-    target = TableBackend(table, "target", h200_pass_s if sleep else None)
-    draft = TableBackend(table, "draft", (lambda n: 1.19e-3 * n) if sleep else None)
+def run_case(
+    table: np.ndarray, case: Case, rounds: int, sleep: bool = True, prompt_len: int = 200, picks: bool = True
+) -> dict[str, float]:
+    target = TableBackend(table, "target", h200_pass_s if sleep else None, picks)
+    draft = TableBackend(table, "draft", (lambda n: 1.19e-3 * n) if sleep else None, picks)
     drafter = ModelDrafter(draft) if case.method == "model" else make_drafter(case.method, target, draft)  # type: ignore[arg-type]
     prompt = [i % LOOP for i in range(prompt_len)]  # the loop again and again: lookups match from the start
     config = GenerationConfig(max_tokens=rounds * (case.k + 1), num_draft=case.k,
@@ -152,17 +177,20 @@ def main() -> None:
     ap.add_argument("--no-sleep", action="store_true", help="passes cost only their rows (auto then sees free passes)")
     ap.add_argument("--prompt-tokens", type=int, default=200, help="context length (work that grows with it shows)")
     ap.add_argument("--only", help="a comma-separated list of case labels' methods to run (model,suffix,auto)")
+    ap.add_argument("--sort", default="tottime", help="--profile: pstats sort key (tottime, cumulative, ...)")
+    ap.add_argument("--lines", type=int, default=25, help="--profile: lines to print")
+    ap.add_argument("--host-rows", action="store_true", help="no picks on the device: greedy rounds read whole rows")
     args = ap.parse_args()
     table = make_table()
     if args.profile:
         m, k, t = args.profile.split(":")
         case = Case(m, int(k), float(t))
-        run_case(table, case, 20, not args.no_sleep)
+        run_case(table, case, 20, not args.no_sleep, picks=not args.host_rows)
         prof = cProfile.Profile()
         prof.enable()
-        print(run_case(table, case, args.rounds, not args.no_sleep))
+        print(run_case(table, case, args.rounds, not args.no_sleep, picks=not args.host_rows))
         prof.disable()
-        pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+        pstats.Stats(prof).sort_stats(args.sort).print_stats(args.lines)
         return
     print(f"localspec's own time per round, vocabulary {VOCAB:,}, a {args.prompt_tokens:,}-token context, median of "
           f"{args.reps} runs of {args.rounds} rounds")  # fmt: skip
@@ -171,8 +199,11 @@ def main() -> None:
     for case in CASES:
         if only is not None and case.method not in only:
             continue
-        run_case(table, case, 10, not args.no_sleep, args.prompt_tokens)  # warm-up
-        runs = [run_case(table, case, args.rounds, not args.no_sleep, args.prompt_tokens) for _ in range(args.reps)]
+        picks = not args.host_rows
+        run_case(table, case, 10, not args.no_sleep, args.prompt_tokens, picks)  # warm-up
+        runs = [
+            run_case(table, case, args.rounds, not args.no_sleep, args.prompt_tokens, picks) for _ in range(args.reps)
+        ]
         own = statistics.median(r["own_ms"] for r in runs)
         cpu = statistics.median(r["own_cpu_ms"] for r in runs)
         r = runs[0]

@@ -181,11 +181,20 @@ class Pipeline:
     def cost_store(self) -> CostStore:
         return cost_store(self.options, self.target)
 
-    def new_drafter(self, method: str, *, lookup_only: bool = False, draft: Backend | None = None) -> Drafter:
+    def new_drafter(
+        self,
+        method: str,
+        *,
+        lookup_only: bool = False,
+        draft: Backend | None = None,
+        store: CostStore | None = None,
+        memory: SuffixMemory | None = None,
+    ) -> Drafter:
         """A fresh drafter of `method` over the loaded models (bench runs each method this way).
         `lookup_only`: auto without the draft model or head (serve --parallel's sequences while another holds it).
         `draft`: the draft model's backend to draft with instead of the pipeline's (serve --parallel: the draft
-        model's own parallel sequence for each request)."""
+        model's own parallel sequence for each request). `store`, `memory`: auto's remembered costs and the suffix
+        memory, instead of the pipeline's (bench's cold, warm and memory cases)."""
         models = not lookup_only
         auto_head = self.options.auto_head if method == "auto" and not self.draft_note and models else None
         head = self.options.draft if registry.family(method).is_head or auto_head else None
@@ -202,14 +211,14 @@ class Pipeline:
             self.target,
             draft,
             clock=self.clock,
-            store=self.cost_store,
+            store=store or self.cost_store,
             head=head,
             n_gpu_layers=self.options.n_gpu_layers,
             load_draft=lazy,
             draft_name=_model_name(self.options.draft),
             draft_size=_model_size(self.options.draft) if lazy is not None else None,
             auto_head=auto_head,
-            memory=self.memory,
+            memory=memory or self.memory,
         )
 
     def prompt_tokens(self, prompt: Prompt, *, raw: bool = False) -> list[int]:

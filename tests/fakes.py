@@ -30,6 +30,7 @@ class FakeBackend:
         n_ctx: int = 4096,
         name: str = "fake",
         eog: frozenset[int] = frozenset({EOG}),
+        device: str = "CPU",  # "CPU": its decode takes every core (drafters.decode_takes_every_core); "CUDA": not
     ) -> None:
         self._fn = logits_fn
         self._n_vocab = n_vocab
@@ -39,7 +40,7 @@ class FakeBackend:
         self.forward_calls: list[int] = []  # batch sizes, for tests that count passes
         self.closed = False
         self.aborted = False
-        self._info = ModelInfo("fake", f"/fake/{name}", name, "fake", "CPU", n_ctx)
+        self._info = ModelInfo("fake", f"/fake/{name}", name, "fake", device, n_ctx)
 
     @property
     def info(self) -> ModelInfo:

@@ -16,7 +16,7 @@ from test_adaptive import GREEDY, _run
 from localspec.decoding.auto import AutoDrafter, auto_lookup
 from localspec.decoding.calibrate import time_target_paired
 from localspec.decoding.cost_cache import CONTRADICTION, CostStore, CurveCheck
-from localspec.decoding.drafters import ModelDrafter, NoDrafter
+from localspec.decoding.drafters import LazyModelDrafter, ModelDrafter, NoDrafter
 from localspec.decoding.engine import Done, GenerationConfig, generate
 from localspec.decoding.policy import CostModel
 from localspec.decoding.stats import RoundStats
@@ -239,7 +239,7 @@ def test_a_first_answer_on_a_gpu_like_machine_tries_the_draft_model_without_a_ca
     store = _store(tmp_path)
     clock = FakeClock()
     fn = scripted_tokens(list(range(10, 250)))
-    target = CostedBackend(fn, clock, flat, name="target")
+    target = CostedBackend(fn, clock, flat, name="target", device="CUDA (fake)")
     # The background read of the prompt costs the answer's clock nothing (it runs beside the rounds).
     draft_cost = lambda n: 0.002 if threading.current_thread() is answer_thread else 0.0  # noqa: E731
     draft = CostedBackend(scripted_draft(fn, lambda pos: True), clock, draft_cost, name="draft")
@@ -282,7 +282,7 @@ def test_the_first_answer_goes_on_while_the_draft_model_loads_and_reads_the_prom
 
     clock = FakeClock()
     fn = scripted_tokens(list(range(10, 250)))
-    target = CostedBackend(fn, clock, flat, name="target")
+    target = CostedBackend(fn, clock, flat, name="target", device="CUDA (fake)")  # loads beside: no core taken
     draft = CostedBackend(scripted_draft(fn, lambda pos: True), clock, draft_cost, name="draft")
 
     def slow_load() -> CostedBackend:
@@ -322,6 +322,53 @@ def test_the_first_answer_goes_on_while_the_draft_model_loads_and_reads_the_prom
     drafter.close()
 
 
+def test_where_the_target_takes_every_core_no_answer_loads_or_reads_the_draft_model_beside_it(tmp_path: Path) -> None:
+    """A CPU target on every core (the fake's "CPU"; llama.cpp's default threads): a draft model's load or read
+    on another thread would take a core from the target's decode. So the first answer neither loads it nor
+    reads into it, and starts no thread (counted); idle time (serve, chat) loads it on its own thread and reads
+    the text the target holds into it; the next answer drafts with it and reads only its new tokens, inline."""
+    import threading
+
+    from localspec.decoding.auto import idle_work
+    from localspec.decoding.drafters import LazyModelDrafter
+
+    def flat(n: int) -> float:
+        return 0.020 + 0.0002 * (n - 1)
+
+    clock = FakeClock()
+    fn = scripted_tokens(list(range(10, 250)))
+    target = CostedBackend(fn, clock, flat, name="target")
+    draft = CostedBackend(scripted_draft(fn, lambda pos: True), clock, lambda n: 0.002, name="draft")
+    loaded_on: list[str] = []
+
+    def load() -> CostedBackend:
+        loaded_on.append(threading.current_thread().name)
+        return draft
+
+    lazy = LazyModelDrafter(load, "draft")
+    drafter = AutoDrafter(ngram=auto_lookup(), model=lazy, target=target, clock=clock, store=_store(tmp_path))
+    config = GenerationConfig(max_tokens=100, num_draft=8, sampling=GREEDY)
+    threads = [threading.active_count() for _ in generate(target, drafter, list(range(10, 30)), config, clock=clock)]
+    assert not loaded_on and not lazy.loaded and not draft.forward_calls  # the same setting loads beside elsewhere
+    assert max(threads) == threads[0]
+    step = idle_work(drafter)
+    assert step is not None
+    while step():
+        pass
+    here = threading.current_thread().name
+    assert loaded_on == [here] and lazy.loaded_by == here  # loaded on the idle thread, which waits for it
+    assert lazy.lag(target.cached_tokens) == 0 and len(draft.forward_calls) == 1  # the text so far, in one read
+    assert idle_work(drafter) is None or not drafter._feed_due()
+    read = sum(draft.forward_calls)
+    events = list(generate(target, drafter, list(range(10, 140)), config, clock=clock))
+    done = events[-1]
+    assert isinstance(done, Done) and list(done.tokens) == list(range(140, 240))
+    assert any(s.source == "model" and s.accepted > 0 for s in done.stats.sources)  # it drafts with it
+    first_read = draft.forward_calls[1]  # catching up: the tokens of the 130 it had not read yet, in one batch
+    assert read >= 110 and first_read <= 16
+    drafter.close()
+
+
 def test_a_draft_model_the_prior_rules_out_is_never_loaded_for_an_answer() -> None:
     """Before anything is measured, a draft token is priced at the draft's weights over the target's (files it
     knows before it loads): on a CPU-like curve a draft nearly as big as the target could not pay even with
@@ -334,7 +381,7 @@ def test_a_draft_model_the_prior_rules_out_is_never_loaded_for_an_answer() -> No
     for size, tried in ((950_000, False), (100_000, True)):
         clock = FakeClock()
         fn = scripted_tokens(list(range(10, 250)))
-        target = CostedBackend(fn, clock, true_cost, name="target")
+        target = CostedBackend(fn, clock, true_cost, name="target", device="CUDA (fake)")  # an answer may load it
         target._info = replace(target.info, size_bytes=1_000_000)
         draft = CostedBackend(scripted_draft(fn, lambda pos: True), clock, lambda n: 0.0, name="draft")
         lazy = LazyModelDrafter(lambda d=draft: loads.append(size) or d, "draft", size_bytes=size)  # type: ignore[misc]
@@ -467,19 +514,31 @@ class _WatchedDraft(CostedBackend):
 NEW_TEXT = [int(t) for t in np.random.default_rng(7).permutation(np.arange(300, 4400))]  # no token twice: no copy
 
 
-def _plain_rounds(method: str, k: int, prompt: int) -> tuple[list[int], list[int], _WatchedDraft]:
-    """A greedy answer on new text, with auto over the lookup and a loaded draft model that the costs say cannot
-    pay: the Python calls made from one round's event to the next (each a plain round), the target's passes,
-    and the draft model."""
+def _plain_rounds(
+    method: str,
+    k: int,
+    prompt: int,
+    *,
+    remembered: bool = True,
+    tokens: int = 120,
+    draft_token: float = 0.03,
+    lazy: bool = False,
+) -> tuple[list[int], list[int], _WatchedDraft]:
+    """A greedy answer on new text, with auto over the lookup and a loaded draft model that the costs say does
+    not pay (`remembered`; else no costs: auto learns them from the rounds, as a first run; `lazy`: a draft model
+    not loaded yet, which on this CPU target no answer loads): the Python calls made from one round's event to the
+    next (each a plain round), the target's passes, and the draft model."""
     import sys
 
     clock = FakeClock()
     vocab = {"n_vocab": 4400}
     target = CostedBackend(scripted_tokens(NEW_TEXT, **vocab), clock, true_cost, name="target", **vocab)
-    draft = _WatchedDraft(scripted_tokens(NEW_TEXT[::-1], **vocab), clock, lambda n: 0.03, name="draft", **vocab)
-    costs = CostModel(target={n: true_cost(n) for n in (1, 2, 4, 8, 16, 33)}, draft_token=0.03)
+    draft = _WatchedDraft(scripted_tokens(NEW_TEXT[::-1], **vocab), clock, lambda n: draft_token, name="draft", **vocab)
+    curve = {n: true_cost(n) for n in (1, 2, 4, 8, 16, 33)}
+    costs = CostModel(target=curve, draft_token=draft_token) if remembered else None
+    model = LazyModelDrafter(lambda: draft, "draft") if lazy else ModelDrafter(draft)
     drafter = (
-        AutoDrafter(ngram=auto_lookup(), model=ModelDrafter(draft), target=target, clock=clock, costs=costs)
+        AutoDrafter(ngram=auto_lookup(), model=model, target=target, clock=clock, costs=costs)
         if method == "auto"
         else NoDrafter()
     )
@@ -490,13 +549,14 @@ def _plain_rounds(method: str, k: int, prompt: int) -> tuple[list[int], list[int
             calls[0] += 1
 
     per_round: list[int] = []
-    config = GenerationConfig(max_tokens=120, num_draft=k, sampling=GREEDY)
+    config = GenerationConfig(max_tokens=tokens, num_draft=k, sampling=GREEDY)
     sys.setprofile(count)
     try:
         for ev in generate(target, drafter, NEW_TEXT[:prompt], config, clock=clock):
             if not isinstance(ev, Done) and ev.round is not None:
-                assert ev.round.n_drafted == 0  # new text: every round is plain
-                per_round.append(calls[0])
+                assert ev.round.n_drafted == 0 or not remembered  # new text: every round is plain (but probes)
+                if ev.round.n_drafted == 0:
+                    per_round.append(calls[0])
             calls[0] = 0
     finally:
         sys.setprofile(None)
@@ -518,3 +578,18 @@ def test_a_plain_round_under_auto_does_no_work_that_grows_and_touches_neither_dr
     base = np.median(short)
     assert np.median(wide) == base and np.median(long) == base  # no work per draft length or per text token
     assert base > np.median(none)  # (what it adds is counted: a lookup and a plan)
+
+
+def test_a_plain_round_with_nothing_to_weigh_makes_no_plan() -> None:
+    """New text, nothing to copy, and no model draft that could pay even with every token accepted (a draft as
+    slow as the target, or a lazy draft model that no answer loads on this CPU target, learning or remembered
+    costs): the round is plain without weighing any draft length. Counted: a round of `none` makes 117 Python
+    calls; auto's made about 310 with a plan (350 while learning), and makes under 100 more than `none` now."""
+    none, _, _ = _plain_rounds("none", 0, 200)
+    base = np.median(none)
+    slow, _, _ = _plain_rounds("auto", 32, 200, draft_token=0.06)
+    lazy, _, draft = _plain_rounds("auto", 32, 200, lazy=True)
+    learning, _, _ = _plain_rounds("auto", 32, 200, lazy=True, remembered=False)
+    for auto in (slow, lazy, learning):
+        assert base < np.median(auto) < base + 100
+    assert not draft.forward_calls

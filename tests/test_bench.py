@@ -99,7 +99,10 @@ def test_parse_methods_with_heads() -> None:
 
 def test_builtin_suites() -> None:
     s = suites()
-    assert list(s) == ["code-gen", "code-edit", "chat", "agentic", "structured", "agent-long", "long-summary"]
+    base = ["code-gen", "code-edit", "chat", "agentic", "structured", "agent-long", "long-summary"]
+    assert list(s) == [*base, "code-gen-cold", "code-gen-warm", "code-edit-cold", "code-edit-warm", "memory"]
+    assert [s[n].costs for n in list(s)[7:11]] == ["cold", "warm", "cold", "warm"] and s["memory"].again
+    assert s["code-gen-cold"].prompts == s["code-gen"].prompts and s["memory"].prompts == s["chat"].prompts
     assert len(s["structured"].grammars) == len(s["structured"].prompts) == 3 and s["chat"].grammar(0) is None
     assert s["agentic"].session and all(len(conv) == 3 for conv in s["agentic"].prompts)
     assert all("whole file" in m.content for conv in s["agentic"].prompts for m in conv)
@@ -631,6 +634,37 @@ def test_bench_command_json_on_tiny_models(tiny_ggufs, tmp_path) -> None:  # typ
     data = json.loads(out_file.read_text())
     assert {row["method"] for row in data["summary"]} == {"none", "ngram k=2", "model k=2", "auto k<=3"}
     assert len(data["runs"]) == 2 * 4 and set(data["costs"]) == {"chat", "code-edit"}
+
+
+def test_bench_cases_report_auto_cold_and_warm_and_the_memory_s_gain_apart(tiny_ggufs, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`--suites cases`: code-gen and code-edit with auto's costs cold and warm (in a cache of bench's own: the
+    user's is neither read nor written), and `memory`, where auto runs with the suffix memory of each prompt's
+    first answer and without it, its own gain said apart."""
+    import os
+    from pathlib import Path
+
+    out_file = tmp_path / "bench.json"
+    cache = Path(os.environ["LOCALSPEC_CACHE_DIR"])  # each test's own (conftest), which the command inherits
+    r = _cli(
+        "bench", "--target", str(tiny_ggufs[0]), "--draft", str(tiny_ggufs[1]), "--suites", "cases", "--prompts", "1",
+        "--reps", "1", "--max-tokens", "12", "--methods", "none,auto:3", "--threads", "1", "--cost-reps", "1",
+        "--json-out", str(out_file),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    data = json.loads(out_file.read_text())
+    cases = ["code-gen-cold", "code-gen-warm", "code-edit-cold", "code-edit-warm", "memory"]
+    assert data["suites"] == cases and set(data["cases"]) == set(cases)
+    rows = {(row["suite"], row["method"]): row for row in data["summary"]}
+    for suite in cases[:4]:
+        assert {m for s, m in rows if s == suite} == {"none", "auto k<=3"}
+        assert f"suite {suite}" in r.stdout
+    assert {m for s, m in rows if s == "memory"} == {"none", "auto k<=3", "auto k<=3 +memory"}
+    assert rows[("memory", "auto k<=3 +memory")]["memory_gain"] is not None
+    assert rows[("memory", "auto k<=3")]["memory_gain"] is None
+    assert "the memory's own gain: auto k<=3 +memory" in r.stdout
+    copied = [x for x in data["runs"] if x["suite"] == "memory" and x["method"] == "auto k<=3 +memory"]
+    assert any(s["source"] == "suffix" and s["accepted"] > 0 for x in copied for s in x["stats"]["sources"])
+    assert not (cache / "costs").exists()  # the cases' costs lived in bench's own directory
 
 
 def test_bench_command_runs_eagle3_rows_with_the_head_as_draft(eagle3_pair, tmp_path) -> None:  # type: ignore[no-untyped-def]

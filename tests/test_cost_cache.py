@@ -208,6 +208,52 @@ def test_auto_loads_the_draft_model_only_when_a_round_wants_it(tiny_ggufs, monke
         fast.close()
 
 
+def _native_threads() -> int:
+    """This process's threads, llama.cpp's own included (Linux)."""
+    return len(os.listdir("/proc/self/task"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
+def test_on_a_target_that_takes_every_core_the_answer_starts_no_thread_and_idle_time_loads_the_draft(
+    tiny_ggufs,
+) -> None:  # type: ignore[no-untyped-def]
+    """llama.cpp's default threads (every core): the costs say a model draft pays, but the answer neither loads the
+    draft model nor starts a thread (a load beside the decode takes a core from the target's threads); idle time
+    loads it on the idle thread itself and reads the conversation into it; the next answer, which may draft with
+    it, starts no thread either (a second llama.cpp context's included)."""
+    from localspec.decoding.auto import AutoDrafter, idle_work
+    from localspec.decoding.drafters import LazyModelDrafter
+    from localspec.options import ModelOptions
+    from localspec.pipeline import load_pipeline
+
+    opts = ModelOptions(target=str(tiny_ggufs[0]), draft=str(tiny_ggufs[1]), draft_method="auto", n_ctx=512)
+    config = GenerationConfig(max_tokens=24, num_draft=8, sampling=GREEDY)
+    first = load_pipeline(opts)
+    first.cost_store.save(CostModel(target={1: 0.030, 2: 0.031, 5: 0.032, 9: 0.033, 33: 0.04}, draft_token=0.002))
+    first.close()
+    pipe = load_pipeline(opts)
+    try:
+        drafter = pipe.drafter
+        assert isinstance(drafter, AutoDrafter) and isinstance(drafter.model, LazyModelDrafter)
+        counts = [_native_threads() for _ in pipe.generate("Say hi", config)]
+        assert not drafter.model.loading and not drafter.model.loaded and pipe.draft is None
+        assert max(counts) == counts[0]  # no thread started in the answer (the first event: after the prompt)
+        step = idle_work(drafter)
+        assert step is not None
+        while step():
+            pass
+        assert pipe.draft is not None and drafter.model.loaded_by == threading.current_thread().name
+        assert drafter.model.lag(pipe.target.cached_tokens) == 0  # the conversation so far, read where nobody waits
+        counts = []
+        done = None
+        for event in pipe.generate("Say hi again", config):
+            counts.append(_native_threads())
+            done = event if isinstance(event, Done) else done
+        assert isinstance(done, Done) and max(counts) == counts[0]
+    finally:
+        pipe.close()
+
+
 def test_the_device_foreseen_from_the_header_is_the_loaded_one(tiny_ggufs) -> None:  # type: ignore[no-untyped-def]
     """auto finds its remembered costs by the device before the target loads: the header must tell it right."""
     from localspec.backends.llama import backend as llama_cpp
@@ -230,7 +276,7 @@ def test_a_draft_model_loaded_late_costs_the_round_nothing_in_auto_s_estimates(t
 
     clock = FakeClock()
     target_fn = scripted_tokens(list(range(100, 200)))
-    target = CostedBackend(target_fn, clock, lambda n: 0.030 + 0.001 * n, name="target")
+    target = CostedBackend(target_fn, clock, lambda n: 0.030 + 0.001 * n, name="target", device="CUDA (fake)")
     loads: list[int] = []
 
     go = threading.Event()
@@ -266,7 +312,10 @@ def test_a_draft_model_that_fails_to_load_late_is_dropped_and_said(tmp_path: Pat
     from localspec.errors import ModelFileError
 
     clock = FakeClock()
-    target = CostedBackend(scripted_tokens(list(range(100, 200))), clock, lambda n: 0.030 + 0.001 * n, name="target")
+    gpu = "CUDA (fake)"  # an answer may load it (beside the decode)
+    target = CostedBackend(
+        scripted_tokens(list(range(100, 200))), clock, lambda n: 0.030 + 0.001 * n, name="target", device=gpu
+    )
 
     def load():  # type: ignore[no-untyped-def]
         raise ModelFileError("could not load draft.gguf: out of memory", "use a smaller draft")

@@ -79,7 +79,8 @@ def test_idle_time_loads_a_draft_model_that_may_pay_before_an_answer_wants_it() 
 
     flat = CostModel(target={1: 0.03, 2: 0.031, 9: 0.035, 33: 0.05}, draft_token=0.003)  # a draft that pays
     lazy = LazyModelDrafter(load, "draft")
-    drafter = AutoDrafter(ngram=auto_lookup(), model=lazy, target=FakeBackend(scripted_tokens(SCRIPT)), costs=flat)
+    gpu = FakeBackend(scripted_tokens(SCRIPT), device="CUDA (fake)")  # a load beside takes no core from it
+    drafter = AutoDrafter(ngram=auto_lookup(), model=lazy, target=gpu, costs=flat)
     step = idle_work(drafter)
     assert step is not None and step() is False  # a trusted curve: the load is all there is to do
     assert lazy.wait(10) and lazy.loaded and loaded_on == ["localspec-draft-load"]
@@ -134,9 +135,12 @@ def test_serve_times_the_curve_between_requests_and_a_request_waits_at_most_one_
 
 
 @pytest.mark.asyncio
-async def test_chat_times_the_curve_between_turns_and_a_new_message_stops_it(tmp_path: Path) -> None:
-    """After a reply, while the user types, auto's curve is timed; a message sent meanwhile waits out the
-    piece in flight only, and its reply has no timing pass inside it."""
+async def test_chat_times_the_curve_before_its_first_turn_and_between_turns_and_a_new_message_stops_it(
+    tmp_path: Path,
+) -> None:
+    """Once the models load, before any message, auto's curve is timed (as between turns, while the user
+    types); a message sent meanwhile waits out the piece in flight only, its reply has no timing pass inside
+    it, and the timing goes on after the reply."""
     from fakes import scripted
     from textual.widgets import Input
 
@@ -171,24 +175,78 @@ async def test_chat_times_the_curve_between_turns_and_a_new_message_stops_it(tmp
         raise AssertionError("timed out")
 
     async with app.run_test(size=(120, 40)) as pilot:
-        await until(pilot, lambda: app.pipeline is not None)
-        await send(pilot, "go")
-        await until(pilot, target.entered.is_set)  # the reply is done; a timing piece is in flight
-        await until(pilot, lambda: not app.chat.generating)
-        assert app.chat.transcript.turns[0].reply == reply
+        await until(pilot, target.entered.is_set)  # no message yet: a timing piece is in flight
+        assert not app.chat.transcript.turns and app.chat.idle_pieces == 2
         held = len(target.log) - 1
-        await send(pilot, "again")
+        await send(pilot, "go")
         await pilot.pause(0.1)
-        assert len(target.log) - 1 == held  # the new reply waits for the piece in flight
+        assert len(target.log) - 1 == held  # the reply waits for the piece in flight
         target.release.set()
         turns = app.chat.transcript.turns
-        await until(pilot, lambda: len(turns) == 2 and turns[1].stats is not None)
-        assert app.chat.transcript.turns[1].reply == reply
+        await until(pilot, lambda: len(turns) == 1 and turns[0].stats is not None)
+        assert turns[0].reply == reply
         # The held pass opened a pair: its batch ends the piece, then the reply (prompt pass and rounds) runs
         # with no timing pass inside it.
         assert target.log[held][0] == 1 and target.log[held + 1][0] > 1 and target.log[held + 1][1] == 2
-        stats = app.chat.transcript.turns[1].stats
+        stats = turns[0].stats
         assert stats is not None
         answer = {done for _, done in target.log[held + 2 : held + 3 + stats.n_rounds]}
         assert answer == {3}
+        await until(pilot, lambda: app.chat.idle_pieces > 3)  # between turns, the timing goes on
+        app.chat.stop_and_wait()
+
+
+@pytest.mark.asyncio
+async def test_chat_loads_the_draft_model_before_its_first_turn_where_nobody_waits(tmp_path: Path) -> None:
+    """A draft model that may pay (the remembered costs say so) is loaded as soon as the models are, before any
+    message and off the UI thread, not inside the first reply; on a CPU target that takes every core the load
+    runs on the engine's own idle thread, so a reply can never decode beside it."""
+    from fakes import scripted
+    from textual.widgets import Input
+
+    from localspec.decoding.drafters import LazyModelDrafter
+    from localspec.decoding.policy import CostModel
+    from localspec.options import GenerationSettings
+    from localspec.tui.app import ChatApp
+
+    reply = "Sure, here it is."
+    target = FakeBackend(scripted(reply))
+    loaded_on: list[str] = []
+
+    def load_draft() -> FakeBackend:
+        loaded_on.append(threading.current_thread().name)
+        return FakeBackend(scripted(reply), name="draft")
+
+    flat = CostModel(target={1: 0.03, 2: 0.031, 9: 0.035, 33: 0.05}, draft_token=0.003)  # a draft that pays
+    lazy = LazyModelDrafter(load_draft, "draft")
+
+    def load(options: ModelOptions) -> Pipeline:
+        drafter = AutoDrafter(ngram=auto_lookup(), model=lazy, target=target, costs=flat)
+        return Pipeline(options, "fake", target, DraftSlot(), drafter)
+
+    app = ChatApp(
+        options=ModelOptions(target="/fake/target", draft_method="auto"),
+        settings=GenerationSettings(max_tokens=40, seed=0),
+        loader=load,
+        save_dir=tmp_path,
+    )
+    async with app.run_test(size=(120, 40)) as pilot:
+        for _ in range(1500):
+            if lazy.loaded and app.chat.idle.is_set():
+                break
+            await pilot.pause(0.02)
+        assert lazy.loaded and not app.chat.transcript.turns  # before the first message
+        assert loaded_on == [lazy.loaded_by] and loaded_on[0] != threading.main_thread().name
+        assert loaded_on[0] != "localspec-draft-load"  # not beside: on the idle worker itself
+        app.chat.query_one("#prompt", Input).focus()
+        await pilot.press(*"go", "enter")
+        turns = app.chat.transcript.turns
+        for _ in range(1500):
+            if len(turns) == 1 and turns[0].stats is not None:
+                break
+            await pilot.pause(0.02)
+        stats = turns[0].stats
+        assert turns[0].reply == reply and stats is not None
+        assert any(s.source == "model" and s.drafted > 0 for s in stats.sources)  # it drafted with it
+        assert len(loaded_on) == 1
         app.chat.stop_and_wait()

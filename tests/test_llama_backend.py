@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -124,6 +125,70 @@ def test_self_draft_accepts_everything_on_tiny_model(tiny_ggufs) -> None:  # typ
         draft.close()
 
 
+def test_a_greedy_round_reads_two_picks_a_row_and_no_whole_row(tiny_ggufs, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """llama.cpp picks each row's best two tokens in its graph (BackendSpec.top2_on_device): a greedy run copies no
+    whole row to the host, target or draft, prompt included, and makes the same choices and near-ties as the host's
+    arg-max over whole rows (the table saying the backend cannot pick)."""
+    import dataclasses
+
+    from localspec.backends import registry
+
+    monkeypatch.setattr(lb, "PICK_ON_CPU", True)  # the graph path a GPU runs, run here on the CPU
+
+    def run() -> tuple[Done, Counter, Counter]:  # type: ignore[type-arg]
+        target, draft = lb.load(tiny_ggufs[0], n_ctx=512), lb.load(tiny_ggufs[1], n_ctx=512)
+        try:
+            prompt = chat_prompt_tokens(target, [ChatMessage("user", PROMPT)])
+            done = _run(target, ModelDrafter(draft), prompt, max_tokens=40, num_draft=4)
+            return done, target.reads, draft.reads
+        finally:
+            target.close()
+            draft.close()
+
+    picked, target_reads, draft_reads = run()
+    st = picked.stats
+    assert st.n_drafted > st.n_accepted > 0  # the draft is similar: some rounds reject
+    assert target_reads["rows"] == draft_reads["rows"] == 0
+    assert target_reads["picks"] == 1 + st.n_rounds + st.n_drafted  # the prompt's last row, then every verified one
+    assert draft_reads["picks"] == 1 + st.n_drafted  # the prompt read in (its last row unused), then one a draft
+
+    monkeypatch.setitem(registry.BACKENDS, "llama", dataclasses.replace(registry.LLAMA, top2_on_device=False))
+    rows, target_reads, draft_reads = run()
+    assert target_reads["picks"] == draft_reads["picks"] == 0
+    assert target_reads["rows"] == 1 + rows.stats.n_rounds + rows.stats.n_drafted
+    assert draft_reads["rows"] == 1 + rows.stats.n_drafted
+    assert rows.tokens == picked.tokens
+    assert [(t.position, t.token, t.runner_up) for t in rows.stats.near_ties] == [
+        (t.position, t.token, t.runner_up) for t in st.near_ties
+    ]
+    assert np.allclose([t.gap for t in rows.stats.near_ties], [t.gap for t in st.near_ties], atol=1e-6)
+
+
+def test_rows_where_picks_do_not_pay_or_the_build_cannot(tiny_ggufs, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Picks only where they pay and the build has them: with the logits on the CPU (this machine) greedy runs read
+    rows unless PICK_ON_CPU says otherwise, and a llama-cpp-python without llama_set_sampler (older builds) reads
+    rows too (forward_top2: None, nothing fed); the tokens are the same every way."""
+    import llama_cpp
+
+    def run() -> tuple[Done, Counter]:  # type: ignore[type-arg]
+        target = lb.load(tiny_ggufs[0], n_ctx=512)
+        try:
+            prompt = chat_prompt_tokens(target, [ChatMessage("user", PROMPT)])
+            return _run(target, NgramDrafter(), prompt, max_tokens=24, num_draft=4), target.reads
+        finally:
+            target.close()
+
+    on_cpu, reads = run()
+    assert reads["picks"] == 0 and reads["rows"] == 1 + on_cpu.stats.n_rounds + on_cpu.stats.n_drafted
+    monkeypatch.setattr(lb, "PICK_ON_CPU", True)
+    picked, reads = run()
+    assert reads["rows"] == 0 and reads["picks"] == 1 + picked.stats.n_rounds + picked.stats.n_drafted
+    monkeypatch.delattr(llama_cpp, "llama_set_sampler")
+    rows, reads = run()
+    assert reads["picks"] == 0 and reads["rows"] == 1 + rows.stats.n_rounds + rows.stats.n_drafted
+    assert rows.tokens == picked.tokens == on_cpu.tokens
+
+
 # -- errors a user meets --------------------------------------------------------------------------
 
 
@@ -220,7 +285,15 @@ def _recording_rows(backend, start: int) -> dict[tuple[int, ...], np.ndarray]:  
 
 
 @pytest.mark.parametrize("model", ["smollm2_path", "gemma_path"])
-def test_fixture_self_draft_accepts_every_token(model: str, request: pytest.FixtureRequest) -> None:
+def test_fixture_self_draft_accepts_every_token(
+    model: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dataclasses
+
+    from localspec.backends import registry
+
+    # The check below reads the verify rows themselves: the engine reads rows, not llama.cpp's picks.
+    monkeypatch.setitem(registry.BACKENDS, "llama", dataclasses.replace(registry.LLAMA, top2_on_device=False))
     path = request.getfixturevalue(model)
     target, draft = lb.load(path, n_ctx=1024), lb.load(path, n_ctx=1024)
     try:

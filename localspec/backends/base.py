@@ -105,6 +105,46 @@ class TokenTable:
     hf_json: str | None = None  # a tokenizers JSON (tokenizer.json), used instead of pieces
 
 
+@dataclass(frozen=True)
+class TopTwo:
+    """Each row's best token and its runner-up with their logits, picked where the model runs (a backend's
+    optional `forward_top2`, BackendSpec.top2_on_device) instead of whole rows handed to the host: all a greedy
+    round reads (the verdict, and the near-ties' gaps). ids [n, 2] int, logits [n, 2] float32, best first
+    (an exact tie goes to the lower id, as numpy's argmax)."""
+
+    ids: np.ndarray
+    logits: np.ndarray
+
+    @classmethod
+    def picked(cls, ids: np.ndarray, logits: np.ndarray) -> TopTwo:
+        """From two picks a row in any order."""
+        ids, logits = np.asarray(ids, dtype=np.int64), np.asarray(logits, dtype=np.float32)
+        swap = (logits[:, 1] > logits[:, 0]) | ((logits[:, 1] == logits[:, 0]) & (ids[:, 1] < ids[:, 0]))
+        return cls(np.where(swap[:, None], ids[:, ::-1], ids), np.where(swap[:, None], logits[:, ::-1], logits))
+
+    @classmethod
+    def of_rows(cls, rows: np.ndarray) -> TopTwo:
+        """The same from whole rows [n, V] on the host (a batch too long for one device pass)."""
+        rows = np.atleast_2d(rows)
+        ids = np.argpartition(rows, rows.shape[1] - 2, axis=1)[:, -2:]
+        return cls.picked(ids, np.take_along_axis(rows, ids, axis=1))
+
+    def __len__(self) -> int:
+        return int(self.ids.shape[0])
+
+    @property
+    def best(self) -> np.ndarray:
+        return self.ids[:, 0]
+
+    def near_ties(self, n: int, limit: float) -> list[tuple[int, int, int, float]]:
+        """(row, best, runner-up, logit gap) of the first n rows whose runner-up is within `limit` of the best:
+        sampling.near_ties, read off the two picks."""
+        gaps = self.logits[:n, 0] - self.logits[:n, 1]
+        return [
+            (int(i), int(self.ids[i, 0]), int(self.ids[i, 1]), float(gaps[i])) for i in np.flatnonzero(gaps < limit)
+        ]
+
+
 class Detokenizer(Protocol):
     """Turns a growing token stream into text, never splitting a UTF-8 character."""
 
@@ -365,6 +405,38 @@ def sync_cache(backend: Backend, tokens: Sequence[int], *, logits: bool) -> tupl
         return keep, None
     row = backend.forward(tokens[keep:], all_logits=False)[-1]
     return keep, (row if logits else None)
+
+
+class PicksTop2(Protocol):
+    """A Backend whose passes can hand back each row's best two tokens instead of rows (BackendSpec.top2_on_device)."""
+
+    @property
+    def cached_tokens(self) -> Sequence[int]: ...
+
+    def can_rollback(self, n_keep: int) -> bool: ...
+
+    def rollback(self, n_keep: int) -> None: ...
+
+    def forward_top2(self, tokens: Sequence[int], *, all_rows: bool = True) -> TopTwo | None:
+        """forward, but each row's (all_rows, else the last row's) best two tokens and their logits (TopTwo), picked
+        where the model runs; None, having fed nothing, where it cannot now (the caller then uses forward)."""
+        ...
+
+
+def sync_cache_top2(backend: PicksTop2, tokens: Sequence[int], *, logits: bool) -> tuple[int, TopTwo | None] | None:
+    """sync_cache through the backend's picks: the last fed row's best two tokens instead of the row (with
+    logits=True; None when nothing needed feeding with logits=False). None, having fed nothing, where the backend
+    cannot pick: the caller then uses sync_cache. A backend switches from rows to picks at a cost (llama.cpp plans
+    its graph again), so a greedy run reads its prompt this way too."""
+    limit = len(tokens) - 1 if logits else len(tokens)
+    keep = common_prefix(backend.cached_tokens, tokens, limit=limit)
+    if not backend.can_rollback(keep):
+        keep = 0
+    backend.rollback(keep)
+    if keep >= len(tokens):
+        return keep, None
+    picks = backend.forward_top2(tokens[keep:], all_rows=False)
+    return None if picks is None else (keep, picks)
 
 
 def chat_prompt_tokens(

@@ -57,6 +57,10 @@ class BackendSpec:
     # unbatchable(model) -> why not or "", batches_pay(model, n_gpu_layers) -> bool. None: one at a time.
     parallel_module: str | None = None
     preferred_on_apple: bool = False  # auto picks it on Apple silicon when installed
+    # Its models' forward_top2(tokens) can hand back each row's two best tokens and their logits, picked where the
+    # model runs (base.TopTwo), instead of whole rows: what a greedy round reads. It may still return None (a
+    # build without it, or where it does not pay): the caller then reads rows.
+    top2_on_device: bool = False
 
     def installed(self) -> bool:
         return all(importlib.util.find_spec(name) is not None for name in self.imports)
@@ -106,6 +110,7 @@ LLAMA = BackendSpec(
     single_file=True,
     hidden_states=True,
     parallel_module="localspec.backends.llama.multi",
+    top2_on_device=True,  # llama.cpp's backend sampling: a top-2 sampler in the graph (output layer on a GPU)
 )
 MLX = BackendSpec(
     name="mlx",
@@ -121,6 +126,13 @@ MLX = BackendSpec(
     preferred_on_apple=True,
 )
 BACKENDS: dict[str, BackendSpec] = {spec.name: spec for spec in (LLAMA, MLX)}
+
+
+def picks_top2(model: Backend) -> bool:
+    """Whether `model`'s backend picks each row's best two tokens where the model runs (BackendSpec.top2_on_device):
+    greedy rounds then read those instead of whole rows."""
+    spec = BACKENDS.get(model.info.backend)
+    return spec is not None and spec.top2_on_device and callable(getattr(model, "forward_top2", None))
 
 
 def backend_names() -> tuple[str, ...]:

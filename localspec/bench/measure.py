@@ -18,6 +18,7 @@ curve no machine has (localspec.bench.costs), no bound is given.
 from __future__ import annotations
 
 import statistics
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -29,10 +30,12 @@ from localspec.backends.base import Backend, ChatMessage
 from localspec.bench.costs import CostSamples, Load, Verdict, current_load, judge, keeping
 from localspec.bench.suites import Suite
 from localspec.decoding.calibrate import time_drafter, time_rollback, time_target_paired
+from localspec.decoding.cost_cache import CostStore
 from localspec.decoding.drafters import Drafter, ModelDrafter
 from localspec.decoding.engine import Done, GenerationConfig
 from localspec.decoding.policy import CostModel
 from localspec.decoding.stats import SpecStats, format_choices
+from localspec.decoding.suffix_memory import SuffixMemory
 from localspec.errors import UsageError
 from localspec.families import registry
 from localspec.families.base import DrafterFamily
@@ -45,13 +48,20 @@ from localspec.sampling import SamplingParams
 class Method:
     method: str  # a drafter family's name (localspec.families.registry)
     k: int  # draft length (auto: the most it may choose)
+    memory: bool = False  # with the suffix memory of the prompt's first answer (the `memory` case)
 
     @property
     def label(self) -> str:
         fam = registry.family(self.method)
         if fam.plain:
             return self.method
-        return f"{self.method} k<={self.k}" if fam.accepts_draft else f"{self.method} k={self.k}"
+        label = f"{self.method} k<={self.k}" if fam.accepts_draft else f"{self.method} k={self.k}"
+        return label + (" +memory" if self.memory else "")
+
+    @property
+    def reads_memory(self) -> bool:
+        """Whether its drafter can read a suffix memory (auto's and the suffix lookup's)."""
+        return self.method in MEMORY_METHODS
 
 
 def parse_methods(
@@ -104,6 +114,17 @@ def _leave_out_hint(fam: DrafterFamily) -> str:
     if fam.is_head:
         return f"pass the {fam.name} head as --draft HEAD.gguf (made for this target), or leave {fam.name} out of --methods"
     return f"pass --draft PATH (or --pair NAME), or leave the {fam.name} methods out of --methods"
+
+
+MEMORY_METHODS = ("auto", "suffix")  # the families whose drafters read a suffix memory (families/auto.py, lookup.py)
+
+
+def with_memory(methods: Sequence[Method]) -> list[Method]:
+    """The methods, each one that reads a suffix memory followed by itself with the memory."""
+    out = []
+    for m in methods:
+        out += [m, replace(m, memory=True)] if m.reads_memory and not m.memory else [m]
+    return out
 
 
 @dataclass
@@ -161,6 +182,7 @@ class BenchResult:
     temperature: float
     methods: list[Method]
     suites: list[str]
+    cases: dict[str, str] = field(default_factory=dict)  # suite -> what its case holds fixed (bench's cases)
     costs: dict[str, SuiteCosts] = field(default_factory=dict)
     runs: list[RunResult] = field(default_factory=list)
     wall_s: float = 0.0
@@ -178,6 +200,7 @@ class BenchResult:
             "temperature": self.temperature,
             "methods": [m.label for m in self.methods],
             "suites": self.suites,
+            "cases": self.cases,
             "wall_s": self.wall_s,
             "interrupted": self.interrupted,
             "costs": {s: c.to_json() for s, c in self.costs.items()},
@@ -240,11 +263,16 @@ def run_bench(
         max_tokens=max_tokens,
         reps=reps,
         temperature=sampling.temperature,
-        methods=list(methods),
+        methods=with_memory(methods) if any(s.again for s in suites) else list(methods),
         suites=[s.name for s in suites],
+        cases={s.name: s.description for s in suites if s.costs != "user" or s.again},
     )
     try:
-        _measure_all(pipeline, suites, methods, result, reps, max_tokens, sampling, n_prompts, progress, cost_reps)
+        with tempfile.TemporaryDirectory(prefix="localspec-bench-") as tmp:
+            cases = _Cases(pipeline, Path(tmp))
+            _measure_all(
+                pipeline, suites, methods, result, reps, max_tokens, sampling, n_prompts, progress, cost_reps, cases
+            )
     except KeyboardInterrupt:
         result.interrupted = True
         progress("interrupted: reporting the runs that finished")
@@ -263,6 +291,7 @@ def _measure_all(
     n_prompts: int | None,
     progress: Callable[[str], None],
     cost_reps: int,
+    cases: _Cases,
 ) -> None:
     k_top = max([m.k for m in methods] + [1])
     prompts: dict[str, list[list[int]]] = {}
@@ -270,7 +299,7 @@ def _measure_all(
         chosen = suite.prompts[: n_prompts or len(suite.prompts)]
         # A session's first turn stands for it where one prompt is needed (the cost curve's context).
         prompts[suite.name] = [pipeline.prompt_tokens(list(msgs[:1] if suite.session else msgs)) for msgs in chosen]
-    n_total = reps * sum(len(p) for p in prompts.values()) * len(methods)
+    n_total = reps * sum(len(prompts[s.name]) * len(_methods(methods, s)) for s in suites)
     done_n = 0
     t0 = time.perf_counter()
     for rep in range(reps):
@@ -286,8 +315,12 @@ def _measure_all(
             if suite.name not in result.costs:
                 result.costs[suite.name] = SuiteCosts(suite.name, len(first), measured.model())
             result.costs[suite.name].add(measured, load)
+            cases.measured(suite, result.costs[suite.name].costs)
+            if suite.again and rep == 0:
+                progress(f"answering {suite.name}'s prompts once into a fresh suffix memory (not measured)")
+                cases.remember(suite, prompts[suite.name], max_tokens, sampling)
             for pi, prompt in enumerate(prompts[suite.name]):
-                order = list(methods)
+                order = _methods(methods, suite)
                 shift = (rep + pi) % len(order)
                 order = order[shift:] + order[:shift]  # rotate: no method always runs first or last
                 for m in order:
@@ -297,7 +330,7 @@ def _measure_all(
                         f"({time.perf_counter() - t0:.0f} s)"
                     )
                     # A fresh drafter per run (a session: per conversation), as `localspec run` (`chat`) builds one.
-                    drafter = pipeline.new_drafter(m.method)
+                    drafter = cases.drafter(suite, m)
                     config = GenerationConfig(
                         max_tokens=max_tokens, num_draft=m.k, sampling=sampling, grammar=suite.grammar(pi)
                     )
@@ -316,6 +349,59 @@ def _measure_all(
                             result.runs.append(replace(run, suite=suite.name, prompt=pi, method=m.label, rep=rep))
                     finally:
                         drafter.close()
+
+
+def _methods(methods: Sequence[Method], suite: Suite) -> list[Method]:
+    return with_memory(methods) if suite.again else list(methods)
+
+
+class _Cases:
+    """auto's remembered costs and the suffix memory for bench's cases (suites.CASES), in a directory of their own:
+    the user's cache and memory are neither read nor written."""
+
+    def __init__(self, pipeline: Pipeline, root: Path) -> None:
+        self.pipeline = pipeline
+        self.root = root
+        self._memories: dict[str, SuffixMemory] = {}
+
+    def store(self, suite: Suite) -> CostStore | None:
+        """Where auto's costs live in this suite's runs (None: the user's cache, as `localspec run` reads it)."""
+        return None if suite.costs == "user" else replace(self.pipeline.cost_store, root=self.root / suite.name)
+
+    def measured(self, suite: Suite, costs: CostModel) -> None:
+        """A warm case remembers the curve bench measured on its suite (as a returning user's runs would)."""
+        store = self.store(suite)
+        if suite.costs == "warm" and store is not None:
+            store.save(costs)
+
+    def memory(self, suite: Suite) -> SuffixMemory:
+        if suite.name not in self._memories:
+            vocab = self.pipeline.target.vocab_info
+            self._memories[suite.name] = SuffixMemory(vocab, root=self.root / f"{suite.name}-memory")
+        return self._memories[suite.name]
+
+    def remember(self, suite: Suite, prompts: Sequence[list[int]], max_tokens: int, sampling: SamplingParams) -> None:
+        """Each prompt answered once (plain decoding: the target's own answer), prompt and answer remembered."""
+        memory = self.memory(suite)
+        plain = next(f.name for f in registry.families() if f.plain)
+        config = GenerationConfig(max_tokens=max_tokens, num_draft=0, sampling=sampling)
+        for prompt in prompts:
+            drafter = self.pipeline.new_drafter(plain)
+            try:
+                *_, done = self.pipeline.generate(prompt, config, drafter=drafter)
+            finally:
+                drafter.close()
+            assert isinstance(done, Done)
+            memory.remember([*prompt, *done.tokens])
+
+    def drafter(self, suite: Suite, m: Method) -> Drafter:
+        """A fresh drafter for one run: a cold case's auto finds nothing remembered (it learns, as a first run);
+        `m.memory`: the suite's memory, read as a new session reads it."""
+        store = self.store(suite)
+        if store is not None and suite.costs == "cold":
+            store.drop()
+        memory = self.memory(suite) if m.memory else None
+        return self.pipeline.new_drafter(m.method, store=store, memory=memory)
 
 
 def _one_run(
@@ -355,6 +441,7 @@ class Row:
     rollback_ms: float = 0.0  # ... of which cutting the target back (a recurrent model restores its state)
     grammar_ms: float | None = None  # the grammar matcher's time per generated token (None: no grammar)
     grammar_share: float | None = None  # ... as a share of decode time
+    memory_gain: float | None = None  # a +memory method: median per repetition of its tok/s over the same without
 
 
 def summarize(result: BenchResult) -> list[Row]:
@@ -379,6 +466,7 @@ def summarize(result: BenchResult) -> list[Row]:
             # No bound from timings that cannot be trusted (bench prints why instead).
             bound = _bound_speedup(runs, costs, m) if reliable and _fixed_drafts(m.method) else None
             speedup = statistics.median(speed) if speed else 0.0
+            gain = _memory_gain(result, suite, m, tps) if m.memory else None
             decisions = Counter[str]()
             for r in runs:
                 for src in r.stats.sources:
@@ -402,9 +490,17 @@ def summarize(result: BenchResult) -> list[Row]:
                     verify_ms=1e3 * sum(r.stats.verify_s for r in runs) / n_rounds if n_rounds else 0.0,
                     rollback_ms=1e3 * sum(r.stats.rollback_s for r in runs) / n_rounds if n_rounds else 0.0,
                     **_grammar_cost(runs),
+                    memory_gain=gain,
                 )
             )
     return rows
+
+
+def _memory_gain(result: BenchResult, suite: str, m: Method, tps: dict[int, float]) -> float | None:
+    """The memory's own gain: per repetition, the method with the memory over the same without it; the median."""
+    without = _per_rep_tps(result, suite, replace(m, memory=False).label)
+    ratios = [tps[rep] / without[rep] for rep in tps if without.get(rep)]
+    return statistics.median(ratios) if ratios else None
 
 
 def _grammar_cost(runs: Sequence[RunResult]) -> dict[str, float | None]:

@@ -117,7 +117,15 @@ def suite_table(result: BenchResult, suite: str, rows: list[Row]) -> list[str]:
     sc = result.costs.get(suite)
     title = f"suite {suite}" + (f" ({sc.n_context} tokens of context in its first prompt)" if sc else "")
     why = bound_line(sc)
-    note = (
+    case = result.cases.get(suite)
+    if case:
+        title += f": {case}"
+    gains = [
+        f"the memory's own gain: {r.method} {r.memory_gain:.2f}x the same without it (median per repetition)"
+        for r in rows
+        if r.memory_gain is not None
+    ]
+    note = gains + (
         [
             "grammar/tok: the grammar matcher's time per generated token (masks of every verified row, consumes, "
             "rollbacks), and its share of decode time"

@@ -11,12 +11,20 @@
   call's arguments: localspec.bench.structured); bench adds the grammar's time per token
 - agent-long: a coding agent's 8.7k-token prompt (system prompt, tool schemas, files read through tools,
   a failing test, an edit request: localspec.bench.agent_transcript), answered with a whole file
+
+The cases (opt-in, `--suites cases`) keep auto's tax and the suffix memory's gain apart, so that neither
+hides in a repeated run: code-gen and code-edit with auto's costs cold (no remembered curve: every run
+learns from its own rounds, as the first run of an install) and warm (the curve bench measured on the
+suite, remembered), never with a suffix memory (every prompt is new to every run); and `memory`, the chat
+questions asked again in a new session: each answered once into a fresh suffix memory (not measured), then
+auto with that memory against auto without it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
+from typing import Literal
 
 from localspec.backends.base import ChatMessage
 from localspec.bench.agent_transcript import agent_messages
@@ -102,6 +110,10 @@ class Suite:
     prompts: tuple[tuple[ChatMessage, ...], ...]
     session: bool = False
     grammars: tuple[GrammarSpec, ...] = ()  # one per prompt: the answer held to it (empty: unconstrained)
+    # auto's remembered costs: this machine's cache ("user"), none (a fresh cache for every run: "cold"), or a
+    # fresh cache holding the curve bench measured on the suite ("warm")
+    costs: Literal["user", "cold", "warm"] = "user"
+    again: bool = False  # each prompt answered once into a fresh suffix memory first; auto runs with it and without
 
     def grammar(self, prompt: int) -> GrammarSpec | None:
         return self.grammars[prompt] if self.grammars else None
@@ -115,7 +127,10 @@ def long_document() -> str:
     return resources.files("localspec.bench").joinpath("long_context.txt").read_text(encoding="utf-8")
 
 
-OPT_IN = ("agent-long",)  # not in `--suites all`: its prompt needs --n-ctx 10240 or more, and minutes on a CPU
+CASES = ("code-gen-cold", "code-gen-warm", "code-edit-cold", "code-edit-warm", "memory")  # `--suites cases`
+# Not in `--suites all`: agent-long's prompt needs --n-ctx 10240 or more, and minutes on a CPU; the cases repeat
+# suites of `all` under other conditions.
+OPT_IN = ("agent-long", *CASES)
 
 
 def suites() -> dict[str, Suite]:
@@ -216,4 +231,20 @@ def suites() -> dict[str, Suite]:
             ),
         ),
     ]
-    return {s.name: s for s in all_suites}
+    by_name = {s.name: s for s in all_suites}
+    return by_name | {s.name: s for s in _cases(by_name)}
+
+
+def _cases(by_name: dict[str, Suite]) -> list[Suite]:
+    """The suites of CASES, from the suites they repeat."""
+    out = []
+    for base in ("code-gen", "code-edit"):
+        suite = by_name[base]
+        kinds: tuple[Literal["cold", "warm"], ...] = ("cold", "warm")
+        for costs in kinds:
+            what = "no remembered costs: each run learns them" if costs == "cold" else "the measured costs remembered"
+            out.append(replace(suite, name=f"{base}-{costs}", description=f"{suite.description}; {what}", costs=costs))
+    chat = by_name["chat"]
+    again = "a question asked again in a new session: auto with the suffix memory of its first answer, and without"
+    out.append(replace(chat, name="memory", description=again, again=True))
+    return out

@@ -32,7 +32,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         default="all",
         help="comma-separated: code-gen, code-edit, agentic, chat, long-summary, "
         "structured (answers held to a JSON schema; the grammar's time per token is shown), "
-        "agent-long (a coding agent's 8.7k-token prompt; needs --n-ctx 10240) (default: all but agent-long)",
+        "agent-long (a coding agent's 8.7k-token prompt; needs --n-ctx 10240), and the cases that keep auto's "
+        "own cost and the suffix memory's gain apart: code-gen-cold, code-gen-warm, code-edit-cold, code-edit-warm "
+        "(auto with no remembered costs, or with the curve bench measured; never a suffix memory) and memory (a "
+        "question asked again in a new session: auto with the memory of its first answer, and without), all five "
+        "as `cases` (default: all but agent-long and the cases)",
     )
     g.add_argument(
         "--methods",
@@ -61,7 +65,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 def run(args: argparse.Namespace) -> int:
     from localspec.bench.measure import parse_methods, run_bench
     from localspec.bench.report import bench_lines
-    from localspec.bench.suites import OPT_IN, suites
+    from localspec.bench.suites import CASES, OPT_IN, suites
     from localspec.commands.first_use import model_options_from_args
     from localspec.pipeline import load_pipeline
     from localspec.sampling import SamplingParams
@@ -73,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
         names = [n for n in available if n not in OPT_IN]
     else:
         names = [s.strip() for s in args.suites.split(",") if s.strip()]
+        names = list(dict.fromkeys(n for name in names for n in (CASES if name == "cases" else (name,))))
     unknown = [n for n in names if n not in available]
     if unknown:
         raise UsageError(f"unknown suite(s): {', '.join(unknown)}", f"choose from: {', '.join(available)}")

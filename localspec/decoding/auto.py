@@ -24,7 +24,7 @@ import numpy as np
 from localspec.backends.base import Backend
 from localspec.decoding.cost_cache import CostStore
 from localspec.decoding.cost_learning import IDLE_TOP, CostLearner
-from localspec.decoding.drafters import Drafter, LazyModelDrafter, ModelDrafter, NgramDrafter
+from localspec.decoding.drafters import Drafter, LazyModelDrafter, ModelDrafter, NgramDrafter, decode_takes_every_core
 from localspec.decoding.live_costs import LiveCurve
 from localspec.decoding.policy import DRAFT_RATIO, Controller, CostModel, Plan
 from localspec.decoding.stats import RoundStats
@@ -37,6 +37,10 @@ from localspec.sampling import SamplingParams
 SHADOWS = 8  # lookup proposals graded against the text that followed, at most this many pending
 SHADOW_SPAN = 4  # ... each on its first tokens only
 READ_INLINE = 32  # a lazy draft model catches up on at most this many tokens in a round; more, beside it
+# Plain rounds planned without weighing draft lengths (see _plan_round), and why.
+NO_COPY_NO_MODEL = Plan("none", 0, 0.0, 0.0, why="nothing to copy; no draft model in this answer")
+NO_COPY_MODEL_CANNOT_PAY = Plan("none", 0, 0.0, 0.0, why="nothing to copy; a model draft cannot pay here")
+SAVE_EVERY = 16  # rounds between readings of whether a model draft could pay at all (_model_may_pay)
 
 
 def auto_ngram() -> NgramDrafter:
@@ -87,6 +91,10 @@ class AutoDrafter:
         self._forecast: tuple[int, int, int, Draft] | None = None  # (context length, last token, k, its lookup)
         self.model = model
         self.target = target
+        # Whether work on another thread beside an answer is free (the target leaves a core idle, or decodes on an
+        # accelerator). Where it is not, the draft model is loaded, and reads text, only where nobody waits
+        # (idle_step) or inline in a round that priced it, never beside the target's decode: see _model_plannable.
+        self.beside = target is None or not decode_takes_every_core(target)
         self.clock = clock
         self.learner = CostLearner(target=target, costs=costs, store=store, clock=clock)
         self.controller = Controller(self.learner.initial, draft_ratio(model, target))
@@ -99,6 +107,8 @@ class AutoDrafter:
         self._model_mark: tuple[int, int] | None = None  # (context length, the model's lag then): see _model_gap
         self.model_note = ""  # why the draft model was dropped mid-run, if it was
         self._shadows: list[tuple[list[int], int, int]] = []  # (proposal, n-gram order, context length then)
+        self._can_pay = True  # see _model_may_pay
+        self._can_pay_in = 0  # rounds until it is read again
 
     @property
     def live(self) -> LiveCurve:
@@ -123,6 +133,7 @@ class AutoDrafter:
         self.controller.new_generation()
         self.learner.new_generation(max_k)
         self._model_mark = None  # a new text: the model's cache is compared with it once
+        self._can_pay_in = 0
         # The draft model does not read the prompt now: it catches up in one batch when a plan first needs it
         # (the policy counts that cost), so a run where model drafts never pay never pays for it.
 
@@ -140,7 +151,7 @@ class AutoDrafter:
     def idle_due(self) -> bool:
         """Whether timing passes are still wanted where nobody waits (no trusted curve yet), or the draft model
         is still to be loaded there (a lazy one that may pay)."""
-        return self.learner.timing_due() or self._preload_due()
+        return self.learner.timing_due() or self._preload_due() or self._feed_due()
 
     def _preload_due(self) -> bool:
         model = self.model
@@ -148,14 +159,50 @@ class AutoDrafter:
             return False
         return self.controller.model_can_pay(max(self.max_k, IDLE_TOP - 1))
 
+    def _feed_due(self) -> bool:
+        """Whether a loaded draft model that may pay has yet to read the text the target holds (the conversation
+        so far): read where nobody waits, the next answer's catch-up is its new message only."""
+        model = self.model.loaded_drafter if isinstance(self.model, LazyModelDrafter) else self.model
+        target = self.target
+        if not isinstance(model, ModelDrafter) or target is None or not target.cached_tokens:
+            return False
+        text = target.cached_tokens
+        fits = len(text) - 1 <= model.backend.n_ctx
+        return fits and model.lag(text) > 0 and self.controller.model_can_pay(max(self.max_k, IDLE_TOP - 1))
+
     def idle_step(self) -> bool:
-        """One piece of idle work: the draft model's load begun on a thread of its own where a model draft may
-        pay (an answer then finds it loaded), or calibration (one pair of forward passes) on the target's cache,
-        which it leaves as it found it; run only where nobody waits. True while more pieces are wanted."""
+        """One piece of idle work, run only where nobody waits: the draft model's load where a model draft may pay
+        (an answer then finds it loaded), calibration (one pair of forward passes) on the target's cache, which it
+        leaves as it found it, or the draft model's read of the text the target holds. True while more pieces are
+        wanted."""
         if self._preload_due():
-            assert isinstance(self.model, LazyModelDrafter)
-            self.model.start([])
-        return self.learner.idle_step(self.controller)
+            self._preload()
+            if not self.beside:
+                return self.idle_due()  # the load was this piece
+        if self.learner.timing_due():
+            return self.learner.idle_step(self.controller) or self._feed_due()
+        if self._feed_due():
+            assert self.model is not None and self.target is not None
+            self.model.catch_up(self.target.cached_tokens)
+            self._model_mark = None  # its lag is read again
+        return False
+
+    def _preload(self) -> None:
+        """Load the lazy draft model where nobody waits: on a thread of its own where the target leaves a core
+        idle (an answer that starts meanwhile goes on beside it), else here, as one idle piece (an answer that
+        starts meanwhile waits it out, as it waits out a timing piece: beside the decode it would cost more)."""
+        model = self.model
+        assert isinstance(model, LazyModelDrafter)
+        if self.beside:
+            model.start([])
+            return
+        try:
+            model.load()
+        except Interrupted:
+            pass  # stopped (an answer's abort, or closing): loaded in a later idle piece
+        except LocalspecError as e:
+            self.model_note = f"auto: draft model dropped: {e}"
+            self.model = None
 
     def forecast(self, context: Sequence[int], k: int) -> tuple[float, ...] | None:
         """The acceptance expected at each position of the lookup draft `context` has now (auto's learnt
@@ -196,18 +243,7 @@ class AutoDrafter:
             ng = self._lookup(context, k, sampling, rng)
             self._order = ng.order if ng.tokens else 0
         self.learner.at_context(len(context), self.controller.costs)
-        loading = self._model_loading()
-        gap = self._model_gap(context) if self.model is not None and not loading else 0
-        k_plan = self.learner.draft_cap(k)
-        plan = self.controller.plan(
-            k_plan,
-            model=self.model is not None and not loading,
-            ngram_avail=len(ng.tokens),
-            ngram_order=self._order,
-            model_gap=gap,
-        )
-        if plan.method == "model" and not self._model_ready(context):
-            plan = self.controller.plan(k_plan, model=False, ngram_avail=len(ng.tokens), ngram_order=self._order)
+        plan = self._plan_round(context, k, ng)
         plan = self.learner.steer(plan, k, len(ng.tokens))  # a check round for the cost curve, now and then
         self._plan = plan
         if ng.tokens and plan.method != "ngram":
@@ -221,6 +257,7 @@ class AutoDrafter:
             return Draft(ng.tokens[: plan.k], None, _join(said, note), ng.source, self._order)
         if plan.method == "model":
             assert self.model is not None
+            gap = self._model_gap(context)
             self._catch_up_s = self._catch_up(context) if gap > 0 else 0.0
             if gap > 0:
                 self.controller.costs.observe_catch_up(gap, self._catch_up_s)
@@ -235,9 +272,46 @@ class AutoDrafter:
             return replace(check, note=_join(said, check.note))
         return Draft([], None, _join(said, plan.note()))
 
-    def _model_loading(self) -> bool:
-        """Whether the draft model is loading (and reading the text) in the background: no model rounds till then."""
-        return isinstance(self.model, LazyModelDrafter) and self.model.loading
+    def _plan_round(self, context: Sequence[int], k: int, ng: Draft) -> Plan:
+        """This round's plan. Where the lookup found nothing and no model draft could pay, plain decoding without
+        weighing every draft length: on new text that is most rounds, and each would otherwise cost about as
+        much host work as a round of `none` does in all."""
+        plannable = self._model_plannable()
+        if not ng.tokens and not plannable:
+            return NO_COPY_NO_MODEL
+        if not ng.tokens and not self._model_may_pay():
+            return NO_COPY_MODEL_CANNOT_PAY
+        self.learner.for_policy(self.controller.costs)
+        gap = self._model_gap(context) if plannable else 0
+        k_plan = self.learner.draft_cap(k)
+        lookup, order = len(ng.tokens), self._order
+        plan = self.controller.plan(k_plan, model=plannable, ngram_avail=lookup, ngram_order=order, model_gap=gap)
+        if plan.method == "model" and not self._model_ready(context):
+            plan = self.controller.plan(k_plan, model=False, ngram_avail=lookup, ngram_order=order)
+        return plan
+
+    def _model_may_pay(self) -> bool:
+        """Whether a model draft could beat plain decoding with every token accepted (Controller.model_can_pay),
+        read again every SAVE_EVERY rounds, each new answer, and after each model round: the costs move slowly."""
+        if self._can_pay_in <= 0:
+            self.learner.for_policy(self.controller.costs)
+            self._can_pay = self.controller.model_can_pay(self.max_k)
+            self._can_pay_in = SAVE_EVERY
+        self._can_pay_in -= 1
+        return self._can_pay
+
+    def _model_plannable(self) -> bool:
+        """Whether this round may plan a model draft. Not while a lazy draft model loads (and reads the text) on
+        its own thread. Where the target's decode takes every core, not before it is loaded either: an answer
+        never starts its load there. A load beside the decode would take a core from the target's threads, which
+        wait for each other at every step of a pass: counted on 2 cores, the answer slowed by more than the whole
+        load costs, where most answers draft little with the model and `run` (one answer) never earns the load
+        back. So it loads where nobody waits (idle_step: serve before and between requests, chat before its first
+        turn and between turns), and reads the text it missed inline, in a round whose plan priced that."""
+        model = self.model
+        if not isinstance(model, LazyModelDrafter):
+            return model is not None
+        return not model.loading and (self.beside or model.loaded)
 
     def _model_ready(self, context: Sequence[int]) -> bool:
         """Whether the draft model can draft this round. A lazy one not loaded yet starts loading, and reading
@@ -247,8 +321,8 @@ class AutoDrafter:
         if not isinstance(self.model, LazyModelDrafter):
             return self.model is not None
         try:
-            if self.model.ready() and self._model_gap(context) <= READ_INLINE:
-                return True
+            if self.model.ready() and (not self.beside or self._model_gap(context) <= READ_INLINE):
+                return True  # (where nothing runs beside the answer, the round catches the model up itself)
         except Interrupted:
             return False  # an abort stopped the load: it starts again when a round next wants the model
         except LocalspecError as e:
@@ -298,6 +372,8 @@ class AutoDrafter:
             # Catching the draft's cache up after plain rounds is a one-off, not the draft's per-token cost.
             drafting = replace(stats, draft_s=max(stats.draft_s - self._catch_up_s, 0.0)) if self._catch_up_s else stats
             self.controller.observe(self._plan, drafting, self._order)
+            if self._plan.method == "model":
+                self._can_pay_in = 0  # the draft's cost was timed again
         self.learner.observe(stats, self.controller)
         self._plan = None
         self._catch_up_s = 0.0

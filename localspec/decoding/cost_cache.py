@@ -85,6 +85,7 @@ class CostStore:
 
     key: str
     description: str  # what the key stands for, stored alongside the numbers for people who look
+    root: Path | None = None  # the cache directory (None: cache_dir()); bench's cold and warm cases use their own
 
     @classmethod
     def for_models(cls, *, target: str, draft: str | None, backend: str, device: str, threads: int | None) -> CostStore:
@@ -96,7 +97,7 @@ class CostStore:
 
     @property
     def path(self) -> Path:
-        return cache_dir() / "costs" / f"{self.key}.json"
+        return (self.root or cache_dir()) / "costs" / f"{self.key}.json"
 
     def load(self) -> CostModel | None:
         try:

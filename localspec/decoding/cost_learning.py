@@ -83,6 +83,7 @@ class CostLearner:
         self._idle_tries = 0
         self._idle_later = False  # the last idle calibration found the machine busy: again after the next answer
         self._context = 0  # this round's context length (the cost curve depends on it)
+        self._live_due = False  # while learning: the policy's costs are to become the live curve at _context
         # A remembered curve's pace per context bucket (attention grows with the context): restored when an
         # answer comes back to a length seen before; a length not seen yet takes its pace from its first round.
         self._bucket: int | None = None
@@ -103,12 +104,19 @@ class CostLearner:
         self._prev_plain = None
 
     def at_context(self, n: int, costs: CostModel) -> None:
-        """This round's context length: `costs` (the policy's) become the curve at that length."""
+        """This round's context length: `costs` (the policy's) become the curve at that length (while learning, when
+        the policy next reads them: `for_policy`; a plain round with nothing to weigh never does)."""
         self._context = n
         if self.learning:
-            self._use_live(n, costs)
+            self._live_due = True
         else:
             self._enter_bucket(context_bucket(n), costs)
+
+    def for_policy(self, costs: CostModel) -> None:
+        """Before the policy reads `costs` this round: while learning, the live curve at this round's length."""
+        if self.learning and self._live_due:
+            self._use_live(self._context, costs)
+            self._live_due = False
 
     def draft_cap(self, k: int) -> int:
         """The longest draft the policy may plan this round: k, less while learning (see _explore_k)."""

@@ -7,6 +7,7 @@ the committed context itself, through backends.base.sync_cache.
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -15,7 +16,8 @@ from typing import Protocol
 
 import numpy as np
 
-from localspec.backends.base import Backend, common_prefix, sync_cache
+from localspec.backends.base import Backend, common_prefix, sync_cache, sync_cache_top2
+from localspec.backends.registry import picks_top2
 from localspec.decoding.stats import RoundStats
 from localspec.draft import EMPTY_DRAFT, Draft, sample_draft
 from localspec.sampling import SamplingParams
@@ -218,6 +220,9 @@ class ModelDrafter:
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
         self.name = backend.info.name
+        # Greedy drafts without a confidence cut need each step's best token only: where the backend picks it
+        # on its device (BackendSpec.top2_on_device), no whole row reaches the host.
+        self._top2 = picks_top2(backend)
 
     def prepare(self, context: Sequence[int], max_k: int) -> None:
         # Prefill all but the last token; propose() feeds the rest and gets the first draft's logits.
@@ -229,7 +234,9 @@ class ModelDrafter:
 
     def catch_up(self, context: Sequence[int]) -> None:
         with holding(self.backend):
-            sync_cache(self.backend, context[:-1], logits=False)
+            # Through the picks where drafts use them: a backend switched between rows and picks re-plans its pass.
+            if not self._top2 or sync_cache_top2(self.backend, context[:-1], logits=False) is None:  # type: ignore[arg-type]
+                sync_cache(self.backend, context[:-1], logits=False)
 
     def propose(
         self,
@@ -246,6 +253,10 @@ class ModelDrafter:
         if k <= 0:
             return EMPTY_DRAFT
         with holding(self.backend):
+            if self._top2 and sampling.greedy and min_confidence <= 0:
+                tokens = self._greedy_picks(context, k)
+                if tokens is not None:
+                    return Draft(tokens, None, source="model")
             _, logits = sync_cache(self.backend, context, logits=True)
             assert logits is not None
             # The next round keeps at least `context`: a recurrent draft saves its state here, since the
@@ -257,11 +268,51 @@ class ModelDrafter:
     def _step(self, token: int) -> np.ndarray:
         return self.backend.forward([token], all_logits=False)[-1]
 
+    def _greedy_picks(self, context: Sequence[int], k: int) -> list[int] | None:
+        """sample_draft's greedy loop on the backend's picks, one pass a token; None, having fed nothing, where the
+        backend cannot pick."""
+        backend = self.backend
+        synced = sync_cache_top2(backend, context, logits=True)  # type: ignore[arg-type]
+        if synced is None:
+            self._top2 = False
+            return None
+        picks = synced[1]
+        assert picks is not None
+        backend.checkpoint()  # as propose's row path: the next round keeps at least `context`
+        tokens = [int(picks.best[-1])]
+        while len(tokens) < k and tokens[-1] not in backend.eog_ids:
+            tokens.append(int(backend.forward_top2([tokens[-1]], all_rows=False).best[-1]))  # type: ignore[attr-defined]
+        return tokens
+
     def observe(self, stats: RoundStats) -> None:
         pass
 
     def close(self) -> None:
         pass
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def decode_takes_every_core(target: Backend) -> bool:
+    """Whether the target's decode already keeps every CPU core busy (a CPU target on as many threads as there
+    are cores, as llama.cpp's default; a partly offloaded one too). Work beside it on another thread (a draft
+    model's load, its read of the text) then finds no idle core: it takes one from the target's threads, which
+    wait for each other at every step of a pass, and the answer slows by more than the work itself costs
+    (benchmarks/auto_tax.py, 2 cores, a 1.5B target: with a 0.5B draft loaded and fed beside the decode, the
+    target's plain passes took 90 ms against 44 under `none`, and a first answer ran at 0.5-0.6x of plain).
+    False for a target on an accelerator."""
+    device = target.info.device
+    if not device.startswith("CPU") and "rest on CPU" not in device:
+        return False
+    threads = getattr(target, "threads", None)
+    cores = usable_cores()
+    return not isinstance(threads, int) or threads >= cores
 
 
 class LazyModelDrafter:
@@ -319,6 +370,11 @@ class LazyModelDrafter:
     @property
     def loading(self) -> bool:
         return self._job is not None and self._job.is_alive()
+
+    @property
+    def loaded_drafter(self) -> ModelDrafter | None:
+        """The drafter over the loaded model, once no load or read runs beside (None until then)."""
+        return None if self.loading else self._drafter
 
     def ready(self) -> bool:
         """Whether the model can draft now without waiting (a background load done). Raises what the load

@@ -17,7 +17,8 @@ from typing import Literal
 
 import numpy as np
 
-from localspec.backends.base import Backend, Detokenizer, sync_cache
+from localspec.backends.base import Backend, Detokenizer, TopTwo, sync_cache, sync_cache_top2
+from localspec.backends.registry import picks_top2
 from localspec.decoding import verify
 from localspec.decoding.drafters import Drafter
 from localspec.decoding.grammar import Constraint, GrammarSpec, apply_mask, mask_q
@@ -138,6 +139,7 @@ class Run:
         self.rng = np.random.default_rng(self.seed)
         self.context: list[int] = list(prompt)  # every committed token: prompt + generated
         self.near_ties: list[NearTie] = []
+        self._ties: tuple[NearTie, ...] = ()  # near_ties as the stats hand it out
         self.pending_ties: list[tuple[int, int, int, float]] = []  # (offset, token, runner-up, gap) of the next emit
         self.generated: list[int] = []
         self.detok: Detokenizer = target.detokenizer()
@@ -148,6 +150,9 @@ class Run:
         self.n_cached = 0
         self.t_decode: float | None = 0.0  # clock when decoding started (after the prompt pass; None: it never did)
         self.constraint = Constraint(target, config.grammar) if config.grammar is not None else None
+        # A greedy round reads only each row's best two tokens, where the backend picks them on its device: no
+        # whole row reaches the host. A grammar masks whole rows, so it reads them.
+        self.top2 = config.sampling.greedy and self.constraint is None and picks_top2(target)
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -159,7 +164,7 @@ class Run:
                 break
             try:
                 pending = self.draft(k)
-                step = self.settle(pending, self.target.forward(pending.batch), pending.t1)
+                step = self.settle(pending, self._target_pass(pending.batch), pending.t1)
             except Interrupted:
                 self.drop_round()
                 reason = "stopped"
@@ -212,13 +217,21 @@ class Run:
     def _prefill(self) -> tuple[int, int]:
         """Fill both caches with the prompt (reusing any cached prefix); return (reused, first token)."""
         self.on_phase("prompt")
-        keep, logits = sync_cache(self.target, self.prompt, logits=True)
-        assert logits is not None
-        if self.constraint is not None:
-            logits = apply_mask(logits, self.constraint.mask())
-        first = self._sample_one(logits)
-        if self.constraint is not None:
-            self.constraint.advance(first)
+        synced = sync_cache_top2(self.target, self.prompt, logits=True) if self.top2 else None  # type: ignore[arg-type]
+        if synced is not None:  # the first token from the picks too: the backend stays on them
+            keep, picks = synced
+            assert picks is not None
+            first = int(picks.best[-1])
+            self.pending_ties = picks.near_ties(1, NEAR_TIE_GAP)
+        else:
+            self.top2 = False
+            keep, logits = sync_cache(self.target, self.prompt, logits=True)
+            assert logits is not None
+            if self.constraint is not None:
+                logits = apply_mask(logits, self.constraint.mask())
+            first = self._sample_one(logits)
+            if self.constraint is not None:
+                self.constraint.advance(first)
         self.on_phase("drafter")
         self.drafter.prepare(self.prompt, self.config.num_draft)
         return keep, first
@@ -236,14 +249,17 @@ class Run:
         return _Pending(draft, masks, k, t0, t1, n_before, self._verify_batch(draft.tokens), ends)
 
     def settle(
-        self, pending: _Pending, logits: np.ndarray, t_verify: float
+        self, pending: _Pending, logits: np.ndarray | TopTwo, t_verify: float
     ) -> tuple[list[int], list[Origin], RoundStats]:
-        """Grade the draft against the target's rows (`logits`, [k+1, V] or fewer) with the rule, roll the cache
-        back to the accepted prefix; the round's tokens. `t_verify`: when the target's pass began."""
+        """Grade the draft against the target's rows (`logits`, [k+1, V] or fewer; or only their best two tokens,
+        TopTwo, in a greedy round without a grammar) with the rule, roll the cache back to the accepted prefix; the
+        round's tokens. `t_verify`: when the target's pass began."""
         draft, masks = pending.draft, pending.masks
         if masks is not None:
+            assert isinstance(logits, np.ndarray)
             logits = apply_mask(logits, masks)
         if pending.ends and len(logits) > len(draft.tokens):
+            assert isinstance(logits, np.ndarray)
             logits[len(draft.tokens)] = self._end_row(logits.shape[1])
         verdict = self._verify(draft, logits, masks)  # greedy: notes the emitted rows' near-ties too
         if self.constraint is not None:
@@ -268,6 +284,15 @@ class Run:
             rollback_s=t2 - t_rollback if self.recurrent else 0.0,
         )
         return tokens, origins, stats
+
+    def _target_pass(self, batch: list[int]) -> np.ndarray | TopTwo:
+        """The target's verify pass: its picks where it makes them (self.top2), else its rows."""
+        if self.top2:
+            picks = self.target.forward_top2(batch)  # type: ignore[attr-defined]
+            if picks is not None:
+                return picks
+            self.top2 = False  # this build cannot: rows from now on
+        return self.target.forward(batch)
 
     def _verify_batch(self, draft: list[int]) -> list[int]:
         """[last, d1..dk], cut before the first draft token outside the target's vocabulary.
@@ -300,7 +325,11 @@ class Run:
         row[min(self.eog)] = 0.0
         return row
 
-    def _verify(self, draft: Draft, logits: np.ndarray, masks: np.ndarray | None = None) -> verify.Verdict:
+    def _verify(self, draft: Draft, logits: np.ndarray | TopTwo, masks: np.ndarray | None = None) -> verify.Verdict:
+        if isinstance(logits, TopTwo):  # greedy: the picks hold the verdict and the near-ties
+            verdict = verify.verify_greedy(draft.tokens, logits.best)
+            self.pending_ties = logits.near_ties(verdict.n_accepted + 1, NEAR_TIE_GAP)
+            return verdict
         if self.sampling.greedy:
             best = greedy(logits)  # one arg-max pass over the rows, for the verdict and the near-ties both
             verdict = verify.verify_greedy(draft.tokens, best)
@@ -335,7 +364,9 @@ class Run:
             self.collector.add(stats)
             self.drafter.observe(stats)
         start = len(self.generated)
-        self.near_ties += [NearTie(start + i, t, r, g) for i, t, r, g in self.pending_ties if i < cut]
+        if self.pending_ties:
+            self.near_ties += [NearTie(start + i, t, r, g) for i, t, r, g in self.pending_ties if i < cut]
+            self._ties = tuple(self.near_ties)  # the snapshots' copy, made when it grows (not every round)
         self.pending_ties = []
         self.generated += tokens
         self.context += tokens
@@ -400,7 +431,7 @@ class Run:
             n_generated=len(self.generated),
             decode_s=decode_s,
             stop_reason=reason,
-            near_ties=tuple(self.near_ties),
+            near_ties=self._ties,
             grammar_s=self.constraint.busy_s if self.constraint is not None else 0.0,
             grammar_masks=self.constraint.n_masks if self.constraint is not None else 0,
             **self.collector.totals(),

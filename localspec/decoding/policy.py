@@ -249,12 +249,15 @@ class Plan:
     alpha: float = 0.0
     probe: bool = False
     min_confidence: float = 0.0
+    why: str = ""  # a plain plan made without weighing the options: why there were none
 
     @property
     def gain(self) -> float:
         return self.rate / self.plain_rate if self.plain_rate > 0 else 1.0
 
     def note(self) -> str:
+        if self.method == "none" and self.why:
+            return f"auto: plain ({self.why})"
         if self.method == "none":
             return f"auto: plain (best speculation est. {self.gain:.2f}x)"
         tag = "probe " if self.probe else ""

@@ -192,6 +192,8 @@ class SuffixIndex:
             return 0  # evicted, truncated, or the suffix itself
         n = known
         limit = min(MAX_MATCH, end, len(cur))
+        if limit > n and doc[end - limit : end - n] == cur[len(cur) - limit : len(cur) - n]:
+            return limit  # the whole span agrees (a copy): compared in C, not token by token
         while n < limit and doc[end - 1 - n] == cur[-1 - n]:
             n += 1
         return n

@@ -55,7 +55,7 @@ class ChatScreen(Screen[None]):
         self.idle.set()
         self.turns_sent = 0  # replies started: a worker whose reply is no longer the latest stops timing
         self.engine = threading.Lock()  # one engine thread at a time (a new reply waits out a timing piece)
-        self.idle_pieces = 0  # auto's timing pieces run between turns (tests read it)
+        self.idle_pieces = 0  # auto's idle pieces run before the first turn and between turns (tests read it)
         self.generating = False
         self.colour = False
         self.live: LiveStats | None = None
@@ -105,6 +105,24 @@ class ChatScreen(Screen[None]):
     def pipeline_changed(self) -> None:
         self.set_status(self.pipeline_status())
         self.sub_title = self.pipeline_status()
+        pipeline = self.app.pipeline
+        if pipeline is not None and not self.generating and idle_work(pipeline.drafter) is not None:
+            self.stop_event.clear()
+            self.idle.clear()
+            self._before_first_turn(pipeline, self.turns_sent)
+
+    @work(thread=True, group="idle", exit_on_error=False)
+    @releasing
+    def _before_first_turn(self, pipeline: Pipeline, turn: int) -> None:
+        """Models just loaded, no message yet: auto's idle work now (the draft model's load where a model draft
+        may pay, the cost curve's timing), as between turns, so that the first reply does neither. A message sent
+        meanwhile waits out the piece in flight only."""
+        try:
+            with self.engine:
+                self._time_between_turns(pipeline, turn)
+        finally:
+            if self.turns_sent == turn:
+                self.idle.set()
 
     # -- sending -----------------------------------------------------------------------------------------
 

@@ -38,6 +38,7 @@ from localspec.backends.base import (
     ModelInfo,
     RollbackRoute,
     TokenTable,
+    TopTwo,
     rollback_route,
 )
 from localspec.backends.chat_template import render_chat
@@ -172,6 +173,18 @@ def load(
     )
 
 
+# Whether forward_top2 picks on a CPU build too. On a GPU the picks save copying whole rows off the device and the
+# host's pass over them; on a CPU the rows are in memory already and llama.cpp's top-k in the graph costs more than
+# the host's arg-max (measured with a 151,936-token vocabulary: about 1 ms for one row, 5 ms a row for 9, against
+# tens of microseconds a row on the host). Tests turn it on to run the same graph path here.
+PICK_ON_CPU = False
+
+
+def _output_on_gpu(n_layer: int, n_gpu_layers: int) -> bool:
+    """Whether llama.cpp runs the output layer (the logits) on a GPU: a GPU build with every layer offloaded."""
+    return gpu_kind() is not None and (n_gpu_layers < 0 or n_gpu_layers > n_layer)
+
+
 @functools.cache
 def abort_check() -> Callable[[ctypes.c_void_p], bool] | None:
     """ggml's abort callback, as a native function: libc's strlen on a 2-byte flag buffer is 0 until the
@@ -232,7 +245,10 @@ class LlamaCppBackend(CachedModel):
             self._pieces: dict[int, bytes] = {}
             self._token_table: TokenTable | None = None
             self._eog = frozenset(t for t in range(self._n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab, t))
+            self._top2: _DevicePicks | None = None  # the top-2 sampler, made on the first forward_top2
+            self.reads: Counter[str] = Counter()  # what passes handed the host: "rows" (whole), "picks" (top-2 rows)
             self._info = self._describe(p, n_gpu_layers)
+            self._picks_pay = _output_on_gpu(int(llama_cpp.llama_model_n_layer(self._model)), n_gpu_layers)
         except BaseException:
             self.close()
             raise
@@ -273,6 +289,8 @@ class LlamaCppBackend(CachedModel):
         params.n_ubatch = n_batch  # >= n_rs_seq + 1: a verify batch stays in one ubatch, as snapshots need
         params.n_seq_max = 1
         params.n_rs_seq = n_rs_seq
+        if hasattr(params, "n_outputs_max_per_seq"):  # a sampler in the graph (forward_top2) may pick every row
+            params.n_outputs_max_per_seq = n_batch
         params.n_threads = self._threads
         params.n_threads_batch = self._threads
         params.no_perf = True
@@ -421,12 +439,55 @@ class LlamaCppBackend(CachedModel):
         self._check_room(len(tokens), "raise --n-ctx (memory permitting), or lower --max-tokens")
         if self._recurrent and len(tokens) - 1 > self._n_rs_seq:
             self.checkpoint()  # the engine may cut this batch back further than the snapshots reach
+        self._use_top2(False)  # whole rows: a pass with the sampler attached leaves them unwritten
         if len(tokens) > self._n_batch:
             return self._forward_chunked(tokens, all_logits)
         self._decode(tokens, all_logits)
         n_out = len(tokens) if all_logits else 1
+        self.reads["rows"] += n_out
         ptr = llama_cpp.llama_get_logits(self._ctx)
         return np.ctypeslib.as_array(ptr, shape=(n_out, self._n_vocab))
+
+    def forward_top2(self, tokens: Sequence[int], *, all_rows: bool = True) -> TopTwo | None:
+        """forward, but each row's best two tokens and their logits come back (all rows, or the last one), picked
+        by a top-2 sampler in the model's graph (llama.cpp's backend sampling, on the GPU that runs the output
+        layer), and no whole row is copied to the host. None, having fed nothing, where that does not pay or this
+        build cannot (the output layer on the CPU, no backend sampling, a head reading the passes): the caller
+        then uses forward. Switching between the two re-plans llama.cpp's graph, so a caller stays on
+        one (the engine: forward for the prompt, this for every greedy round after it)."""
+        if not tokens:
+            raise ValueError("forward needs at least one token")
+        if (all_rows and len(tokens) > self._n_batch) or not self._use_top2(True):
+            return None
+        if self._abort_flag.value:
+            raise Interrupted("stopped before the forward pass")
+        self._check_room(len(tokens), "raise --n-ctx (memory permitting), or lower --max-tokens")
+        if self._recurrent and len(tokens) - 1 > self._n_rs_seq:
+            self.checkpoint()
+        for start in range(0, len(tokens), self._n_batch):  # a long prompt's last row: in parts, as forward's
+            if start and self._abort_flag.value:
+                raise Interrupted("stopped between parts of a long forward pass")
+            self._decode(tokens[start : start + self._n_batch], all_rows)
+        assert self._top2 is not None
+        picks = self._top2.read(self._ctx, len(tokens) if all_rows else 1)
+        self.reads["picks"] += len(picks)
+        return picks
+
+    def _use_top2(self, on: bool) -> bool:
+        """Attach (or detach) the top-2 sampler to the sequence; whether it is attached as asked."""
+        if on and not (self._picks_pay or PICK_ON_CPU):
+            return False  # the logits are on the host already: its arg-max is cheaper (PICK_ON_CPU)
+        if on and (self._captured or self._nextn is not None):
+            return False  # a head reads this context's passes: leave its graph as the head expects
+        if on and self._top2 is None:
+            self._top2 = _DevicePicks.make()
+            if self._top2 is None:
+                return False
+        if self._top2 is None or self._top2.attached == on:
+            return self._top2 is not None or not on
+        if on and self._top2.refused:
+            return False
+        return self._top2.attach(self._ctx, on)
 
     def _forward_chunked(self, tokens: Sequence[int], all_logits: bool) -> np.ndarray:
         parts = []
@@ -438,6 +499,7 @@ class LlamaCppBackend(CachedModel):
             self._decode(chunk, all_logits)
             if all_logits or last:
                 n_out = len(chunk) if all_logits else 1
+                self.reads["rows"] += n_out
                 ptr = llama_cpp.llama_get_logits(self._ctx)
                 parts.append(np.ctypeslib.as_array(ptr, shape=(n_out, self._n_vocab)).copy())
         return np.concatenate(parts) if all_logits else parts[-1]
@@ -654,12 +716,87 @@ class LlamaCppBackend(CachedModel):
         if getattr(self, "_ctx", None) is not None:
             llama_cpp.llama_free(self._ctx)
             self._ctx = None
+        if getattr(self, "_top2", None) is not None:
+            self._top2.free()  # after the context that held it
+            self._top2 = None
         if getattr(self, "_model", None) is not None:
             llama_cpp.llama_model_free(self._model)
             self._model = None
 
     def __del__(self) -> None:
         self.close()
+
+
+class _DevicePicks:
+    """A sampler chain of one top-2 sampler, attached to sequence 0 while greedy rounds run: llama.cpp then
+    computes each output row's two best tokens in the graph and copies those (2 logits, 2 ids a row) instead
+    of the row. Its rows lie n_vocab apart in llama.cpp's output buffer."""
+
+    def __init__(self, chain: llama_cpp.llama_sampler_p) -> None:
+        self._chain = chain
+        self.attached = False
+        self.refused = False  # llama.cpp would not run it in the graph (it says why in its log): never asked again
+        self._used = False  # attached once already: the next attach needs a fresh chain
+
+    @classmethod
+    def make(cls) -> _DevicePicks | None:
+        """None where this llama-cpp-python has no backend sampling (older builds)."""
+        needed = ("llama_set_sampler", "llama_get_sampled_logits_ith", "llama_get_sampled_candidates_ith")
+        if not all(hasattr(llama_cpp, name) for name in needed):
+            return None
+        return cls(_top2_chain())
+
+    def attach(self, ctx: llama_cpp.llama_context_p, on: bool) -> bool:
+        if on and self._used:  # llama.cpp initialises a chain for its graph once (it aborts on a second time)
+            llama_cpp.llama_sampler_free(self._chain)
+            self._chain = _top2_chain()
+        with LOG.capture():
+            ok = bool(llama_cpp.llama_set_sampler(ctx, 0, self._chain if on else None))
+        self._used = self._used or on
+        self.attached = on and ok
+        self.refused = self.refused or (on and not ok)
+        return ok
+
+    def read(self, ctx: llama_cpp.llama_context_p, n: int) -> TopTwo:
+        """The picks of the last pass's n output rows (n = 1: its last position's; else every position's): native
+        calls for the first row's address and the last's (the rows' spacing checked), then one strided view."""
+        ids, logits = self._row(ctx, 0 if n > 1 else -1)  # by position in the batch; -1: its last
+        if n == 1:  # a draft step: plain reads, no array work
+            (a, b), (la, lb) = ids[:2], logits[:2]
+            if lb > la or (lb == la and b < a):
+                a, b, la, lb = b, a, lb, la
+            return TopTwo(np.array([[a, b]]), np.array([[la, lb]], dtype=np.float32))
+        last_ids, last_logits = self._row(ctx, n - 1)
+        return TopTwo.picked(_rows(ids, last_ids, n), _rows(logits, last_logits, n))
+
+    def _row(self, ctx: llama_cpp.llama_context_p, i: int) -> tuple[Any, Any]:
+        """Row i's pointers to its two candidate ids and their logits."""
+        ids = llama_cpp.llama_get_sampled_candidates_ith(ctx, i)
+        logits = llama_cpp.llama_get_sampled_logits_ith(ctx, i)
+        if not ids or not logits or llama_cpp.llama_get_sampled_logits_count_ith(ctx, i) != 2:
+            raise GenerationError(
+                f"llama.cpp's top-2 sampler gave no picks for output row {i}",
+                "set LOCALSPEC_LLAMA_VERBOSE=1 to see llama.cpp's log",
+            )
+        return ids, logits
+
+    def free(self) -> None:
+        llama_cpp.llama_sampler_free(self._chain)
+
+
+def _top2_chain() -> llama_cpp.llama_sampler_p:
+    chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+    llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_top_k(2))
+    return chain
+
+
+def _rows(first: Any, last: Any, n: int) -> np.ndarray:
+    """[n, 2]: the first two values of n rows spaced evenly from pointer `first` to `last` in one buffer (a view)."""
+    head = np.ctypeslib.as_array(first, shape=(2,))
+    step, rest = divmod(ctypes.addressof(last.contents) - ctypes.addressof(first.contents), n - 1)
+    if rest or step <= 0:
+        raise GenerationError("llama.cpp's top-2 picks are not laid out one row apart", "please report this")
+    return np.lib.stride_tricks.as_strided(head, shape=(n, 2), strides=(step, head.itemsize), writeable=False)
 
 
 @dataclass
