@@ -179,3 +179,22 @@ def test_each_backend_lives_in_its_own_folder() -> None:
             elif own is not None and folder in folders and folder != own:
                 found.append(f"{rel} ({own}) imports {name}")
     assert not found, "\n".join(found)
+
+
+def test_the_families_name_no_backend() -> None:
+    """A head family reaches each backend through the table (BackendSpec.heads_module): the families import no
+    backend's folder and no backend's descriptor (LLAMA, MLX) to compare with."""
+    from localspec.backends import registry
+
+    folders = {p.name for p in (PKG / "backends").iterdir() if (p / "__init__.py").is_file()}
+    found = []
+    for path in sorted((PKG / "families").rglob("*.py")):
+        for name in sorted(_imported_names(path)):
+            parts = name.split(".")
+            in_folder = name.startswith("localspec.backends.") and len(parts) >= 3 and parts[2] in folders
+            descriptor = name.startswith("localspec.backends.registry.") and isinstance(
+                getattr(registry, parts[-1], None), registry.BackendSpec
+            )
+            if in_folder or descriptor:
+                found.append(f"{path.relative_to(PKG.parent)} imports {name}")
+    assert not found, "\n".join(found)

@@ -69,7 +69,7 @@ def test_every_field_of_the_table_is_read() -> None:
 def test_a_backend_that_hands_out_no_hidden_states_runs_no_head(monkeypatch: pytest.MonkeyPatch) -> None:
     from localspec.families import registry as families
 
-    monkeypatch.setitem(registry.BACKENDS, "llama", dataclasses.replace(registry.LLAMA, hidden_states=False))
+    monkeypatch.setitem(registry.BACKENDS, "llama", dataclasses.replace(registry.LLAMA, head_families=()))
     ctx = dataclasses.replace(families.BuildContext(target=FakeBackend(hashed_logits(1)), backend="llama"), head="h")
     with pytest.raises(UsageError, match="reads the target's hidden states, which the llama.cpp backend"):
         families.build_drafter("eagle3", ctx)

@@ -23,7 +23,7 @@ lattice, `_lattice`. A head learns nothing from a round (observe does nothing).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
@@ -299,3 +299,25 @@ class VocabMap:
         out = np.full(self.n_vocab, -np.inf, dtype=np.float32)
         out[self.ids if self.ids is not None else np.arange(len(row))] = row
         return out
+
+
+# -- a head given as a Hugging Face directory: which family its config.json is (the families' table asks) -----
+
+
+def is_eagle3_config(raw: Mapping[str, Any]) -> bool:
+    """Whether a config.json is an EAGLE-3 head's (either layout)."""
+    archs = " ".join(raw.get("architectures") or []).lower()
+    return raw.get("speculators_model_type") == "eagle3" or "eagle3" in archs
+
+
+def is_block_config(raw: Mapping[str, Any]) -> bool:
+    """Whether a config.json is a DFlash or DSpark block drafter's."""
+    archs = " ".join(raw.get("architectures") or []).lower()
+    return "dflash_config" in raw or "dflash" in archs or "dspark" in archs
+
+
+def is_dspark_config(raw: Mapping[str, Any]) -> bool:
+    """Whether a block drafter's config.json has DSpark's Markov head."""
+    archs = " ".join(raw.get("architectures") or []).lower()
+    dc = raw.get("dflash_config") or {}
+    return "dspark" in archs or any(k in raw or k in dc for k in ("markov_rank", "markov_head_type"))

@@ -24,6 +24,7 @@ from localspec.errors import BackendUnavailableError, UsageError
 
 if TYPE_CHECKING:
     from localspec.backends.base import Backend, BackendModule
+    from localspec.backends.heads import HeadDrafter
 
 
 class ParallelModule(Protocol):
@@ -34,6 +35,16 @@ class ParallelModule(Protocol):
     def unbatchable(self, model: Backend) -> str: ...
 
     def batches_pay(self, model: Backend, n_gpu_layers: int) -> bool: ...
+
+
+class HeadsModule(Protocol):
+    """What a backend's module for head families offers (BackendSpec.heads_module)."""
+
+    def require(self, family: str) -> None: ...
+
+    def check(self, family: str, target: str, draft: str | None) -> None: ...
+
+    def build(self, family: str, target: Backend, head: str | None, n_gpu_layers: int) -> HeadDrafter: ...
 
 
 P = ParamSpec("P")
@@ -52,11 +63,15 @@ class BackendSpec:
     install_hint: str
     model_format: str  # "GGUF file", "mlx-lm directory": what a model path is, for people
     single_file: bool  # a model is one file (GGUF, maybe split in parts); else a directory / Hub repo snapshot
-    hidden_states: bool  # can hand its hidden states to a head drafter (EAGLE-3, MTP, DFlash, ...)
     # Its module for several sequences in one pass (serve --parallel): open_parallel(model, n, n_ctx),
     # unbatchable(model) -> why not or "", batches_pay(model, n_gpu_layers) -> bool. None: one at a time.
     parallel_module: str | None = None
     preferred_on_apple: bool = False  # auto picks it on Apple silicon when installed
+    # The head families (drafters reading the target's hidden states: eagle3, mtp, dflash, dspark) it runs, and
+    # its module that runs them: require(family), check(family, target, draft), build(family, target, head,
+    # n_gpu_layers) -> a HeadDrafter. No families: it hands out no hidden states, and every head is refused on it.
+    head_families: tuple[str, ...] = ()
+    heads_module: str | None = None
     # Its models' forward_top2(tokens) can hand back each row's two best tokens and their logits, picked where the
     # model runs (base.TopTwo), instead of whole rows: what a greedy round reads. It may still return None (a
     # build without it, or where it does not pay): the caller then reads rows.
@@ -93,6 +108,11 @@ class BackendSpec:
             return None
         return cast("ParallelModule", importlib.import_module(self.parallel_module))
 
+    def heads(self) -> HeadsModule:
+        """Its module that runs head families (only asked for a family in head_families)."""
+        assert self.heads_module is not None, f"the {self.label} backend runs no head family"
+        return cast("HeadsModule", importlib.import_module(self.heads_module))
+
     def owns_path(self, path: str) -> bool:
         """Whether a model path has this backend's format (from its name alone)."""
         return str(path).lower().endswith(".gguf") == self.single_file
@@ -108,7 +128,8 @@ LLAMA = BackendSpec(
     '(CUDA: CMAKE_ARGS="-DGGML_CUDA=on", Metal: CMAKE_ARGS="-DGGML_METAL=on")',
     model_format="GGUF file",
     single_file=True,
-    hidden_states=True,
+    head_families=("eagle3", "mtp", "dflash", "dspark"),
+    heads_module="localspec.backends.llama.heads_port",
     parallel_module="localspec.backends.llama.multi",
     top2_on_device=True,  # llama.cpp's backend sampling: a top-2 sampler in the graph (output layer on a GPU)
 )
@@ -121,7 +142,8 @@ MLX = BackendSpec(
     install_hint="install them with `pip install 'localspec[mlx]'` (on Linux this brings mlx[cpu])",
     model_format="mlx-lm directory or Hub repo",
     single_file=False,
-    hidden_states=True,  # EAGLE-3, DFlash/DSpark and MTP heads read them (mlx/capture.py)
+    head_families=("eagle3", "mtp", "dflash", "dspark"),  # hidden states captured by mlx/capture.py
+    heads_module="localspec.backends.mlx.heads_port",
     parallel_module="localspec.backends.mlx.multi",
     preferred_on_apple=True,
 )
@@ -133,6 +155,11 @@ def picks_top2(model: Backend) -> bool:
     greedy rounds then read those instead of whole rows."""
     spec = BACKENDS.get(model.info.backend)
     return spec is not None and spec.top2_on_device and callable(getattr(model, "forward_top2", None))
+
+
+def head_backends(family: str) -> tuple[str, ...]:
+    """The backends that run a head family (their table lists it)."""
+    return tuple(name for name, spec in BACKENDS.items() if family in spec.head_families)
 
 
 def backend_names() -> tuple[str, ...]:

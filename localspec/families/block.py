@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from localspec.backends.registry import LLAMA, MLX
+from localspec.backends.registry import backend_spec, head_backends
 from localspec.decoding.drafters import Drafter
 from localspec.families.base import BuildContext, CheckContext, DrafterFamily
 
@@ -15,28 +15,16 @@ ARCHITECTURE = DFLASH
 
 
 def _require(name: str, backend: str) -> None:
-    if backend == LLAMA.name:
-        from localspec.backends.llama import ext as llama_ext
-
-        llama_ext.require_family(name)
+    backend_spec(backend).heads().require(name)
 
 
 def _check(name: str, ctx: CheckContext) -> None:
     assert ctx.draft is not None  # the registry checks a head_file family was given one
-    if ctx.backend == MLX.name:
-        from localspec.backends.mlx.backend import peek_sizes
-        from localspec.backends.mlx.dflash import check_head as check_mlx_head
-
-        hidden, _, layers = peek_sizes(ctx.target)  # a Hub id: checked again when the target is loaded
-        check_mlx_head(name, ctx.draft, hidden, layers)
-        return
-    from localspec.backends.llama.dflash import check_head
-
-    check_head(name, ctx.draft, ctx.target)
+    backend_spec(ctx.backend).heads().check(name, ctx.target, ctx.draft)
 
 
 def _claims_config(config: Mapping[str, object], dspark: bool) -> bool:
-    from localspec.backends.mlx.dflash import is_block_config, is_dspark_config
+    from localspec.backends.heads import is_block_config, is_dspark_config
 
     return is_block_config(config) and is_dspark_config(config) == dspark
 
@@ -55,17 +43,7 @@ def _is_dspark(path: str) -> bool:
 
 def _build(name: str, ctx: BuildContext) -> Drafter:
     assert ctx.head is not None  # the registry checked a head was given
-    if ctx.backend == MLX.name:
-        from localspec.backends.mlx.backend import MLXBackend
-        from localspec.backends.mlx.dflash import BlockDrafter as MLXBlockDrafter
-
-        assert isinstance(ctx.target, MLXBackend)
-        return MLXBlockDrafter(ctx.target, ctx.head, method=name)
-    from localspec.backends.llama.backend import LlamaCppBackend
-    from localspec.backends.llama.dflash import BlockDrafter
-
-    assert isinstance(ctx.target, LlamaCppBackend)  # the registry checked the backend
-    return BlockDrafter(ctx.target, ctx.head, method=name, n_gpu_layers=ctx.n_gpu_layers)
+    return backend_spec(ctx.backend).heads().build(name, ctx.target, ctx.head, ctx.n_gpu_layers)
 
 
 def _family(name: str, summary: str, claims: bool) -> DrafterFamily:
@@ -74,7 +52,7 @@ def _family(name: str, summary: str, claims: bool) -> DrafterFamily:
         summary=summary,
         build=lambda ctx: _build(name, ctx),
         needs="head_file",
-        backends=(LLAMA.name, MLX.name),
+        backends=head_backends(name),
         head_architectures=(ARCHITECTURE,),
         sidecar_prefix=f"{name}-",
         claims=(lambda path: _is_dspark(path) == claims),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from localspec.backends.registry import LLAMA, MLX
+from localspec.backends.registry import backend_spec, head_backends
 from localspec.decoding.drafters import Drafter
 from localspec.families.base import BuildContext, CheckContext, DrafterFamily
 
@@ -13,45 +13,23 @@ NAME = "eagle3"
 
 
 def _require(backend: str) -> None:
-    if backend == LLAMA.name:
-        from localspec.backends.llama import ext as llama_ext
-
-        llama_ext.require_family(NAME)
+    backend_spec(backend).heads().require(NAME)
 
 
 def _check(ctx: CheckContext) -> None:
     assert ctx.draft is not None  # the registry checks a head_file family was given one
-    if ctx.backend == MLX.name:
-        from localspec.backends.mlx.backend import peek_sizes
-        from localspec.backends.mlx.eagle3 import check_head as check_mlx_head
-
-        hidden, vocab, _ = peek_sizes(ctx.target)  # a Hub id: checked again when the target is loaded
-        check_mlx_head(ctx.draft, hidden, vocab)
-        return
-    from localspec.backends.llama.eagle3 import check_head
-
-    check_head(ctx.draft, ctx.target)
+    backend_spec(ctx.backend).heads().check(NAME, ctx.target, ctx.draft)
 
 
 def _claims_config(config: Mapping[str, object]) -> bool:
-    from localspec.backends.mlx.eagle3 import is_eagle3_config
+    from localspec.backends.heads import is_eagle3_config
 
     return is_eagle3_config(config)
 
 
 def _build(ctx: BuildContext) -> Drafter:
     assert ctx.head is not None  # the registry checked a head was given
-    if ctx.backend == MLX.name:
-        from localspec.backends.mlx.backend import MLXBackend
-        from localspec.backends.mlx.eagle3 import Eagle3Drafter as MLXEagle3Drafter
-
-        assert isinstance(ctx.target, MLXBackend)
-        return MLXEagle3Drafter(ctx.target, ctx.head)
-    from localspec.backends.llama.backend import LlamaCppBackend
-    from localspec.backends.llama.eagle3 import Eagle3Drafter
-
-    assert isinstance(ctx.target, LlamaCppBackend)  # the registry checked the backend
-    return Eagle3Drafter(ctx.target, ctx.head, n_gpu_layers=ctx.n_gpu_layers)
+    return backend_spec(ctx.backend).heads().build(NAME, ctx.target, ctx.head, ctx.n_gpu_layers)
 
 
 EAGLE3 = DrafterFamily(
@@ -59,7 +37,7 @@ EAGLE3 = DrafterFamily(
     summary="an EAGLE-3 head given with --draft",
     build=_build,
     needs="head_file",
-    backends=(LLAMA.name, MLX.name),
+    backends=head_backends(NAME),
     head_architectures=(NAME,),
     sidecar_prefix=f"{NAME}-",
     require=_require,

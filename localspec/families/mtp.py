@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from localspec.backends.registry import LLAMA, MLX
+from localspec.backends.registry import backend_spec, head_backends, spec_for_path
 from localspec.decoding.drafters import Drafter
 from localspec.families.base import BuildContext, CheckContext, DrafterFamily
 
@@ -14,33 +14,11 @@ NAME = "mtp"
 
 
 def _require(backend: str) -> None:
-    if backend == LLAMA.name:
-        from localspec.backends.llama import ext as llama_ext
-
-        llama_ext.require_family(NAME)
+    backend_spec(backend).heads().require(NAME)
 
 
 def _check(ctx: CheckContext) -> None:
-    if ctx.backend == MLX.name:
-        _check_mlx(ctx.target)
-        return
-    from localspec.backends.llama.mtp import check_target
-
-    check_target(ctx.target)
-
-
-def _check_mlx(target: str) -> None:
-    import json
-
-    from localspec.backends.mlx.mtp import check_target
-    from localspec.errors import ModelFileError
-
-    directory = Path(target).expanduser()
-    try:
-        config = json.loads((directory / "config.json").read_text())
-    except (OSError, ValueError):
-        raise ModelFileError(f"{target}: no readable config.json", "pass a model directory") from None
-    check_target(directory, config)
+    backend_spec(ctx.backend).heads().check(NAME, ctx.target, ctx.draft)
 
 
 def _claims_target(target: str) -> bool:
@@ -49,9 +27,12 @@ def _claims_target(target: str) -> bool:
     from localspec.errors import LocalspecError
     from localspec.gguf_meta import read_gguf_header
 
-    if Path(target).expanduser().is_dir():
+    if Path(target).expanduser().is_dir():  # a model directory: its backend reads the config
+        spec = spec_for_path(target)
+        if NAME not in spec.head_families:
+            return False
         try:
-            _check_mlx(target)
+            spec.heads().check(NAME, target, None)
         except LocalspecError:
             return False
         return True
@@ -63,17 +44,7 @@ def _claims_target(target: str) -> bool:
 
 
 def _build(ctx: BuildContext) -> Drafter:
-    if ctx.backend == MLX.name:
-        from localspec.backends.mlx.backend import MLXBackend
-        from localspec.backends.mlx.mtp import drafter
-
-        assert isinstance(ctx.target, MLXBackend)
-        return drafter(ctx.target)
-    from localspec.backends.llama.backend import LlamaCppBackend
-    from localspec.backends.llama.mtp import MtpDrafter
-
-    assert isinstance(ctx.target, LlamaCppBackend)  # the registry checked the backend
-    return MtpDrafter(ctx.target)
+    return backend_spec(ctx.backend).heads().build(NAME, ctx.target, ctx.head, ctx.n_gpu_layers)
 
 
 MTP = DrafterFamily(
@@ -81,7 +52,7 @@ MTP = DrafterFamily(
     summary="the target's own MTP layers, for GGUFs that keep them",
     build=_build,
     needs="own_head",
-    backends=(LLAMA.name, MLX.name),
+    backends=head_backends(NAME),
     sidecar_prefix=f"{NAME}-",
     claims=_claims_target,
     require=_require,

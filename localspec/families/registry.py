@@ -184,7 +184,7 @@ def _check_runnable(fam: DrafterFamily, backend: str) -> None:
             f"use --backend {specs[0].name} with a {specs[0].model_format}, or another method",
         )
     spec = BACKENDS.get(backend)
-    if fam.is_head and spec is not None and not spec.hidden_states:
+    if fam.is_head and spec is not None and fam.name not in spec.head_families:
         raise UsageError(
             f"--draft-method {fam.name} reads the target's hidden states, which the {spec.label} backend does not "
             "hand out",

@@ -38,7 +38,7 @@ import numpy as np
 
 from localspec.backends import heads
 from localspec.backends.base import BlockLayout
-from localspec.backends.heads import VocabMap
+from localspec.backends.heads import VocabMap, is_block_config, is_dspark_config
 from localspec.backends.mlx.backend import MLXBackend
 from localspec.backends.mlx.head import MLXHead, load_head_weights, read_head_dir
 from localspec.errors import ModelFileError, UnsupportedModelError, UsageError
@@ -73,17 +73,6 @@ class BlockConfig(BlockLayout):
     input_embedding_scale: float = 1.0
     output_multiplier: float = 1.0
     final_logit_softcapping: float | None = None
-
-
-def is_block_config(raw: Mapping[str, Any]) -> bool:
-    archs = " ".join(raw.get("architectures") or []).lower()
-    return "dflash_config" in raw or "dflash" in archs or "dspark" in archs
-
-
-def is_dspark_config(raw: Mapping[str, Any]) -> bool:
-    archs = " ".join(raw.get("architectures") or []).lower()
-    dc = raw.get("dflash_config") or {}
-    return "dspark" in archs or any(k in raw or k in dc for k in ("markov_rank", "markov_head_type"))
 
 
 def read_config(head_path: str | Path) -> BlockConfig:

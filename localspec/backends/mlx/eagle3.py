@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from localspec.backends.heads import VocabMap
+from localspec.backends.heads import VocabMap, is_eagle3_config
 from localspec.backends.mlx.backend import MLXBackend
 from localspec.backends.mlx.head import StepDrafter, load_head_weights, read_head_dir
 from localspec.errors import ModelFileError, UnsupportedModelError
@@ -88,12 +88,6 @@ class Eagle3Config:
 
     def target_layers(self, n_layers: int) -> tuple[int, ...]:
         return self.layer_ids if self.layer_ids else (2, n_layers // 2, n_layers - 3)
-
-
-def is_eagle3_config(raw: Mapping[str, Any]) -> bool:
-    """Whether a config.json is an EAGLE-3 head's (either layout)."""
-    archs = " ".join(raw.get("architectures") or []).lower()
-    return raw.get("speculators_model_type") == "eagle3" or "eagle3" in archs
 
 
 def check_head(head_path: str | Path, target_hidden: int | None, target_vocab: int | None) -> Eagle3Config:
