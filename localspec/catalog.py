@@ -241,7 +241,7 @@ def _parse_pair(raw: Any, *, where: str, source: str) -> Pair:
     if not backends:
         tables = " and/or ".join(f"[pair.{b}]" for b in BACKENDS)
         raise CatalogError(f"{where}: a pair needs a {tables} table", _FORMAT_HINT)
-    runs_on = registry.family(method).backends
+    runs_on = registry.family(method).backend_names()
     extra = [b for b in backends if runs_on is not None and b not in runs_on]
     if extra:
         where_it_runs = " and ".join(backend_spec(b).label for b in runs_on or ())

@@ -12,7 +12,7 @@ from fakes import FakeBackend, hashed_logits
 
 from localspec.backends import registry
 from localspec.commands.serve import GPU_PARALLEL, open_parallel, resolve_parallel
-from localspec.errors import UsageError
+from localspec.errors import LocalspecError, UsageError
 from localspec.options import ModelOptions
 from localspec.pipeline import DraftSlot, Pipeline, make_drafter
 
@@ -66,10 +66,45 @@ def test_every_field_of_the_table_is_read() -> None:
         assert f".{f.name}" in code, f"BackendSpec.{f.name} is read nowhere"
 
 
-def test_a_backend_that_hands_out_no_hidden_states_runs_no_head(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_backend_whose_table_lists_no_head_family_runs_no_head(monkeypatch: pytest.MonkeyPatch) -> None:
     from localspec.families import registry as families
 
     monkeypatch.setitem(registry.BACKENDS, "llama", dataclasses.replace(registry.LLAMA, head_families=()))
     ctx = dataclasses.replace(families.BuildContext(target=FakeBackend(hashed_logits(1)), backend="llama"), head="h")
-    with pytest.raises(UsageError, match="reads the target's hidden states, which the llama.cpp backend"):
+    with pytest.raises(UsageError, match="runs on MLX only"):
         families.build_drafter("eagle3", ctx)
+
+
+@pytest.fixture
+def toy_heads(monkeypatch: pytest.MonkeyPatch) -> None:
+    import toy_heads
+
+    spec = dataclasses.replace(TOY, head_families=("eagle3", "dflash"), heads_module="toy_heads")
+    monkeypatch.setitem(registry.BACKENDS, "fake", spec)
+    monkeypatch.setattr(toy_heads, "ASKED", [])
+    monkeypatch.setitem(toy_heads.REFUSE, "check", "")
+
+
+def test_a_registered_backends_heads_are_built_and_checked_through_the_table(toy_heads: None) -> None:
+    """The families name no backend: a backend that lists head families in the table gets them, built and checked
+    by its own heads module, without a word of the families changed."""
+    import toy_heads
+
+    from localspec.families import registry as families
+
+    assert families.family("eagle3").runs_on("fake") and not families.family("mtp").runs_on("fake")
+    target = FakeBackend(hashed_logits(1))
+    ctx = dataclasses.replace(families.BuildContext(target=target, backend="fake", n_gpu_layers=7), head="h.bin")
+    drafter = families.build_drafter("dflash", ctx)
+    assert isinstance(drafter, toy_heads.ToyHead)
+    assert (drafter.family, drafter.target, drafter.head, drafter.n_gpu_layers) == ("dflash", target, "h.bin", 7)
+    eagle3 = families.family("eagle3")
+    assert eagle3.check is not None
+    check = families.CheckContext(target="/t", draft="/h", backend="fake", module=registry.LLAMA.module())
+    eagle3.check(check)
+    assert ("require", "dflash") in toy_heads.ASKED and ("check", "eagle3", "/t", "/h") in toy_heads.ASKED
+    with pytest.raises(UsageError, match="runs on"):
+        families.build_drafter("mtp", ctx)  # not in the toy's table
+    toy_heads.REFUSE["check"] = "the toy reads no such head"
+    with pytest.raises(LocalspecError, match="the toy reads no such head"):
+        eagle3.check(check)

@@ -33,7 +33,7 @@ def test_builtin_families_and_their_questions(tiny_ggufs: tuple[Path, Path, Path
     assert {"model", "ngram", "suffix", "none"} <= set(names)
     assert [f.name for f in registry.families() if f.plain] == ["none"]
     heads = registry.head_families()
-    assert heads and all(f.is_head and f.backends for f in heads)
+    assert heads and all(f.is_head and f.backend_names() for f in heads)
     target, draft, _ = tiny_ggufs
     assert registry.head_for_draft(str(draft), str(target)) is None  # a draft model, not a head
     fits = registry.head_fits(str(target), str(draft), "llama")

@@ -58,7 +58,7 @@ class DrafterFamily:
     summary: str  # one clause for --help and the picker: what drafts
     build: Callable[[BuildContext], Drafter]
     needs: Needs = "nothing"
-    backends: tuple[str, ...] | None = None  # None: every backend
+    backends: tuple[str, ...] | None = None  # None: every backend (a head family: every one whose table lists it)
     head_architectures: tuple[str, ...] = ()  # a head file's GGUF architectures this family reads
     sidecar_prefix: str = ""  # how llama.cpp's -hf names this family's head file next to a model
     # A head file whose architecture several families share: whether it is this family's (e.g. a Markov head).
@@ -87,5 +87,15 @@ class DrafterFamily:
     def reads_draft_file(self) -> bool:
         return self.accepts_draft or self.needs in ("draft_model", "head_file")
 
+    def backend_names(self) -> tuple[str, ...] | None:
+        """The backends it runs on, None for every one. A head family's are asked of the backends' table when it
+        names none (BackendSpec.head_families): a backend added to the table brings its heads with it."""
+        if self.backends is None and self.is_head:
+            from localspec.backends.registry import head_backends
+
+            return head_backends(self.name)
+        return self.backends
+
     def runs_on(self, backend: str) -> bool:
-        return self.backends is None or backend in self.backends
+        names = self.backend_names()
+        return names is None or backend in names

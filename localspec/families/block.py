@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from localspec.backends.registry import backend_spec, head_backends
+from localspec.backends.registry import backend_spec
 from localspec.decoding.drafters import Drafter
 from localspec.families.base import BuildContext, CheckContext, DrafterFamily
 
@@ -52,7 +52,6 @@ def _family(name: str, summary: str, claims: bool) -> DrafterFamily:
         summary=summary,
         build=lambda ctx: _build(name, ctx),
         needs="head_file",
-        backends=head_backends(name),
         head_architectures=(ARCHITECTURE,),
         sidecar_prefix=f"{name}-",
         claims=(lambda path: _is_dspark(path) == claims),

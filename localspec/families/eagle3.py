@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from localspec.backends.registry import backend_spec, head_backends
+from localspec.backends.registry import backend_spec
 from localspec.decoding.drafters import Drafter
 from localspec.families.base import BuildContext, CheckContext, DrafterFamily
 
@@ -37,7 +37,6 @@ EAGLE3 = DrafterFamily(
     summary="an EAGLE-3 head given with --draft",
     build=_build,
     needs="head_file",
-    backends=head_backends(NAME),
     head_architectures=(NAME,),
     sidecar_prefix=f"{NAME}-",
     require=_require,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from localspec.backends.registry import backend_spec, head_backends, spec_for_path
+from localspec.backends.registry import backend_spec, spec_for_path
 from localspec.decoding.drafters import Drafter
 from localspec.families.base import BuildContext, CheckContext, DrafterFamily
 
@@ -52,7 +52,6 @@ MTP = DrafterFamily(
     summary="the target's own MTP layers, for GGUFs that keep them",
     build=_build,
     needs="own_head",
-    backends=head_backends(NAME),
     sidecar_prefix=f"{NAME}-",
     claims=_claims_target,
     require=_require,

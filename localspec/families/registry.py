@@ -72,7 +72,8 @@ def help_text() -> str:
     """--draft-method's help: each family's summary, and where it runs when not everywhere."""
     parts = []
     for f in _TABLE.values():
-        where = f" ({', '.join(backend_spec(b).label for b in f.backends)})" if f.backends is not None else ""
+        names = f.backend_names()
+        where = f" ({', '.join(backend_spec(b).label for b in names)})" if names is not None else ""
         parts.append(f"{f.name}: {f.summary}{where}")
     return "; ".join(parts)
 
@@ -177,8 +178,9 @@ def check_family(name: str, *, target: str, draft: str | None, backend: str, mod
 def _check_runnable(fam: DrafterFamily, backend: str) -> None:
     """The family runs on this backend, and this build of it can run the family."""
     if not fam.runs_on(backend):
-        assert fam.backends is not None
-        specs = [backend_spec(b) for b in fam.backends]
+        names = fam.backend_names()
+        assert names is not None
+        specs = [backend_spec(b) for b in names]
         raise UsageError(
             f"--draft-method {fam.name} runs on {' and '.join(s.label for s in specs)} only",
             f"use --backend {specs[0].name} with a {specs[0].model_format}, or another method",
