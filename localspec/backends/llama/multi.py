@@ -20,7 +20,7 @@ import llama_cpp
 import numpy as np
 
 from localspec.backends.llama.backend import LOG, LlamaCppBackend, abort_check, last_error
-from localspec.backends.slots import ParallelSequence
+from localspec.backends.parallel_sequence import ParallelSequence
 from localspec.errors import GenerationError, Interrupted, ModelFileError, UnsupportedModelError
 
 
@@ -200,7 +200,7 @@ class LlamaParallel:
 
 
 class LlamaSequence(ParallelSequence):
-    """One sequence of a LlamaParallel context, as a Backend (slots.ParallelSequence: text, templates and facts from
+    """One sequence of a LlamaParallel context, as a Backend (parallel_sequence.ParallelSequence: text, templates and facts from
     the target)."""
 
     def __init__(self, owner: LlamaParallel, index: int, n_ctx: int) -> None:

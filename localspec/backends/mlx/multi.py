@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from localspec.backends.mlx.backend import MLXBackend, make_cache
-from localspec.backends.slots import ParallelSequence
+from localspec.backends.parallel_sequence import ParallelSequence
 from localspec.errors import GenerationError, Interrupted, UnsupportedModelError
 
 STEP = 256  # buffer growth, in positions (as mlx-lm's caches grow)
@@ -227,7 +227,7 @@ def check_batchable(target: MLXBackend) -> None:
 
 
 class MLXSequence(ParallelSequence):
-    """One sequence of an MLXParallel batch, as a Backend (slots.ParallelSequence: text, templates and facts from
+    """One sequence of an MLXParallel batch, as a Backend (parallel_sequence.ParallelSequence: text, templates and facts from
     the target)."""
 
     def __init__(self, owner: MLXParallel, index: int, n_ctx: int) -> None:
