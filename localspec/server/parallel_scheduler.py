@@ -150,13 +150,14 @@ class ParallelScheduler(Scheduler):
                 idle = not self._seats and self._idle is not None
             if idle:
                 self._idle_piece()
-                if self._idle is None:
-                    self._adopt_curve()
                 continue
             try:
                 self._tick()
             except Exception as e:  # noqa: BLE001 - a failed pass (a full KV cache) ends the running requests, not the server
                 self._fail_all(e)
+
+    def _idle_done(self) -> None:
+        self._adopt_curve()
 
     def _adopt_curve(self) -> None:
         """After idle-time calibration (auto's, on the target's own context while no request runs): the sizes

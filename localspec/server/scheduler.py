@@ -206,8 +206,12 @@ class Scheduler:
             self.log(f"auto: idle calibration stopped: {error_text(e)}")
             more = False
         if not more:
-            self._idle = None
+            self._idle_done()
+            self._idle = None  # last: whoever sees no idle work pending sees what it left
             self.log(f"auto: cost curve timed between requests ({self.idle_pieces} pairs of passes so far)")
+
+    def _idle_done(self) -> None:
+        """What the idle work leaves behind, taken up before it is said to be over (nothing here)."""
 
     def _run(self, job: Job) -> None:
         try:
