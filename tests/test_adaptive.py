@@ -6,6 +6,7 @@ deterministic; no assertion depends on real timing.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -157,7 +158,9 @@ def test_copies_that_held_earn_long_drafts_from_a_middling_match() -> None:
 def test_cost_model_interpolates_and_extrapolates() -> None:
     c = CostModel(target={1: 0.010, 3: 0.014})
     assert c.target_s(2) == pytest.approx(0.012)
-    assert c.target_s(5) == pytest.approx(0.018)  # the last measured slope continues
+    # Beyond, the measured growth goes on as a power of n (0.014 * (5 / 3) ** (log 1.4 / log 3)), under a straight line.
+    assert c.target_s(5) == pytest.approx(0.014 * (5 / 3) ** (math.log(1.4) / math.log(3)))
+    assert c.target_s(5) < 0.018
     c.observe_target(1, 0.020)
     assert 0.010 < c.target_s(1) < 0.020  # moves towards new measurements, smoothed
 

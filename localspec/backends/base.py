@@ -157,11 +157,11 @@ class ByteDetokenizer:
     """Incremental detokenizer over per-token byte pieces (llama.cpp's token_to_piece)."""
 
     def __init__(self, piece: Callable[[int], bytes]) -> None:
-        self._piece = piece
+        self.piece = piece  # a token's bytes (the text resync aligns text by them)
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def add(self, tokens: Sequence[int]) -> str:
-        return self._utf8.decode(b"".join(self._piece(t) for t in tokens))
+        return self._utf8.decode(b"".join(self.piece(t) for t in tokens))
 
     def flush(self) -> str:
         return self._utf8.decode(b"", final=True)

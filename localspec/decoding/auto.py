@@ -30,6 +30,7 @@ from localspec.decoding.policy import DRAFT_RATIO, Controller, CostModel, Plan
 from localspec.decoding.stats import RoundStats
 from localspec.decoding.suffix import SuffixDrafter
 from localspec.decoding.suffix_memory import SuffixMemory
+from localspec.decoding.text_resync import text_codec
 from localspec.draft import EMPTY_DRAFT, Draft
 from localspec.errors import Interrupted, LocalspecError
 from localspec.sampling import SamplingParams
@@ -48,10 +49,10 @@ def auto_ngram() -> NgramDrafter:
     return NgramDrafter(max_ngram=5)
 
 
-def auto_lookup(memory: SuffixMemory | None = None) -> SuffixDrafter:
+def auto_lookup(memory: SuffixMemory | None = None, target: Backend | None = None) -> SuffixDrafter:
     """The lookup drafter auto uses: suffix matches over the session (and `memory`'s earlier sessions),
-    ungated (the policy decides)."""
-    return SuffixDrafter(gate=False, memory=memory)
+    ungated (the policy decides); with `target`'s tokenizer, copies are followed across edits in bytes."""
+    return SuffixDrafter(gate=False, memory=memory, codec=text_codec(target))
 
 
 def draft_ratio(model: Drafter | None, target: Backend | None) -> float:

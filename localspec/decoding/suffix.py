@@ -46,6 +46,9 @@ from localspec.decoding.policy import NGRAM_PRIOR, RESYNC, Acceptance, match_buc
 from localspec.decoding.resync import ANCHOR_MIN, WINDOW, Anchor, Edits, Resync, follow
 from localspec.decoding.stats import RoundStats
 from localspec.decoding.suffix_memory import SuffixMemory
+from localspec.decoding.text_resync import WINDOW as TEXT_WINDOW
+from localspec.decoding.text_resync import DocBytes, TextAnchor, TextCodec, TextEdits, TextResync
+from localspec.decoding.text_resync import follow as follow_text
 from localspec.draft import EMPTY_DRAFT, Draft
 from localspec.sampling import SamplingParams
 
@@ -57,6 +60,7 @@ SPEC_FACTOR = 2  # a match of L tokens earns a draft of at most SPEC_FACTOR * L 
 MAX_TOKENS = 1 << 16  # tokens kept in a session's index
 MIN_ALPHA = 0.5  # standalone `suffix`: propose only where this match length's acceptance is at least this
 SHADOWS = 8  # withheld proposals graded against the text that followed, at most this many pending
+WHILE_EDITING = 4  # longest plain-match draft while an edit of a followed copy is being written (text resync)
 RETOKENIZE_SLACK = 8  # a next chat turn holds the last answer re-tokenized: its last few tokens may differ
 
 Position = tuple[int, int]  # (document id, end): a key occurrence ends at `end`; its continuation starts there
@@ -250,6 +254,7 @@ class SuffixDrafter(Stateless):
         gate: bool = True,
         resync: bool = True,
         memory: SuffixMemory | None = None,
+        codec: TextCodec | None = None,
     ) -> None:
         self.index = SuffixIndex(max_tokens=max_tokens)
         self.memory = memory  # earlier sessions' texts (localspec.decoding.suffix_memory); None: this session only
@@ -263,6 +268,14 @@ class SuffixDrafter(Stateless):
         self._shadows: list[tuple[list[int], int, int]] = []  # (proposal, bucket, context length then)
         self._anchor: Anchor | None = None  # where the last long match copied from (resync)
         self._edits = Edits()  # substitutions this generation made to what it copies
+        # With the model's tokenizer, resync aligns bytes instead (localspec.decoding.text_resync).
+        self.codec = codec
+        self._views: dict[int, DocBytes] = {}  # documents' bytes, by id
+        # Where the text copies from (newest last); a diverged one stays beside a newer one until it resumes or
+        # falls WINDOW behind: an edit's own text may match elsewhere (a second `List[int]`) before it ends.
+        self._text_anchors: list[TextAnchor] = []
+        self._answer_from = 0
+        self._text_edits = TextEdits()
 
     def acceptance(self, length: int) -> float:
         return self.accept[match_bucket(length)].alpha
@@ -279,8 +292,12 @@ class SuffixDrafter(Stateless):
         else:
             idx.start(context)
         self._shadows = []
+        self._answer_from = len(context)  # where this generation's own text begins (in the current document)
         self._anchor = None
         self._edits = Edits()
+        self._text_anchors = []
+        self._text_edits = TextEdits()
+        self._views = {}
         for a in self.accept.values():
             a.soften(0.5)
 
@@ -312,6 +329,8 @@ class SuffixDrafter(Stateless):
         self._sync(context)
         m = self.index.match()
         cur = self.index.docs[self.index.current]
+        if self.resync and self.codec is not None:
+            return self._text_lookup(m, cur, k)
         r = self._resync(cur) if self.resync else None
         if r is not None and (m.length < ANCHOR_MIN or m.length < min(r.verified, MAX_MATCH)):
             # Right after an edit, or a copy with known renames made that runs further back than the match.
@@ -330,6 +349,120 @@ class SuffixDrafter(Stateless):
         if not tokens:
             return EMPTY_DRAFT
         return Draft(tokens, None, f"suffix match {m.length}", "suffix", m.length)
+
+    def _text_lookup(self, m: Match, cur: list[int], k: int) -> Draft:
+        """lookup, with the copy followed in bytes across edits (localspec.decoding.text_resync)."""
+        view = self._view(self.index.current)
+        r = self._text_resync(view)
+        if r is not None:
+            verified = r.tokens if r.tokens is not None else len(cur) - view.token_from(len(view.data) - r.verified)
+            if (verified or not m.length) and (m.length < ANCHOR_MIN or m.length <= min(verified, MAX_MATCH)):
+                tokens = self._text_draft(r, min(k, self.spec_factor * max(2, verified)))
+                if tokens:
+                    note = f"suffix resync +{r.new}/-{r.skipped} bytes ({verified} verified)"
+                    return Draft(tokens, None, note, "suffix", RESYNC + verified)
+        if self._anchors(m, view):
+            doc, end = m.positions[0]
+            src = self._view(doc)
+            at = src.starts[end] if end < len(src.starts) else len(src.data)
+            since = view.starts[len(cur) - m.length]
+            if doc != self.index.current or at <= since:  # never the text's own suffix (it would follow itself)
+                self._add_anchor(TextAnchor(doc, at, len(view.data), since))
+        if m.length == 0:
+            return EMPTY_DRAFT
+        limit = min(k, self.spec_factor * m.length)
+        if any(a.cur < len(view.data) for a in self._text_anchors):
+            # An edit is being written (the copy left its source, and no edit explains it yet): a copy of other text
+            # within it (an earlier type hint) ends where that text's own edit did, not where this one will.
+            limit = min(limit, WHILE_EDITING)
+        tokens = self._text_edited(m, self.index.draft(m, limit, min_prob=self.min_prob))[:limit]
+        if not tokens:
+            return EMPTY_DRAFT
+        return Draft(tokens, None, f"suffix match {m.length}", "suffix", m.length)
+
+    def _add_anchor(self, new: TextAnchor) -> None:
+        """The new anchor, beside the old one that agreed with the text last (a copy of the prompt's file before one
+        of this answer's own text), unless it is that one."""
+        if any((a.doc, a.src, a.cur) == (new.doc, new.src, new.cur) for a in self._text_anchors):
+            return
+        view = self._view(self.index.current)
+        home = max(self._text_anchors, key=lambda a: (self._is_source(a, view), a.cur), default=None)
+        self._text_anchors = [home, new] if home is not None else [new]
+
+    def _anchors(self, m: Match, view: DocBytes) -> bool:
+        """Whether this match sets a text anchor: a long one, or where no copy is being followed a short one that
+        occurred once (an edited file's first line, before a long match can form). Not a match within the text
+        an edit is writing now."""
+        if not self._text_anchors:
+            return m.length >= ANCHOR_MIN or (m.length >= 2 and len(m.positions) == 1)
+        if m.length < ANCHOR_MIN:
+            return False
+        doc, end = m.positions[0]
+        start = view.starts[end - m.length] if doc == self.index.current else -1
+        return not any(a.cur < len(view.data) and start >= a.cur for a in self._text_anchors)
+
+    def _view(self, doc: int) -> DocBytes:
+        """A document's bytes; the current one's brought up to date with its tokens."""
+        assert self.codec is not None
+        view = self._views.get(doc)
+        if view is None:
+            view = self._views[doc] = DocBytes(self.codec)
+            view.sync(self.index.docs[doc])
+        elif doc == self.index.current:
+            view.sync(self.index.docs[doc])
+        return view
+
+    def _text_resync(self, view: DocBytes) -> TextResync | None:
+        """The anchors followed to the end of the text: the resumed copy of a source (earlier text than this answer:
+        the prompt's file) where one resumes, else the one with the most bytes confirming it (on a tie the older)."""
+        best: tuple[bool, int] | None = None
+        found: TextResync | None = None
+        kept = []
+        for a in self._text_anchors:
+            if a.doc not in self.index.docs or a.cur > len(view.data):
+                continue  # its source evicted, or the text cut back
+            src = self._view(a.doc).data
+            if a.doc == self.index.current and self._is_source(a, view):
+                src = src[: self._answer_start(view)]  # a copy of the prompt stays in it (not this answer's text)
+            r = follow_text(a, src, view.data, self._text_edits)
+            if r is None and (len(view.data) - a.cur > TEXT_WINDOW or a.src >= len(src)):
+                continue  # diverged too long ago (a plain match has had room to form), or its source ran out
+            kept.append(a)
+            rank = (self._is_source(a, view), r.verified) if r is not None else None
+            if rank is not None and (best is None or rank > best):
+                best, found = rank, r
+        self._text_anchors = kept
+        return found
+
+    def _is_source(self, a: TextAnchor, view: DocBytes) -> bool:
+        """Whether the anchor copies text from before this answer (the prompt, an earlier document), not the answer's
+        own earlier text: an edit written twice (a type hint) matches itself, but the file goes on after it."""
+        return a.doc != self.index.current or a.src < self._answer_start(view)
+
+    def _answer_start(self, view: DocBytes) -> int:
+        return view.starts[self._answer_from] if self._answer_from < len(view.starts) else len(view.data)
+
+    def _text_draft(self, r: TextResync, limit: int) -> list[int]:
+        """Up to `limit` tokens of the source's continuation at r.resume, edits made, in the model's tokens."""
+        assert self.codec is not None
+        src = self._view(r.doc)
+        j = min(src.token_from(r.resume) + limit + 1, len(src.starts))
+        end = src.starts[j] if j < len(src.starts) else len(src.data)
+        return self.codec.exact(r.pending + self._text_edits.apply(src.data, r.resume, end))[:limit]
+
+    def _text_edited(self, m: Match, tokens: list[int]) -> list[int]:
+        """A match's draft with this answer's edits made, where it copies the match's latest occurrence."""
+        if not tokens or not self._text_edits or self.codec is None:
+            return tokens
+        doc, end = m.positions[0]
+        if self.index.docs[doc][end : end + len(tokens)] != tokens:
+            return tokens
+        src = self._view(doc)
+        stop = end + len(tokens)
+        a, b = src.starts[end], src.starts[stop] if stop < len(src.starts) else len(src.data)
+        if self._text_edits.next_at(src.data, a, b, None, -1) >= b:
+            return tokens
+        return self.codec.exact(self._text_edits.apply(src.data, a, b)) or tokens
 
     def _resync(self, cur: list[int]) -> Resync | None:
         """Where the text resumes copying the anchor's source after an edit, if it does (see resync)."""

@@ -19,7 +19,9 @@ def _build(ctx: BuildContext) -> Drafter:
         model = ModelDrafter(ctx.draft)
     elif ctx.load_draft is not None:
         model = LazyModelDrafter(ctx.load_draft, ctx.draft_name or "draft", size_bytes=ctx.draft_size)
-    return AutoDrafter(ngram=auto_lookup(ctx.memory), model=model, target=ctx.target, clock=ctx.clock, store=ctx.store)
+    return AutoDrafter(
+        ngram=auto_lookup(ctx.memory, ctx.target), model=model, target=ctx.target, clock=ctx.clock, store=ctx.store
+    )
 
 
 AUTO = DrafterFamily(

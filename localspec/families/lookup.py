@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from localspec.decoding.drafters import Drafter, NgramDrafter, NoDrafter
 from localspec.decoding.suffix import SuffixDrafter
+from localspec.decoding.text_resync import text_codec
 from localspec.families.base import BuildContext, DrafterFamily
 
 SUFFIX_K = 32  # suffix drafts' longest; each draft is also limited by its match length
@@ -18,7 +19,7 @@ def _ngram(ctx: BuildContext) -> Drafter:
 
 
 def _suffix(ctx: BuildContext) -> Drafter:
-    return SuffixDrafter(memory=ctx.memory)
+    return SuffixDrafter(memory=ctx.memory, codec=text_codec(ctx.target))
 
 
 NONE = DrafterFamily(name="none", summary="plain decoding", build=_none, default_k=0)
