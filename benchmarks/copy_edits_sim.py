@@ -98,7 +98,9 @@ def cost(n: int) -> float:
     return 0.033 * (1 + 0.15 * (n - 1))
 
 
-def simulate(tok: llama_cpp.LlamaCppBackend, kind: str, method: str) -> tuple[float, list[RoundStats], list[int]]:
+def simulate(
+    tok: llama_cpp.LlamaCppBackend, kind: str, method: str, text: bool = True
+) -> tuple[float, list[RoundStats], list[int]]:
     """(decode seconds on the fake clock, the rounds, the answer's tokens)."""
     ask, edit = EDITS[kind]
     chat = f"<|im_start|>user\nHere is report.py:\n```python\n{SOURCE}```\n{ask} Reply with the whole file only."
@@ -110,7 +112,9 @@ def simulate(tok: llama_cpp.LlamaCppBackend, kind: str, method: str) -> tuple[fl
     target = CostedBackend(fn, clock, cost, name="target", n_vocab=vocab, eog=frozenset({vocab - 1}))
     curve = CostModel(target={n: cost(n) for n in (1, 2, 3, 4, 6, 8, 12, 16, 24, 33)})
     drafter: Drafter = (
-        NoDrafter() if method == "none" else AutoDrafter(ngram=auto_lookup(), target=target, clock=clock, costs=curve)
+        NoDrafter()
+        if method == "none"
+        else AutoDrafter(ngram=auto_lookup(target=tok if text else None), target=target, clock=clock, costs=curve)
     )
     config = GenerationConfig(
         max_tokens=len(answer), num_draft=0 if method == "none" else 32, sampling=SamplingParams()
@@ -130,12 +134,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokenizer", required=True, help="a GGUF whose tokenizer to use (its weights are not run)")
     ap.add_argument("--show", choices=sorted(EDITS), help="print that edit's rounds")
+    ap.add_argument("--tokens", action="store_true", help="resync token by token (no tokenizer), as before bytes")
     args = ap.parse_args()
     tok = llama_cpp.load(args.tokenizer, n_ctx=256, threads=1)
     try:
         for kind in EDITS:
             plain, _, answer = simulate(tok, kind, "none")
-            auto, rounds, _ = simulate(tok, kind, "auto")
+            auto, rounds, _ = simulate(tok, kind, "auto", not args.tokens)
             drafted, accepted = sum(r.n_drafted for r in rounds), sum(r.n_accepted for r in rounds)
             print(f"{kind}: {len(answer)} tokens, auto {plain / auto:.2f}x plain; {len(rounds)} rounds, "
                   f"{drafted} drafted, {accepted} accepted")  # fmt: skip

@@ -538,7 +538,7 @@ def _plain_rounds(
     costs = CostModel(target=curve, draft_token=draft_token) if remembered else None
     model = LazyModelDrafter(lambda: draft, "draft") if lazy else ModelDrafter(draft)
     drafter = (
-        AutoDrafter(ngram=auto_lookup(), model=model, target=target, clock=clock, costs=costs)
+        AutoDrafter(ngram=auto_lookup(target=target), model=model, target=target, clock=clock, costs=costs)
         if method == "auto"
         else NoDrafter()
     )

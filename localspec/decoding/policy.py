@@ -71,7 +71,7 @@ MODEL_PRIOR = 0.6
 RESYNC = 1 << 10
 RESUMED = 16  # a copy resumed after an edit, confirmed by this many tokens, is as sure as a plain match
 NGRAM_PRIOR = {1: 0.15, 2: 0.3, 3: 0.45, 4: 0.55, 5: 0.65, 8: 0.85, 16: 0.93, 32: 0.97}
-NGRAM_PRIOR |= {RESYNC: 0.3, RESYNC + 1: 0.7, RESYNC + 2: 0.8, RESYNC + 4: 0.88, RESYNC + 8: 0.93}
+NGRAM_PRIOR |= {RESYNC: 0.3, RESYNC + 1: 0.6, RESYNC + 2: 0.7, RESYNC + 4: 0.8, RESYNC + 8: 0.85}
 
 
 def match_bucket(length: int) -> int:

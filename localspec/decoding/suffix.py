@@ -60,6 +60,7 @@ SPEC_FACTOR = 2  # a match of L tokens earns a draft of at most SPEC_FACTOR * L 
 MAX_TOKENS = 1 << 16  # tokens kept in a session's index
 MIN_ALPHA = 0.5  # standalone `suffix`: propose only where this match length's acceptance is at least this
 SHADOWS = 8  # withheld proposals graded against the text that followed, at most this many pending
+SHORT_ANCHOR_BYTES = 8  # a match shorter than ANCHOR_MIN sets a text anchor only if it occurred once and is this long
 WHILE_EDITING = 4  # longest plain-match draft while an edit of a followed copy is being written (text resync)
 RETOKENIZE_SLACK = 8  # a next chat turn holds the last answer re-tokenized: its last few tokens may differ
 
@@ -352,6 +353,8 @@ class SuffixDrafter(Stateless):
 
     def _text_lookup(self, m: Match, cur: list[int], k: int) -> Draft:
         """lookup, with the copy followed in bytes across edits (localspec.decoding.text_resync)."""
+        if not self._text_anchors and m.length < 2:
+            return EMPTY_DRAFT  # no copy followed, none to begin: the bytes catch up when there is one
         view = self._view(self.index.current)
         r = self._text_resync(view)
         if r is not None:
@@ -394,7 +397,10 @@ class SuffixDrafter(Stateless):
         occurred once (an edited file's first line, before a long match can form). Not a match within the text
         an edit is writing now."""
         if not self._text_anchors:
-            return m.length >= ANCHOR_MIN or (m.length >= 2 and len(m.positions) == 1)
+            if m.length >= ANCHOR_MIN:
+                return True
+            short = m.length >= 2 and len(m.positions) == 1
+            return short and len(view.data) - view.starts[len(view.starts) - m.length] >= SHORT_ANCHOR_BYTES
         if m.length < ANCHOR_MIN:
             return False
         doc, end = m.positions[0]

@@ -32,8 +32,9 @@ MAX_DEL = 32  # most source bytes an edit replaces
 SUB_MAX = 24  # an edit this short on both sides is a substitution made wherever its old bytes recur (a rename)
 SUB_MIN = 3  # ... and at least this long on the old side (a byte or two recurs inside every other word)
 LEARN_MIN = 8  # bytes after an edit that confirm it: then it is learnt and the anchor moves past it
+NEEDLE = 2  # bytes after an edit looked up in the source before a candidate is walked
 GUESS_MIN = 4  # bytes after an edit before a draft resumes the copy on its strength (fewer match by chance)
-WINDOW = 160  # bytes after a divergence within which an edit is sought; after that the anchor is dropped
+WINDOW = MAX_INS + 32  # bytes after a divergence within which an edit is sought; after that the anchor is dropped
 CONTEXT = 8  # source bytes before an insertion (and one after) that must recur for it to be made again
 KEPT_INSIDE = 4  # an edit that keeps the source bytes it replaced inside its new ones is two insertions
 MAX_KEPT = 16  # substitutions, and insertions, remembered per generation
@@ -197,6 +198,10 @@ class TextEdits:
                 i = src.find(key, i + 1, min(nxt + 1, len(src)))
         return nxt
 
+    def made(self, data: bytes) -> bool:
+        """Whether some learnt edit writes `data`."""
+        return any(data in new for new in (*self.subs.values(), *self.inserts.values()))
+
     def _subs(self, extra: tuple[bytes, bytes] | None) -> Sequence[tuple[bytes, bytes, bool]]:
         """(old, new, whole words only): the learnt substitutions, and an edit being tried (anywhere)."""
         items = [(old, new, True) for old, new in self.subs.items()]
@@ -338,11 +343,16 @@ def _align(anchor: TextAnchor, src: bytes, cur: bytes, edits: TextEdits) -> tupl
     """The edit at the anchor's divergence after which the rest of the text copies the source: the fewest new
     bytes (the longest confirmation), then the skipped length closest to the new one."""
     p, q = anchor.cur, anchor.src
-    top = min(q + MAX_DEL, len(src) - 1)
-    for eps in range(min(MAX_INS, len(cur) - p - 1) + 1):  # at least one byte after the edit confirms it
-        b = cur[p + eps]
+    top = min(q + MAX_DEL + len(cur) - p, len(src))
+    last = bytes(cur[-NEEDLE:])
+    if src.find(last, q, top) < 0 and cur.find(last, p, len(cur) - NEEDLE) < 0 and not edits.made(last):
+        return None  # the text's last bytes are nowhere in the source in reach, nor in an edit: it left the source
+    for eps in range(min(MAX_INS, len(cur) - p - GUESS_MIN) + 1):  # GUESS_MIN bytes after the edit confirm it
+        # Where the source holds the two bytes that follow the edit (finds in C, not a walk per byte; not all
+        # GUESS_MIN of them: the edit itself may recur right after, `spans(sp` for `intervals(in`).
+        needle = bytes(cur[p + eps : p + eps + NEEDLE])
         fits: list[tuple[int, WalkEnd]] = []
-        d = src.find(b, q, top + 1)
+        d = src.find(needle, q, min(q + MAX_DEL + NEEDLE, len(src)))
         while d >= 0:
             delta = d - q
             if src is cur and d >= p + eps:
@@ -352,7 +362,7 @@ def _align(anchor: TextAnchor, src: bytes, cur: bytes, edits: TextEdits) -> tupl
                 end = walk(src, d, cur, p + eps, edits, extra)
                 if end.p >= len(cur) or end.pending:
                     fits.append((delta, end))
-            d = src.find(b, d + 1, top + 1)
+            d = src.find(needle, d + 1, min(q + MAX_DEL + NEEDLE, len(src)))
         if fits:
             delta, end = min(fits, key=lambda f: (abs(f[0] - eps), f[0]))
             return eps, delta, end
