@@ -15,6 +15,8 @@ current prompt and generation and every earlier prompt and output of the session
    rename is remembered for the generation and made in later drafts. Such drafts carry Draft.order
    RESYNC + the tokens copied since the edit (their own acceptance buckets in the policy and the gate,
    until policy.RESUMED tokens confirm the copy: from then on it counts as a plain match that long).
+   With the model's tokenizer (`codec`), this is done in bytes (localspec.decoding.text_resync), where an
+   edit is the same wherever it recurs, whatever the tokenizer made of the text around it.
 
 Across sessions (localspec.decoding.suffix_memory): with a memory, `prepare` first adds the stored
 texts that share text with the prompt (up to half of `max_tokens`) as earlier documents, and claims the
