@@ -456,7 +456,8 @@ class SuffixDrafter(Stateless):
         src = self._view(r.doc)
         j = min(src.token_from(r.resume) + limit + 1, len(src.starts))
         end = src.starts[j] if j < len(src.starts) else len(src.data)
-        return self.codec.exact(r.pending + self._text_edits.apply(src.data, r.resume, end))[:limit]
+        made = self._text_edits.apply(src.data, r.resume, end, inserted=r.resume if r.pending else -1)
+        return self.codec.exact(r.pending + made)[:limit]
 
     def _text_edited(self, m: Match, tokens: list[int]) -> list[int]:
         """A match's draft with this answer's edits made, where it copies the match's latest occurrence."""

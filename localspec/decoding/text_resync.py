@@ -207,19 +207,20 @@ class TextEdits:
         items = [(old, new, True) for old, new in self.subs.items()]
         return [*items, (*extra, False)] if extra is not None else items
 
-    def apply(self, src: bytes, start: int, end: int) -> bytes:
+    def apply(self, src: bytes, start: int, end: int, inserted: int = -1) -> bytes:
         """src[start:end] with the substitutions made, up to where an insertion may recur: whether the text makes
         it again there is a guess either way (a type hint at a signature, none at a call), so a draft ends there;
-        at `start` itself the insertion is drafted (a guess as good as any) and the draft ends after it."""
+        at `start` itself the insertion is drafted (a guess as good as any) and the draft ends after it. Not at
+        `inserted`: the text is already writing the insertion there (a draft's pending bytes)."""
         out = bytearray()
         q = start
         while q < end:
-            nxt = self.next_at(src, q, end, None, -1)
+            nxt = self.next_at(src, q, end, None, inserted)
             out += src[q:nxt]
             q = nxt
             if q >= end:
                 break
-            hit = self.at(src, q, None, -1)
+            hit = self.at(src, q, None, inserted)
             if hit is None:
                 out += src[q : q + 1]
                 q += 1
