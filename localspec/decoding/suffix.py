@@ -456,6 +456,8 @@ class SuffixDrafter(Stateless):
         src = self._view(r.doc)
         j = min(src.token_from(r.resume) + limit + 1, len(src.starts))
         end = src.starts[j] if j < len(src.starts) else len(src.data)
+        if r.inserting:  # an insertion begun again is a guess (`-> int` where the last one was `-> list`): it alone
+            return self.codec.exact(r.pending)[:limit]
         made = self._text_edits.apply(src.data, r.resume, end, inserted=r.resume if r.pending else -1)
         return self.codec.exact(r.pending + made)[:limit]
 

@@ -123,6 +123,7 @@ class TextResync:
     new: int = 0  # EPS of the edit found this round
     skipped: int = 0  # DELTA
     pending: bytes = b""  # a known edit half written: its remaining bytes come first
+    inserting: bool = False  # ... an insertion made again (a guess: the draft ends with it)
     tokens: int | None = None  # how many confirming tokens it counts as (None: those after `verified` bytes)
 
 
@@ -241,6 +242,7 @@ class WalkEnd:
     q: int  # ... and in the source
     pending: bytes = b""  # the text stopped half way through this edit's new bytes
     resume: int = -1  # the source byte after that edit
+    inserting: bool = False  # ... which is an insertion
 
 
 def walk(src: bytes, q: int, cur: bytes, p: int, edits: TextEdits, extra: tuple[bytes, bytes] | None = None) -> WalkEnd:
@@ -264,7 +266,7 @@ def walk(src: bytes, q: int, cur: bytes, p: int, edits: TextEdits, extra: tuple[
             p, q = p + len(new), q + len(old)
             inserted = q if not old else -1
         elif len(seen) < len(new) and new.startswith(seen) and p + len(seen) == len(cur):
-            return WalkEnd(p, q, new[len(seen) :], q + len(old))
+            return WalkEnd(p, q, new[len(seen) :], q + len(old), not old)
         elif _common(cur, p, src, q, 1):  # the text did not make the edit here: it copies the source
             inserted = q
             p, q = p + 1, q + 1
@@ -318,7 +320,9 @@ def follow(anchor: TextAnchor, src: bytes, cur: bytes, edits: TextEdits) -> Text
         anchor.cur, anchor.src = w.p, w.q
         if w.p >= len(cur) or w.pending:
             resume = w.resume if w.pending else w.q
-            return TextResync(anchor.doc, resume, w.p - anchor.since, pending=w.pending) if resume < len(src) else None
+            if resume >= len(src):
+                return None
+            return TextResync(anchor.doc, resume, w.p - anchor.since, pending=w.pending, inserting=w.inserting)
         tail = bytes(cur[w.p :])
         if tail in edits.spans and w.q < len(src):
             # What an edit of this answer wrote before, complete: the copy resumes at once.
@@ -332,7 +336,9 @@ def follow(anchor: TextAnchor, src: bytes, cur: bytes, edits: TextEdits) -> Text
             return None
         if v < LEARN_MIN:
             resume = end.resume if end.pending else end.q
-            return TextResync(anchor.doc, resume, v, eps, delta, end.pending) if resume < len(src) else None
+            if resume >= len(src):
+                return None
+            return TextResync(anchor.doc, resume, v, eps, delta, end.pending, inserting=end.inserting)
         p, q = anchor.cur, anchor.src
         edits.learn(src, q, delta, bytes(cur[p : p + eps]))
         anchor.cur, anchor.src = p + eps, q + delta
