@@ -62,7 +62,8 @@ SPEC_FACTOR = 2  # a match of L tokens earns a draft of at most SPEC_FACTOR * L 
 MAX_TOKENS = 1 << 16  # tokens kept in a session's index
 MIN_ALPHA = 0.5  # standalone `suffix`: propose only where this match length's acceptance is at least this
 SHADOWS = 8  # withheld proposals graded against the text that followed, at most this many pending
-SHORT_ANCHOR_BYTES = 8  # a match shorter than ANCHOR_MIN sets a text anchor only if it occurred once and is this long
+SHORT_ANCHOR_BYTES = 8  # a match shorter than ANCHOR_MIN sets a text anchor only if it occurred once, begins a line
+# in both texts, and is this long
 WHILE_EDITING = 4  # longest plain-match draft while an edit of a followed copy is being written (text resync)
 RETOKENIZE_SLACK = 8  # a next chat turn holds the last answer re-tokenized: its last few tokens may differ
 
@@ -234,6 +235,14 @@ class SuffixIndex:
         return out
 
 
+def _line_start(data: bytes, i: int) -> bool:
+    """Whether byte i begins a line (the line's indentation before it allowed)."""
+    j = i
+    while j > 0 and data[j - 1] in b" \t":
+        j -= 1
+    return j == 0 or data[j - 1] == 10
+
+
 class SuffixDrafter(Stateless):
     """The `suffix` draft method: suffix-match drafts over the session's texts (Drafter protocol).
 
@@ -401,8 +410,15 @@ class SuffixDrafter(Stateless):
         if not self._text_anchors:
             if m.length >= ANCHOR_MIN:
                 return True
-            short = m.length >= 2 and len(m.positions) == 1
-            return short and len(view.data) - view.starts[len(view.starts) - m.length] >= SHORT_ANCHOR_BYTES
+            if m.length < 2 or len(m.positions) > 1:
+                return False
+            start = view.starts[len(view.starts) - m.length]
+            doc, end = m.positions[0]
+            src = self._view(doc)
+            at = src.starts[end - m.length]
+            # A line's first bytes, in both texts: how an edited file's copy begins (not a phrase of prose).
+            line_start = _line_start(view.data, start) and _line_start(src.data, at)
+            return line_start and len(view.data) - start >= SHORT_ANCHOR_BYTES
         if m.length < ANCHOR_MIN:
             return False
         doc, end = m.positions[0]
