@@ -14,6 +14,9 @@ the same prompt, greedy, 2 threads:
 - again: a question answered once into the suffix memory of a fresh HOME (unmeasured), then asked again
   in new processes: auto reads the memory, none has nothing to read.
 
+The runs import localspec as `python -m` does, from the current directory first: to measure another tree, run
+this from that tree's root (PYTHONPATH alone is not enough).
+
 Prints, per case, each pair's decode tokens/s, the ratio auto/none, and the median over pairs; the
 median time of a target pass per plain round (rounds that drafted nothing) for each method from the
 per-round records; and what auto did (rounds, drafted, accepted, its draft time).
