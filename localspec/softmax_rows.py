@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
+from numpy.lib.mixins import NDArrayOperatorsMixin
 
 from localspec.sampling import SamplingParams, probabilities, sample
 
@@ -42,6 +43,8 @@ WORK = RowWork()
 class Row(Protocol):
     """One processed distribution over the vocabulary: unnormalised weights, their total (bounded until known)."""
 
+    whole: bool  # computed whole (no tail left to bound): read as a dense row, with one uniform a draw
+
     def weight(self, token: int) -> float:
         """The token's unnormalised weight (its probability times the row's total)."""
         ...
@@ -63,6 +66,8 @@ class Row(Protocol):
 
 class DenseRow:
     """A row given whole (normalised): a test's table, a filtered row, a grammar-masked draft row."""
+
+    whole = True
 
     def __init__(self, p: np.ndarray) -> None:
         self.p = p
@@ -100,6 +105,7 @@ class SoftmaxRow:
         self._tail_bound = n_tail * math.exp(-HEAD_SPAN) * _TAIL_SLACK
         self._tail: np.ndarray | None = None  # the tail's weights, 0 on the head (made by _tail_weights)
         self._tail_total = 0.0 if self._ids is None else None
+        self.whole = self._ids is None
 
     def _weights(self, ids: np.ndarray | None) -> np.ndarray:
         """exp((z - max) / T), float32, over `ids` (None: every token, a full pass)."""
@@ -142,13 +148,14 @@ class SoftmaxRow:
     def sample(self, rng: np.random.Generator) -> int:
         """A draw: the head with probability head/total (the bound decides it but for the rare draws near the
         edge), then a token inside the part chosen, from a fresh uniform."""
+        if self._ids is None:  # one inverse-CDF draw over the row, as sampling.sample on the processed row
+            return sample(self._w, rng)
         u = rng.random()
         _, hi = self.total_bounds()
         if u * hi >= self.head_total and u * self.total() >= self.head_total:
             return sample(self._tail_weights(), rng)
         at = int(np.searchsorted(self._cum, rng.random() * self.head_total, side="right"))
-        at = min(at, self._cum.shape[0] - 1)
-        return at if self._ids is None else int(self._ids[at])
+        return int(self._ids[min(at, self._ids.size - 1)])
 
     def dense(self) -> np.ndarray:
         if self._ids is None:
@@ -180,9 +187,10 @@ def row(logits: np.ndarray, params: SamplingParams) -> Row:
     return SoftmaxRow(logits, params.temperature)
 
 
-class SoftmaxRows:
+class SoftmaxRows(NDArrayOperatorsMixin):
     """[n, V] processed distributions, each row made the first time it is read (the rule reads the rows up to its
-    first rejection). Reads as the array would too (rows[i], rows[i, t], np.asarray(rows)), at a full pass a row."""
+    first rejection). Reads as the array would too (rows[i], rows[i, t], np.asarray(rows), q > 0, q - q2), at a
+    full pass a row."""
 
     def __init__(self, n: int, width: int, make: Callable[[int], Row]) -> None:
         self.shape = (n, width)
@@ -224,6 +232,10 @@ class SoftmaxRows:
             r = self.row(int(key[0]))  # type: ignore[call-overload]
             return r.weight(int(key[1])) / r.total()  # type: ignore[call-overload]
         return np.asarray(self)[key]  # type: ignore[index]
+
+    def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: object, **kwargs: object) -> object:
+        whole = [np.asarray(x) if isinstance(x, SoftmaxRows) else x for x in inputs]
+        return getattr(ufunc, method)(*whole, **kwargs)
 
     def __array__(self, dtype: object = None, copy: object = None) -> np.ndarray:
         out = np.stack(list(self)) if self.shape[0] else np.zeros(self.shape)

@@ -221,3 +221,11 @@ def test_a_sampled_round_finds_each_rows_head_once_and_no_tail(kind: str) -> Non
     n_draft_rows = sum(drafted) if kind == "model" else 0
     assert WORK.full - full <= 1  # (a decision near a bound: a few in ten thousand)
     assert WORK.heads - heads <= n_draft_rows + len(drafted) * (k + 1) + 1  # + 1: the prompt's row
+
+
+def test_lazy_rows_take_array_operators() -> None:
+    """Tests compare drafts' q with operators (q > 0, q1 - q2) as they did when q was an array."""
+    params = SamplingParams(temperature=1.0)
+    a, b = SoftmaxRows.of_logits(P_ROWS, params), SoftmaxRows.of_logits(P_ROWS[::-1], params)
+    np.testing.assert_array_equal(a > 0, np.asarray(a) > 0)
+    np.testing.assert_allclose(np.abs(a - b), np.abs(np.asarray(a) - np.asarray(b)))

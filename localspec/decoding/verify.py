@@ -18,7 +18,7 @@ from typing import Literal
 import numpy as np
 
 from localspec.sampling import sample
-from localspec.softmax_rows import DenseRow, Row, SoftmaxRows, row_of
+from localspec.softmax_rows import Row, SoftmaxRows, row_of
 
 Kind = Literal["recovered", "bonus"]
 RESIDUAL_TRIES = 32  # draws from p for one from the residual before it is computed whole (see _recover)
@@ -76,7 +76,7 @@ def _recover(p: Row, q: Row | None, d: int, rng: np.random.Generator) -> int:
     by rejection: x from p, kept with probability max(0, 1 - q(x) / p(x)), which keeps x with probability
     proportional to max(0, p(x) - q(x)), one draw from p a round on average. After RESIDUAL_TRIES misses (a
     residual of almost no mass) the residual is computed whole, which leaves the draw's distribution as it is."""
-    if isinstance(p, DenseRow) and (q is None or isinstance(q, DenseRow)):
+    if p.whole and (q is None or q.whole):
         return _recover_dense(p.dense(), None if q is None else q.dense(), d, rng)
     for _ in range(RESIDUAL_TRIES):
         x = p.sample(rng)
