@@ -14,7 +14,7 @@ Rows with top-k, top-p or min-p are the whole processed row (sampling.probabilit
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -91,13 +91,12 @@ class DenseRow:
 class SoftmaxRow:
     """softmax(z / T) for one row of logits z [V], its head computed at once and its tail only when asked."""
 
-    def __init__(self, logits: np.ndarray, temperature: float) -> None:
+    def __init__(self, logits: np.ndarray, temperature: float, known: int | None = None) -> None:
         z = np.asarray(logits, dtype=np.float32)
         self._z = z  # the caller keeps it unchanged while the row is read (a copy, or this round's output)
         self._scale = np.float32(1.0 / temperature)
-        self._max = z.max()
         WORK.heads += 1
-        self._ids = _ids_at_least(z, self._max - np.float32(HEAD_SPAN * temperature))  # None: a flat row, all
+        self._max, self._ids = _head(z, np.float32(HEAD_SPAN * temperature), known)  # ids None: a flat row, all
         self._w = self._weights(self._ids)
         self._cum = np.cumsum(self._w, dtype=np.float64)
         self.head_total = float(self._cum[-1])
@@ -166,6 +165,19 @@ class SoftmaxRow:
         return out / self.total()
 
 
+def _head(z: np.ndarray, span: np.floating, known: int | None) -> tuple[np.floating, np.ndarray | None]:
+    """The row's max and the ids of the tokens within `span` of it (None: too many, a flat row). A `known` token
+    (the draft token the row grades) bounds the max from below: the tokens within `span` of it hold the max and
+    the head, which saves the max pass where they are few."""
+    if known is not None and 0 <= known < z.shape[0]:  # (a draft token outside the target's vocabulary: no hint)
+        near = _ids_at_least(z, z[known] - span)
+        if near is not None:
+            m = z[near].max()
+            return m, near[z[near] >= m - span]
+    m = z.max()
+    return m, _ids_at_least(z, m - span)
+
+
 def _ids_at_least(z: np.ndarray, threshold: np.floating) -> np.ndarray | None:
     """np.flatnonzero(z >= threshold), or None when the hits are many. numpy's nonzero walks a 150k mask a byte at
     a time (30 us); here the mask is read as 8-byte words and only the words holding a hit are searched."""
@@ -180,11 +192,12 @@ def _ids_at_least(z: np.ndarray, threshold: np.floating) -> np.ndarray | None:
     return words[rows] * 8 + cols
 
 
-def row(logits: np.ndarray, params: SamplingParams) -> Row:
-    """One row of logits [V] as the processed distribution at temperature > 0 (filters: the whole row)."""
+def row(logits: np.ndarray, params: SamplingParams, known: int | None = None) -> Row:
+    """One row of logits [V] as the processed distribution at temperature > 0 (filters: the whole row). `known`: a
+    token the row will be asked about (a draft token), a hint for finding the head."""
     if params.top_k > 0 or params.top_p < 1.0 or params.min_p > 0.0:
         return DenseRow(probabilities(logits, params))
-    return SoftmaxRow(logits, params.temperature)
+    return SoftmaxRow(logits, params.temperature, known)
 
 
 class SoftmaxRows(NDArrayOperatorsMixin):
@@ -198,18 +211,19 @@ class SoftmaxRows(NDArrayOperatorsMixin):
         self._rows: dict[int, Row] = {}
 
     @classmethod
-    def of_logits(cls, logits: np.ndarray, params: SamplingParams) -> SoftmaxRows:
-        """Rows over logits [n, V], which stay unchanged while the rows are read."""
+    def of_logits(cls, logits: np.ndarray, params: SamplingParams, draft: Sequence[int] = ()) -> SoftmaxRows:
+        """Rows over logits [n, V], which stay unchanged while the rows are read; row i grades draft[i] (if any)."""
         z = np.atleast_2d(logits)
-        return cls(z.shape[0], z.shape[1], lambda i: row(z[i], params))
+        return cls(z.shape[0], z.shape[1], lambda i: row(z[i], params, draft[i] if i < len(draft) else None))
 
     @classmethod
     def of_rows(cls, rows: list[Row], width: int) -> SoftmaxRows:
         return cls(len(rows), width, rows.__getitem__)
 
     def row(self, i: int) -> Row:
-        if not 0 <= i < self.shape[0]:
+        if not -self.shape[0] <= i < self.shape[0]:
             raise IndexError(f"row {i} of {self.shape[0]}")
+        i %= self.shape[0]
         r = self._rows.get(i)
         if r is None:
             r = self._rows[i] = self._make(i)

@@ -48,6 +48,18 @@ def test_a_row_reads_as_the_whole_softmax_at_150k(scale: float, t: float, lift: 
     np.testing.assert_allclose(row.dense(), ref, rtol=2e-5, atol=1e-12)
 
 
+@pytest.mark.parametrize("known", [7, 90_000, 12_345, 3, BIG + 5])
+def test_a_known_token_finds_the_same_head(known: int) -> None:
+    """The draft token a target row grades bounds its max from below: the head found from it is the same (a token
+    near the max, one far below it, one the row forbids, one outside the vocabulary)."""
+    rng = np.random.default_rng(6)
+    z = (rng.standard_normal(BIG) * 2.0).astype(np.float32)
+    z[[7, 90_000, 3]] = [z.max() + 10.0, z.max() + 9.0, -np.inf]
+    plain, hinted = SoftmaxRow(z, 0.7), SoftmaxRow(z, 0.7, known)
+    assert hinted.total_bounds() == plain.total_bounds()
+    assert [hinted.weight(t) for t in (7, 90_000, 3, 12_345)] == [plain.weight(t) for t in (7, 90_000, 3, 12_345)]
+
+
 def _tailed_logits(n: int, seed: int) -> np.ndarray:
     """A row over n tokens: four likely tokens (ids 0-3) and a tail that holds about a fifth of the mass."""
     rng = np.random.default_rng(seed)
@@ -161,6 +173,7 @@ def test_lazy_rows_read_as_the_array() -> None:
     np.testing.assert_allclose(rows[1], whole[1], rtol=2e-5, atol=1e-12)
     assert rows[2, 7] == pytest.approx(whole[2, 7], rel=2e-5)
     np.testing.assert_allclose(rows[:, 3], whole[:, 3], rtol=2e-5)
+    np.testing.assert_allclose(rows[-1], whole[2], rtol=2e-5, atol=1e-12)
     with pytest.raises(IndexError):
         rows.row(3)
 

@@ -337,7 +337,7 @@ class Run:
             self._note_ties(logits[: verdict.n_accepted + 1], best)
             return verdict
         self.pending_ties = []
-        p: verify.Probs = SoftmaxRows.of_logits(logits, self.sampling)  # [k+1, V], read as far as the rule needs
+        p: verify.Probs = SoftmaxRows.of_logits(logits, self.sampling, draft.tokens)  # read as far as the rule needs
         q = draft.q
         if q is not None and masks is not None:
             q = mask_q(np.asarray(q), masks)  # the kept draft tokens are drawn from q restricted to the grammar
