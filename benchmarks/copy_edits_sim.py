@@ -15,12 +15,14 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from fakes import CostedBackend, FakeClock, scripted_tokens  # noqa: E402
 
+from localspec.backends.base import Backend  # noqa: E402
 from localspec.backends.llama import backend as llama_cpp  # noqa: E402
 from localspec.decoding.auto import AutoDrafter, auto_lookup  # noqa: E402
 from localspec.decoding.drafters import Drafter, NoDrafter  # noqa: E402
@@ -98,23 +100,25 @@ def cost(n: int) -> float:
     return 0.033 * (1 + 0.15 * (n - 1))
 
 
-def simulate(
-    tok: llama_cpp.LlamaCppBackend, kind: str, method: str, text: bool = True
-) -> tuple[float, list[RoundStats], list[int]]:
-    """(decode seconds on the fake clock, the rounds, the answer's tokens)."""
-    ask, edit = EDITS[kind]
-    chat = f"<|im_start|>user\nHere is report.py:\n```python\n{SOURCE}```\n{ask} Reply with the whole file only."
-    prompt = tok.tokenize(chat + "<|im_end|>\n<|im_start|>assistant\n```python\n", add_special=False)
-    answer = tok.tokenize(edit(SOURCE) + "```", add_special=False, parse_special=False)
+def replay(
+    prompt: list[int],
+    answer: list[int],
+    cost: Callable[[int], float],
+    costs: CostModel | None,
+    method: str,
+    tok: llama_cpp.LlamaCppBackend,
+    text: bool = True,
+) -> tuple[float, list[RoundStats]]:
+    """A scripted target writes `answer` after `prompt` at `cost`(n) a pass on a fake clock; `none`, or auto's
+    lookup from `costs` (with the tokenizer's byte resync where `text`): (decode seconds, the rounds)."""
     clock = FakeClock()
     vocab = tok.n_vocab
     fn = scripted_tokens(prompt + answer, n_vocab=vocab)
     target = CostedBackend(fn, clock, cost, name="target", n_vocab=vocab, eog=frozenset({vocab - 1}))
-    curve = CostModel(target={n: cost(n) for n in (1, 2, 3, 4, 6, 8, 12, 16, 24, 33)})
     drafter: Drafter = (
         NoDrafter()
         if method == "none"
-        else AutoDrafter(ngram=auto_lookup(target=tok if text else None), target=target, clock=clock, costs=curve)
+        else AutoDrafter(ngram=auto_lookup(target=tok if text else None), target=target, clock=clock, costs=costs)
     )
     config = GenerationConfig(
         max_tokens=len(answer), num_draft=0 if method == "none" else 32, sampling=SamplingParams()
@@ -127,7 +131,34 @@ def simulate(
         elif event.round is not None:
             rounds.append(event.round)
     assert done is not None and list(done.tokens) == answer
-    return done.stats.decode_s, rounds, answer
+    return done.stats.decode_s, rounds
+
+
+def report(
+    name: str, answer: list[int], plain: float, auto: float, rounds: list[RoundStats], show: bool, tok: Backend
+) -> None:
+    """auto's speed against plain, what it drafted, and with `show` each round's text."""
+    drafted, accepted = sum(r.n_drafted for r in rounds), sum(r.n_accepted for r in rounds)
+    print(f"{name}: {len(answer)} tokens, auto {plain / auto:.3f}x plain; {len(rounds)} rounds, "
+          f"{drafted} drafted, {accepted} accepted")  # fmt: skip
+    at = 0
+    for r in rounds if show else ():
+        text = tok.detokenizer().add(answer[at : at + r.n_emitted])
+        print(f"  {at:4d} drafted {r.n_drafted:2d} accepted {r.n_accepted:2d} {r.note[:70]:70} | {text!r}")
+        at += r.n_emitted
+
+
+def simulate(
+    tok: llama_cpp.LlamaCppBackend, kind: str, method: str, text: bool = True
+) -> tuple[float, list[RoundStats], list[int]]:
+    """(decode seconds on the fake clock, the rounds, the answer's tokens)."""
+    ask, edit = EDITS[kind]
+    chat = f"<|im_start|>user\nHere is report.py:\n```python\n{SOURCE}```\n{ask} Reply with the whole file only."
+    prompt = tok.tokenize(chat + "<|im_end|>\n<|im_start|>assistant\n```python\n", add_special=False)
+    answer = tok.tokenize(edit(SOURCE) + "```", add_special=False, parse_special=False)
+    curve = CostModel(target={n: cost(n) for n in (1, 2, 3, 4, 6, 8, 12, 16, 24, 33)})
+    seconds, rounds = replay(prompt, answer, cost, curve, method, tok, text)
+    return seconds, rounds, answer
 
 
 def main() -> None:
@@ -141,15 +172,7 @@ def main() -> None:
         for kind in EDITS:
             plain, _, answer = simulate(tok, kind, "none")
             auto, rounds, _ = simulate(tok, kind, "auto", not args.tokens)
-            drafted, accepted = sum(r.n_drafted for r in rounds), sum(r.n_accepted for r in rounds)
-            print(f"{kind}: {len(answer)} tokens, auto {plain / auto:.2f}x plain; {len(rounds)} rounds, "
-                  f"{drafted} drafted, {accepted} accepted")  # fmt: skip
-            if args.show == kind:
-                at = 1
-                for r in rounds:
-                    text = tok.detokenizer().add(answer[at : at + r.n_emitted])
-                    print(f"  {at:4d} drafted {r.n_drafted:2d} accepted {r.n_accepted:2d} {r.note[:70]:70} | {text!r}")
-                    at += r.n_emitted
+            report(kind, answer, plain, auto, rounds, args.show == kind, tok)
     finally:
         tok.close()
 

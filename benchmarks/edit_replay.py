@@ -28,19 +28,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from auto_tax import CASES  # noqa: E402
-from fakes import CostedBackend, FakeClock, scripted_tokens  # noqa: E402
+from copy_edits_sim import replay, report  # noqa: E402
 
-from localspec.backends.base import chat_prompt_tokens  # noqa: E402
+from localspec.backends.base import Backend, chat_prompt_tokens  # noqa: E402
 from localspec.backends.llama import backend as llama_cpp  # noqa: E402
 from localspec.backends.messages import ChatMessage  # noqa: E402
-from localspec.decoding.auto import AutoDrafter  # noqa: E402
-from localspec.decoding.drafters import Drafter, NoDrafter  # noqa: E402
-from localspec.decoding.engine import Done, GenerationConfig, generate  # noqa: E402
 from localspec.decoding.policy import CostModel  # noqa: E402
 from localspec.decoding.stats import RoundStats  # noqa: E402
-from localspec.decoding.suffix import SuffixDrafter  # noqa: E402
-from localspec.decoding.text_resync import TextCodec, text_codec  # noqa: E402
-from localspec.sampling import SamplingParams  # noqa: E402
 
 MAX_N = 34  # a verify pass of 33 tokens (k = 32, auto's default) and one more
 
@@ -103,41 +97,10 @@ def remembered(curve: dict[int, float], spec: str) -> CostModel | None:
     return CostModel(target={n: curve[n] for n in range(lo, hi + 1)})
 
 
-def lookup(codec: TextCodec | None) -> SuffixDrafter:
-    return SuffixDrafter(gate=False, codec=codec)  # auto_lookup, with the real model's tokenizer
-
-
 def simulate(
-    prompt: list[int],
-    answer: list[int],
-    curve: dict[int, float],
-    method: str,
-    spec: str,
-    tok: llama_cpp.LlamaCppBackend,
-    text: bool,
+    prompt: list[int], answer: list[int], curve: dict[int, float], method: str, spec: str, tok: Backend, text: bool
 ) -> tuple[float, list[RoundStats]]:
-    n_vocab = tok.n_vocab
-    codec = text_codec(tok) if text else None
-    clock = FakeClock()
-    fn = scripted_tokens(prompt + answer, n_vocab=n_vocab)
-    target = CostedBackend(fn, clock, cost_fn(curve), name="target", n_vocab=n_vocab, eog=frozenset({n_vocab - 1}))
-    drafter: Drafter = (
-        NoDrafter()
-        if method == "none"
-        else AutoDrafter(ngram=lookup(codec), target=target, clock=clock, costs=remembered(curve, spec))
-    )
-    config = GenerationConfig(
-        max_tokens=len(answer), num_draft=0 if method == "none" else 32, sampling=SamplingParams()
-    )
-    rounds: list[RoundStats] = []
-    done = None
-    for event in generate(target, drafter, prompt, config, clock=clock):
-        if isinstance(event, Done):
-            done = event
-        elif event.round is not None:
-            rounds.append(event.round)
-    assert done is not None and list(done.tokens) == answer
-    return done.stats.decode_s, rounds
+    return replay(prompt, answer, cost_fn(curve), remembered(curve, spec), method, tok, text)
 
 
 def main() -> None:
@@ -166,15 +129,7 @@ def main() -> None:
             prompt, answer = data["prompts"][name], data["answers"][name]
             plain, _ = simulate(prompt, answer, curve, "none", args.remembered, tok, not args.tokens)
             auto, rounds = simulate(prompt, answer, curve, "auto", args.remembered, tok, not args.tokens)
-            drafted, accepted = sum(r.n_drafted for r in rounds), sum(r.n_accepted for r in rounds)
-            print(f"{name}: {len(answer)} tokens, auto {plain / auto:.3f}x plain; {len(rounds)} rounds, "
-                  f"{drafted} drafted, {accepted} accepted")  # fmt: skip
-            if args.show == name:
-                at = 0
-                for r in rounds:
-                    text = tok.detokenizer().add(answer[at : at + r.n_emitted])
-                    print(f"  {at:4d} d{r.n_drafted:2d} a{r.n_accepted:2d} {r.note[:72]:72} | {text!r}")
-                    at += r.n_emitted
+            report(name, answer, plain, auto, rounds, args.show == name, tok)
     finally:
         tok.close()
 
