@@ -35,6 +35,7 @@ from localspec.backends.llama import backend as llama_cpp  # noqa: E402
 from localspec.backends.messages import ChatMessage  # noqa: E402
 from localspec.decoding.policy import CostModel  # noqa: E402
 from localspec.decoding.stats import RoundStats  # noqa: E402
+from localspec.errors import LocalspecError  # noqa: E402
 
 MAX_N = 34  # a verify pass of 33 tokens (k = 32, auto's default) and one more
 
@@ -88,6 +89,16 @@ def cost_fn(curve: dict[int, float]):
     return cost
 
 
+def remembered_spec(spec: str) -> str:
+    """argparse's check of --remembered: `none`, `all`, or LO-HI sizes within 1..MAX_N."""
+    parts = spec.split("-")
+    if spec in ("none", "all") or (
+        len(parts) == 2 and all(p.isdigit() for p in parts) and 1 <= int(parts[0]) <= int(parts[1]) <= MAX_N
+    ):
+        return spec
+    raise argparse.ArgumentTypeError(f"{spec!r}: give none, all, or sizes LO-HI within 1-{MAX_N} (e.g. 1-6)")
+
+
 def remembered(curve: dict[int, float], spec: str) -> CostModel | None:
     if spec == "none":
         return None
@@ -109,7 +120,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--cases", default="rename,hints")
     ap.add_argument("--cache", help="a JSON file of recorded answers and curve: read if there, else written")
-    ap.add_argument("--remembered", default="1-6", help="the curve auto starts from: LO-HI sizes, all, none")
+    ap.add_argument(
+        "--remembered", default="1-6", type=remembered_spec, help="the curve auto starts from: LO-HI sizes, all, none"
+    )
     ap.add_argument("--show", help="print this case's rounds")
     ap.add_argument("--tokens", action="store_true", help="resync token by token (no tokenizer), as before bytes")
     args = ap.parse_args()
@@ -135,4 +148,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except LocalspecError as e:  # a missing or unreadable model: its message and hint, not a traceback
+        raise SystemExit(f"edit_replay.py: {e}") from None
