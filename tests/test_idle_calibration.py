@@ -250,3 +250,23 @@ async def test_chat_loads_the_draft_model_before_its_first_turn_where_nobody_wai
         assert any(s.source == "model" and s.drafted > 0 for s in stats.sources)  # it drafted with it
         assert len(loaded_on) == 1
         app.chat.stop_and_wait()
+
+
+def test_timings_too_spread_to_remember_still_give_this_run_its_curve_and_say_why() -> None:
+    """A busy machine's timing passes are not stored (a later run would trust them), but they are what this run
+    measured: serve --parallel takes them as its decoder's prior, and the log says they were not remembered."""
+    from localspec.decoding.auto import idle_curve
+    from localspec.decoding.drafters import NoDrafter
+
+    drafter = AutoDrafter(ngram=auto_lookup(), target=FakeBackend(scripted_tokens(SCRIPT)))
+    live = drafter.learner.live
+    assert idle_curve(drafter) == ({}, "too few 1-token timings")
+    for t1, t4, t8 in [(0.01, 0.02, 0.03), (0.03, 0.02, 0.09), (0.01, 0.06, 0.03), (0.05, 0.02, 0.04)]:
+        live.add_plain(100, t1)
+        live.add_batch(100, 4, t4, paired=t1)
+        live.add_plain(100, t1)
+        live.add_batch(100, 8, t8, paired=t1)
+    curve, why = idle_curve(drafter)
+    assert sorted(curve) == [1, 4, 8] and all(s > 0 for s in curve.values())
+    assert "too busy" in why
+    assert idle_curve(NoDrafter()) == ({}, "")

@@ -410,3 +410,14 @@ def idle_work(drafter: Drafter) -> Callable[[], bool] | None:
     if isinstance(drafter, AutoDrafter) and drafter.idle_due():
         return drafter.idle_step
     return None
+
+
+def idle_curve(drafter: Drafter) -> tuple[dict[int, float], str]:
+    """What auto's timing passes measured so far: seconds by batch size ({} before enough sizes are timed), and
+    why it was not stored ("" when it was: a busy machine's timings are used by this run, not remembered)."""
+    if not isinstance(drafter, AutoDrafter):
+        return {}, ""
+    live = drafter.learner.live
+    if live.timed_enough():
+        return {}, live.timed_enough()
+    return live.stored_curve(), live.storable()

@@ -108,12 +108,18 @@ class LiveCurve:
         rel = [r / statistics.median(rs) for rs in self.ratios.values() if len(rs) >= STORE_RATIOS for r in rs]
         return max(spread_ratio(ones), spread_ratio(rel))
 
-    def storable(self) -> str:
-        """Why the curve must not be stored yet ("" when it may)."""
+    def timed_enough(self) -> str:
+        """Why the timings do not make a curve yet ("" when they do, however busy the machine was)."""
         if max((len(ts) for ts in self.one.values()), default=0) < MIN_JUDGED:
             return "too few 1-token timings"
         if sum(len(rs) >= STORE_RATIOS for rs in self.ratios.values()) < STORE_SIZES:
             return "too few batch sizes timed"
+        return ""
+
+    def storable(self) -> str:
+        """Why the curve must not be stored yet ("" when it may)."""
+        if why := self.timed_enough():
+            return why
         if self.spread > BUSY_SPREAD:
             return f"machine too busy to measure (timings spread {self.spread:.0%} IQR/median, over {BUSY_SPREAD:.0%})"
         return ""

@@ -49,6 +49,7 @@ from typing import Protocol
 
 from localspec.backends.base import Backend, common_prefix
 from localspec.backends.registry import releasing
+from localspec.decoding.auto import idle_curve
 from localspec.decoding.drafters import Drafter
 from localspec.decoding.engine import Done, Event, Step
 from localspec.decoding.parallel_decoder import BatchTarget, ParallelDecoder
@@ -161,15 +162,13 @@ class ParallelScheduler(Scheduler):
 
     def _adopt_curve(self) -> None:
         """After idle-time calibration (auto's, on the target's own context while no request runs): the sizes
-        it timed that the decoder's passes have not, as the decoder's T(n) prior (in the decoder's scale)."""
-        try:
-            timed = self.pipeline.cost_store.load()
-        except (OSError, ValueError):
-            return
+        it timed that the decoder's passes have not, as the decoder's T(n) prior (in the decoder's scale). Timings
+        a busy machine spread too widely to remember still serve here: every pass refines them."""
+        timed, _ = idle_curve(self.pipeline.drafter)
         costs = self.decoder.costs
-        for n in sorted(timed.target) if timed is not None else ():
+        for n, seconds in sorted(timed.items()):
             if n not in costs.target:
-                costs.target[n] = timed.target_s(n) / costs.scale
+                costs.target[n] = seconds / costs.scale
 
     def _admit(self) -> None:
         """Waiting jobs into free sequences, oldest first (the caller holds the lock)."""

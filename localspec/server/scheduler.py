@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from localspec.backends.registry import releasing
-from localspec.decoding.auto import idle_work
+from localspec.decoding.auto import idle_curve, idle_work
 from localspec.decoding.drafters import Drafter
 from localspec.decoding.engine import Done
 from localspec.decoding.stats import SpecStats
@@ -208,7 +208,9 @@ class Scheduler:
         if not more:
             self._idle_done()
             self._idle = None  # last: whoever sees no idle work pending sees what it left
-            self.log(f"auto: cost curve timed between requests ({self.idle_pieces} pairs of passes so far)")
+            _, unstored = idle_curve(self.pipeline.drafter)
+            note = f"; not remembered: {unstored}" if unstored else ""
+            self.log(f"auto: cost curve timed between requests ({self.idle_pieces} pairs of passes so far{note})")
 
     def _idle_done(self) -> None:
         """What the idle work leaves behind, taken up before it is said to be over (nothing here)."""
