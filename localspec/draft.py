@@ -12,13 +12,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from localspec.sampling import SamplingParams, row_probabilities, sample
+from localspec.sampling import SamplingParams
+from localspec.softmax_rows import Row, SoftmaxRows, row
 
 
 @dataclass(frozen=True)
 class Draft:
     tokens: list[int]
-    q: np.ndarray | None  # [len(tokens), V] processed draft distributions; None: one-hot (no model)
+    q: np.ndarray | SoftmaxRows | None  # [len(tokens), V] processed draft distributions; None: one-hot (no model)
     note: str = ""  # why the drafter proposed this (shown in RoundStats.note)
     source: str = "none"  # which kind of drafter wrote it (RoundStats.source)
     order: int = (
@@ -37,7 +38,7 @@ def sample_draft(
     rng: np.random.Generator,
     min_confidence: float,
     eog: frozenset[int],
-) -> tuple[list[int], np.ndarray | None, str]:
+) -> tuple[list[int], SoftmaxRows | None, str]:
     """Draw up to k draft tokens: the first from `logits` [V], each next from step(token) -> logits [V].
 
     Returns (tokens, q [len, V] the processed rows they were drawn from (None when greedy), note). Stops
@@ -45,20 +46,23 @@ def sample_draft(
     (drafting past the end of the answer is wasted work).
     """
     tokens: list[int] = []
-    # The sampled rows are processed in place in one [k, V] buffer: stacking k rows of a 150k vocabulary
-    # afterwards copied megabytes a round.
-    rows = None if sampling.greedy else np.empty((k, np.shape(logits)[-1]), dtype=np.float64)
+    width = np.shape(logits)[-1]
+    # Each sampled row's logits are kept (the next step overwrites the backend's buffer) in one [k, V] float32
+    # buffer; the rule reads them again only where its decisions need more than the row's head.
+    kept = None if sampling.greedy else np.empty((k, width), dtype=np.float32)
+    rows: list[Row] = []
     note = ""
     while True:
-        if rows is None:
+        if kept is None:
             tok = int(np.argmax(logits))
             conf = _top_probability(logits, tok) if min_confidence > 0 else 1.0
         else:
-            q = rows[len(tokens)]
-            np.copyto(q, logits)
-            row_probabilities(q, sampling)
-            tok = sample(q, rng)
-            conf = float(q[tok]) if min_confidence > 0 else 1.0
+            z = kept[len(tokens)]
+            np.copyto(z, logits)
+            q = row(z, sampling)
+            rows.append(q)
+            tok = q.sample(rng)
+            conf = _confidence(q, tok, min_confidence) if min_confidence > 0 else 1.0
         if conf < min_confidence:
             note = f"draft stopped at position {len(tokens) + 1}: confidence {conf:.2f} < {min_confidence:.2f}"
             break
@@ -66,7 +70,19 @@ def sample_draft(
         if len(tokens) >= k or tok in eog:
             break
         logits = step(tok)
-    return tokens, (rows[: len(tokens)] if rows is not None and tokens else None), note
+    q_rows = SoftmaxRows.of_rows(rows[: len(tokens)], width) if kept is not None and tokens else None
+    return tokens, q_rows, note
+
+
+def _confidence(q: Row, token: int, threshold: float) -> float:
+    """The token's probability, or a bound on it on the same side of `threshold` (exact only near it)."""
+    lo, hi = q.total_bounds()
+    w = q.weight(token)
+    if w / hi >= threshold:  # at least this: not below
+        return w / hi
+    if w / lo < threshold:  # at most this: below
+        return w / lo
+    return w / q.total()
 
 
 _TOP_SPAN = 16.0  # logits further below the top add at most V e^-16 (1.7% at 150k tokens) to softmax's sum

@@ -53,44 +53,6 @@ def probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     return x
 
 
-class LazyProbabilities:
-    """probabilities(logits, params) row by row, each computed the first time it is read: the exact rule reads
-    the rows up to its first rejection (and the bonus row only when every draft passed), so the rows after a
-    rejection, a full-vocabulary pass each, are never computed. Reads as the [n, V] array would: p[i], p[i, t]."""
-
-    def __init__(self, logits: np.ndarray, params: SamplingParams) -> None:
-        self._logits = np.atleast_2d(logits)
-        self._params = params
-        self._rows: dict[int, np.ndarray] = {}
-        self.shape = self._logits.shape
-
-    def row(self, i: int) -> np.ndarray:
-        r = self._rows.get(i)
-        if r is None:
-            r = self._rows[i] = _row_probs(np.array(self._logits[i], dtype=np.float64), self._params)
-        return r
-
-    def __getitem__(self, key: int | tuple[int, int]) -> np.ndarray | float:
-        if isinstance(key, tuple):
-            i, t = key
-            return self.row(int(i))[t]
-        return self.row(int(key))
-
-    def __array__(self, dtype: object = None, copy: object = None) -> np.ndarray:
-        out = np.stack([self.row(i) for i in range(self.shape[0])])
-        return out if dtype is None else out.astype(dtype)
-
-    @property
-    def rows_computed(self) -> int:
-        return len(self._rows)
-
-
-def row_probabilities(z: np.ndarray, params: SamplingParams) -> np.ndarray:
-    """One row [V] of float64 logits turned into probabilities in place (the buffer is returned): probabilities()
-    for a caller that keeps its rows in a buffer of its own."""
-    return _row_probs(z, params)
-
-
 def _row_probs(z: np.ndarray, params: SamplingParams) -> np.ndarray:
     """One row [V] of float64 logits, turned into probabilities in place (and returned).
 

@@ -25,7 +25,8 @@ from localspec.decoding.grammar import Constraint, GrammarSpec, apply_mask, mask
 from localspec.decoding.stats import NEAR_TIE_GAP, NearTie, RoundStats, SpecStats, StatsCollector, StopReason
 from localspec.draft import Draft
 from localspec.errors import ContextOverflowError, Interrupted, UsageError
-from localspec.sampling import LazyProbabilities, SamplingParams, greedy, near_ties, probabilities, sample
+from localspec.sampling import SamplingParams, greedy, near_ties
+from localspec.softmax_rows import SoftmaxRows
 
 Origin = Literal["draft", "target"]  # accepted draft token, or a token the target chose itself
 Segment = tuple[str, Origin]  # a run of text whose tokens share one origin
@@ -336,12 +337,12 @@ class Run:
             self._note_ties(logits[: verdict.n_accepted + 1], best)
             return verdict
         self.pending_ties = []
-        p: np.ndarray | LazyProbabilities = LazyProbabilities(logits, self.sampling)  # [k+1, V], rows when read
+        p: verify.Probs = SoftmaxRows.of_logits(logits, self.sampling, draft.tokens)  # read as far as the rule needs
         q = draft.q
         if q is not None and masks is not None:
-            q = mask_q(q, masks)  # the kept draft tokens are drawn from q restricted to the grammar
+            q = mask_q(np.asarray(q), masks)  # the kept draft tokens are drawn from q restricted to the grammar
         if q is not None and q.shape[1] != p.shape[1]:
-            p, q = _same_width(np.asarray(p), q)
+            p, q = _same_width(np.asarray(p), np.asarray(q))
         return verify.RULES[self.config.rule](draft.tokens, q, p, self.rng)
 
     def _emit(self, tokens: list[int], origins: list[Origin], stats: RoundStats | None) -> Iterator[Event]:
@@ -411,7 +412,7 @@ class Run:
             best = greedy(np.atleast_2d(logits))
             self._note_ties(logits, best)
             return int(best[0])
-        return sample(probabilities(logits, self.sampling), self.rng)
+        return SoftmaxRows.of_logits(logits, self.sampling).row(0).sample(self.rng)
 
     def _stats(self, reason: StopReason | None, decode_s: float) -> SpecStats:
         info = self.target.info

@@ -17,9 +17,11 @@ from typing import Literal
 
 import numpy as np
 
-from localspec.sampling import LazyProbabilities, sample
+from localspec.sampling import sample
+from localspec.softmax_rows import Row, SoftmaxRows, row_of
 
 Kind = Literal["recovered", "bonus"]
+RESIDUAL_TRIES = 32  # draws from p for one from the residual before it is computed whole (see _recover)
 
 
 @dataclass(frozen=True)
@@ -29,42 +31,97 @@ class Verdict:
     kind: Kind
 
 
-Probs = np.ndarray | LazyProbabilities  # p: an array, or rows computed as the rule reads them
-Rule = Callable[[Sequence[int], "np.ndarray | None", Probs, np.random.Generator], Verdict]
+Probs = np.ndarray | SoftmaxRows  # an array, or rows read only as far as the rule's decisions need
+Rule = Callable[[Sequence[int], "Probs | None", Probs, np.random.Generator], Verdict]
 
 
-def verify_exact(draft: Sequence[int], q: np.ndarray | None, p: Probs, rng: np.random.Generator) -> Verdict:
+def verify_exact(draft: Sequence[int], q: Probs | None, p: Probs, rng: np.random.Generator) -> Verdict:
     """Speculative sampling (Leviathan et al., Chen et al.): output distributed exactly as p."""
     for i, d in enumerate(draft):
-        p_d = p[i, d]
-        q_d = 1.0 if q is None else q[i, d]
-        if q_d <= 0.0:  # cannot happen for tokens sampled from q; treat as a rejection
-            return Verdict(i, _recover(p[i], q, i, d, rng), "recovered")
-        if p_d >= q_d or rng.random() < p_d / q_d:
-            continue
-        return Verdict(i, _recover(p[i], q, i, d, rng), "recovered")
-    return Verdict(len(draft), sample(p[len(draft)], rng), "bonus")
+        p_i, q_i = row_of(p, i), None if q is None else row_of(q, i)
+        if not _accepts(p_i, q_i, d, rng):
+            return Verdict(i, _recover(p_i, q_i, d, rng), "recovered")
+    return Verdict(len(draft), row_of(p, len(draft)).sample(rng), "bonus")
 
 
-def _recover(p_i: np.ndarray, q: np.ndarray | None, i: int, d: int, rng: np.random.Generator) -> int:
-    """Draw from normalize(max(0, p_i - q_i))."""
+def _accepts(p: Row, q: Row | None, d: int, rng: np.random.Generator) -> bool:
+    """Keep d with probability min(1, p(d) / q(d)) (q None: a one-hot draft, q(d) = 1). A uniform is drawn only
+    where the ratio may be below 1; bounds on the rows' totals decide it unless the draw falls between them."""
+    wq = 1.0 if q is None else q.weight(d)
+    if wq <= 0.0:  # cannot happen for tokens sampled from q; treat as a rejection
+        return False
+    wp = p.weight(d)
+    lo, hi = _ratio_bounds(wp, p, wq, q)
+    if lo >= 1.0:
+        return True
+    u = rng.random()
+    if u < lo or u >= hi:
+        return u < lo
+    return u < wp * _total(q) / (wq * p.total())
+
+
+def _ratio_bounds(wa: float, a: Row, wb: float, b: Row | None) -> tuple[float, float]:
+    """Bounds on a(t) / b(t) for a token of weights wa and wb (b None: b(t) = 1)."""
+    a_lo, a_hi = a.total_bounds()
+    b_lo, b_hi = (1.0, 1.0) if b is None else b.total_bounds()
+    return wa * b_lo / (wb * a_hi), wa * b_hi / (wb * a_lo)
+
+
+def _total(r: Row | None) -> float:
+    return 1.0 if r is None else r.total()
+
+
+def _recover(p: Row, q: Row | None, d: int, rng: np.random.Generator) -> int:
+    """Draw from normalize(max(0, p - q)) (q None: p without d). Rows given whole are computed whole; lazy rows
+    by rejection: x from p, kept with probability max(0, 1 - q(x) / p(x)), which keeps x with probability
+    proportional to max(0, p(x) - q(x)), one draw from p a round on average. After RESIDUAL_TRIES misses (a
+    residual of almost no mass) the residual is computed whole, which leaves the draw's distribution as it is."""
+    if p.whole and (q is None or q.whole):
+        return _recover_dense(p.dense(), None if q is None else q.dense(), d, rng)
+    for _ in range(RESIDUAL_TRIES):
+        x = p.sample(rng)
+        if _keeps(p, q, d, x, rng):
+            return x
+    return _recover_dense(p.dense(), None if q is None else q.dense(), d, rng)
+
+
+def _keeps(p: Row, q: Row | None, d: int, x: int, rng: np.random.Generator) -> bool:
+    """Whether the residual's rejection step keeps x (drawn from p): with probability max(0, 1 - q(x) / p(x))."""
     if q is None:
+        return x != d
+    wq, wp = q.weight(x), p.weight(x)
+    if wq <= 0.0:
+        return True
+    if wp <= 0.0:
+        return False
+    lo, hi = _ratio_bounds(wq, q, wp, p)  # q(x) / p(x)
+    if lo >= 1.0:
+        return False
+    v = 1.0 - rng.random()  # keep iff q(x) / p(x) < v
+    if hi < v or lo >= v:
+        return hi < v
+    return wq * p.total() / (wp * q.total()) < v
+
+
+def _recover_dense(p_i: np.ndarray, q_i: np.ndarray | None, d: int, rng: np.random.Generator) -> int:
+    """Draw from normalize(max(0, p_i - q_i)), the rows given whole."""
+    if q_i is None:
         residual = p_i.copy()
         residual[d] = max(0.0, p_i[d] - 1.0)
     else:
-        residual = np.maximum(p_i - q[i], 0.0)
+        residual = np.maximum(p_i - q_i, 0.0)
     if residual.sum() <= 0.0:  # p == q up to rounding: rejection had ~zero probability
         residual = p_i
     return sample(residual, rng)
 
 
-def verify_match(draft: Sequence[int], q: np.ndarray | None, p: Probs, rng: np.random.Generator) -> Verdict:
+def verify_match(draft: Sequence[int], q: Probs | None, p: Probs, rng: np.random.Generator) -> Verdict:
     """Accept while the target's own sample equals the draft (llama.cpp, mlx-lm). Lossless, accepts less."""
     for i, d in enumerate(draft):
-        x = sample(p[i], rng)
+        x = row_of(p, i).sample(rng)
         if x != d:
             return Verdict(i, x, "recovered")
-    return Verdict(len(draft), sample(p[len(draft)], rng), "bonus")
+    return Verdict(len(draft), row_of(p, len(draft)).sample(rng), "bonus")
 
 
 def verify_greedy(draft: Sequence[int], target_argmax: np.ndarray) -> Verdict:
