@@ -146,6 +146,7 @@ MLX = BackendSpec(
     heads_module="localspec.backends.mlx.heads_port",
     parallel_module="localspec.backends.mlx.multi",
     preferred_on_apple=True,
+    top2_on_device=True,  # MLX's arg-max over the lazy rows, on an Apple GPU (on the CPU forward_top2 says None)
 )
 BACKENDS: dict[str, BackendSpec] = {spec.name: spec for spec in (LLAMA, MLX)}
 

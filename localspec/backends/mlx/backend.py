@@ -20,7 +20,7 @@ import json
 import sys
 import threading
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ from localspec.backends.base import (
     ModelInfo,
     RollbackRoute,
     TokenTable,
+    TopTwo,
     rollback_route,
 )
 from localspec.errors import (
@@ -57,6 +58,13 @@ _EOG_TEXTS = frozenset(
 )  # fmt: skip
 
 _TOKENIZER_PATTERNS = ["*.json", "tokenizer.model", "*.tiktoken", "tiktoken.model", "*.txt", "*.jinja"]
+
+# Whether forward_top2 picks on MLX's CPU device too. On a GPU the picks keep the rows [n, V] on the device and
+# hand the host [n, 2]; on mlx[cpu] the rows are in host memory already (np.asarray shares them, no copy) and
+# numpy's arg-max over them is cheaper than MLX's (benchmarks/mlx_top2_cost.py, a 151,936-token vocabulary: about
+# 0.04 ms a row on the host against 0.3 ms a row for MLX's two arg-max passes, both hidden by the pass itself).
+# Tests turn it on to run the GPU's path here.
+PICK_ON_CPU = False
 
 
 # -- module API (backends.base.BackendModule; used by localspec.pipeline) ------------------------------------------------------------
@@ -336,6 +344,8 @@ class MLXBackend(CachedModel):
         self.rollback_routes: Counter[str] = Counter()  # how rollbacks went ("trim", "restore", ...)
         self._n_forward = 0
         self._aborted = False
+        self._picks_pay = mx.default_device().type == mx.DeviceType.gpu  # rows on a GPU: picks spare their copy
+        self.reads: Counter[str] = Counter()  # what passes handed the host: "rows" (whole), "picks" (top-2 rows)
         self._n_vocab = self._logits_width()
         self._eog = self._find_eog()
         self._piece_bytes = _byte_pieces(tokenizer._tokenizer)
@@ -446,18 +456,45 @@ class MLXBackend(CachedModel):
         self._aborted = on
 
     def forward(self, tokens: Sequence[int], *, all_logits: bool = True) -> np.ndarray:
+        tail = self._lead_in(tokens, all_logits)
+        logits = self.forward_device(tail, all_logits=all_logits)
+        self.reads["rows"] += logits.shape[0]
+        return np.asarray(logits)  # [n, V] float32 (MLX evaluates here)
+
+    def forward_top2(self, tokens: Sequence[int], *, all_rows: bool = True) -> TopTwo | None:
+        """forward, but each row's best two tokens and their logits (all rows, or the last one), picked by MLX where
+        the model runs: only those [n, 2] are evaluated, so on a GPU no whole row reaches the host. None, having fed
+        nothing, where that does not pay (MLX on the CPU, unless PICK_ON_CPU) or a head reads the passes' hidden
+        states (capture_layers): the caller then uses forward."""
+        if not tokens:
+            raise ValueError("forward needs at least one token")
+        if not (self._picks_pay or PICK_ON_CPU) or self._tap is not None:
+            return None
+        tail = self._lead_in(tokens, all_rows)
+        ids, logits = self._pass(tail, all_rows, _top_two)
+        self.reads["picks"] += ids.shape[0]
+        return TopTwo(np.asarray(ids).astype(np.int64), np.asarray(logits))
+
+    def _lead_in(self, tokens: Sequence[int], all_rows: bool) -> Sequence[int]:
+        """What a pass does before its last part: the room check, the recurrent checkpoint, and a long prompt's
+        parts but the last (all_rows False) fed in chunks. Returns the tokens left for the last part."""
         self._check_room(len(tokens), _ROOM_HINT)
         if self._recurrent and len(tokens) > 1:
             self.checkpoint()  # a batch may be cut back (the engine's verify): keep the state before it
-        if len(tokens) > self.CHUNK and not all_logits:
+        if len(tokens) > self.CHUNK and not all_rows:
             for start in range(0, len(tokens) - self.CHUNK, self.CHUNK):
                 self.forward_device(tokens[start : start + self.CHUNK], all_logits=False)
             tokens = tokens[(len(tokens) - 1) // self.CHUNK * self.CHUNK :]
-        logits = self.forward_device(tokens, all_logits=all_logits)
-        return np.asarray(logits)  # [n, V] float32 (MLX evaluates here)
+        return tokens
 
     def forward_device(self, tokens: Sequence[int], *, all_logits: bool = True) -> Any:
         """forward() without the copy to host memory: an mx.array [n, V] float32."""
+        return self._pass(tokens, all_logits, None)[0]
+
+    def _pass(
+        self, tokens: Sequence[int], all_logits: bool, pick: Callable[[Any], tuple[Any, ...]] | None
+    ) -> tuple[Any, ...]:
+        """One pass: its logits [n, V] float32, or what `pick` makes of them (then only that is evaluated)."""
         mx = self._mx
         if not tokens:
             raise ValueError("forward needs at least one token")
@@ -470,8 +507,9 @@ class MLXBackend(CachedModel):
             if not all_logits:
                 out = out[:, -1:, :]
             out = out[0].astype(mx.float32)  # [n, V]
+            results = (out,) if pick is None else pick(out)
             rows = self._tap.take() if self._tap is not None else None
-            mx.eval(out) if rows is None else mx.eval(out, rows)
+            mx.eval(*results) if rows is None else mx.eval(*results, rows)
         except Exception as e:
             self._resync()
             raise GenerationError(f"MLX forward pass failed: {type(e).__name__}: {e}", "see the message above") from e
@@ -481,7 +519,7 @@ class MLXBackend(CachedModel):
         self._n_forward += 1
         if self._n_forward % 256 == 0:  # as mlx-lm's generate does: return freed buffers now and then
             mx.clear_cache()
-        return out
+        return results
 
     def _resync(self) -> None:
         """After a failed pass, cut every layer's cache back to the tokens we know it holds."""
@@ -689,6 +727,18 @@ def _byte_pieces(tok: Any) -> list[bytes] | None:
         else:
             pieces.append(text.encode("utf-8"))
     return pieces
+
+
+def _top_two(rows: Any) -> tuple[Any, Any]:
+    """Each row's best two ids [n, 2] (uint32) and their logits [n, 2], best first, as numpy's arg-max picks them: MLX's
+    arg-max gives an exact tie to the lower id (its CPU and Metal reductions both), and the runner-up is the arg-max
+    with the best masked, so ties go the same way there too (a top-k or partition picks among ties in any order)."""
+    import mlx.core as mx
+
+    best = mx.argmax(rows, axis=1, keepdims=True)  # [n, 1]
+    second = mx.argmax(mx.put_along_axis(rows, best, mx.array(-mx.inf, rows.dtype), axis=1), axis=1, keepdims=True)
+    ids = mx.concatenate([best, second], axis=1)
+    return ids, mx.take_along_axis(rows, ids, axis=1)
 
 
 def _save_state(cache: Any) -> list[Any]:
