@@ -52,6 +52,10 @@ SHAPE_RATE = 0.15  # ... and on the cost of that batch size (or of a draft token
 ACCEPT_DECAY = 0.85  # per-round decay of acceptance counts: memory of roughly 7 rounds
 CONFIDENCE_SCALE = 0.5  # see Controller._with_confidence
 MARGIN = 0.03  # speculation must beat plain decoding by this much (timing noise)
+# ... and by this much where the copy's acceptance is still its prior alone (no draft or withheld proposal of its
+# length graded yet): the priors sit near what pays on a CPU's steep T(n), where a wrong guess costs two tokens'
+# time and a right one saves one (new prose that echoes the prompt). The free grading settles it soon.
+PRIOR_MARGIN = 0.10
 EXPLORE = 0.03  # model-draft re-probes may cost at most this share of the plain decoding time between them
 MAX_BACKOFF = 5  # ... and that allowance halves after each probe that does not change the decision, 2**5 at most
 DRAFT_REPS = 3  # the draft model's first timings: the least of them stands until this many (noise only adds)
@@ -239,6 +243,11 @@ class Acceptance:
         self.rejected = self.rejected * ACCEPT_DECAY + (1 if n_accepted < n_drafted else 0)
         self.rounds += 1
 
+    @property
+    def graded(self) -> bool:
+        """Whether any draft (or withheld proposal) was graded here: else alpha is the prior alone."""
+        return self.accepted + self.rejected > 0
+
     def soften(self, keep: float) -> None:
         """A new generation: keep some of what was learned as a prior, let the new text speak quickly."""
         self.accepted *= keep
@@ -377,7 +386,7 @@ class Controller:
         if not options:
             return Plan("none", 0, plain, plain)
         top = max(options, key=lambda p: p.rate)
-        if top.rate > plain * (1.0 + MARGIN):
+        if top.rate > plain * (1.0 + self._margin(top, ngram_order)):
             if top.method == "model":
                 self.probe_fails, self.probe_credit = 0, 0.0
             return self._with_confidence(top)
@@ -407,6 +416,12 @@ class Controller:
                 m = next(p for p in options if p.method == "model")
                 return Plan("model", k, m.rate, plain, m.alpha, probe=True)
         return Plan("none", 0, top.rate, plain, top.alpha)
+
+    def _margin(self, plan: Plan, order: int) -> float:
+        """What a plan must gain over plain decoding: PRIOR_MARGIN for a copy whose acceptance is its prior alone."""
+        if plan.method == "ngram" and not self.ngram_acceptance(order).graded:
+            return PRIOR_MARGIN
+        return MARGIN
 
     def ceiling(
         self, method: Method, k_max: int, ngram_avail: int = 0, extra: float = 0.0, optimistic: bool = False
