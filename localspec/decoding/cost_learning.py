@@ -33,7 +33,7 @@ import numpy as np
 from localspec.backends.base import Backend
 from localspec.decoding.calibrate import PairedRun
 from localspec.decoding.cost_cache import CHECK_PAIRS, CONTRADICTION, CostStore, CurveCheck
-from localspec.decoding.live_costs import LiveCurve, context_bucket
+from localspec.decoding.live_costs import MIN_RATIOS, LiveCurve, context_bucket
 from localspec.decoding.policy import EXPLORE, MAX_BACKOFF, Controller, CostModel, Plan
 from localspec.decoding.stats import RoundStats
 from localspec.draft import Draft
@@ -136,6 +136,10 @@ class CostLearner:
         if self.checking:
             return Plan("none", 0, plan.plain_rate, plan.plain_rate)
         return plan
+
+    def slope_is_prior(self) -> bool:
+        """Whether the curve's growth is still mostly the prior's (learning, fewer than MIN_RATIOS batches timed)."""
+        return self.learning and sum(len(rs) for rs in self.live.ratios.values()) < MIN_RATIOS
 
     def check_draft(self, context: Sequence[int], lookup: Draft) -> Draft:
         """A check round's draft (steer said this round checks and the plan drafts nothing)."""
