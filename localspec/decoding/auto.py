@@ -428,6 +428,6 @@ def idle_curve(drafter: Drafter) -> tuple[dict[int, float], str]:
     if not isinstance(drafter, AutoDrafter):
         return {}, ""
     live = drafter.learner.live
-    if live.timed_enough():
-        return {}, live.timed_enough()
+    if why := live.timed_enough():
+        return {}, why
     return live.stored_curve(), live.storable()
