@@ -5,14 +5,19 @@ sampled, at k = 4 and 8; the forward passes are timed apart and left out.
 
 The text is a loop of LOOP tokens (each token's logits pick the next one, with a runner-up close behind), so
 a lookup drafter finds copies and a model drafter (the same table) is always right: every round drafts. A pass
-sleeps for what the H200 took for the 1.5B target (tests/gpu_curves.py's figures: 2.9 ms for one token,
+waits for what the H200 took for the 1.5B target (tests/gpu_curves.py's figures: 2.9 ms for one token,
 5.7 ms for 16) and a draft token for the 0.5B's 1.2 ms, so that auto decides as it would on that GPU; the
-sleeps are part of the passes' time, which is left out.
+waits are part of the passes' time, which is left out.
+
+How the host waits changes what the same work costs after it. CUDA's default on a machine with more cores than
+GPUs (llama.cpp keeps it) spins in cudaStreamSynchronize: the core stays busy and its caches warm. A blocking wait
+(Metal's, or a sleep) lets the core idle, and the round's work then runs on a cold core: on this 2-core VM a greedy
+round's own work measured 0.08 ms after a spin and 0.45 ms after a sleep. --wait both (the default) prints each.
 
 A greedy round reads each row's best two tokens, picked inside the pass as llama.cpp's backend sampling picks
 them (BackendSpec.top2_on_device); --host-rows reads whole rows instead, as a backend without it does.
 
-    python benchmarks/round_cost.py [--rounds 150] [--profile model:8:0] [--no-sleep] [--host-rows]
+    python benchmarks/round_cost.py [--rounds 150] [--wait both|spin|sleep|none] [--profile model:8:0] [--host-rows]
 """
 
 from __future__ import annotations
@@ -39,6 +44,18 @@ LOOP = 48  # distinct rows: the text repeats with this period
 EOG = VOCAB - 1
 
 
+WAITS = ("spin", "sleep")  # how a pass's time is spent: CUDA's spinning synchronize, or a blocking wait
+
+
+def wait_until(deadline: float, how: str) -> None:
+    """Pass the time up to `deadline` (perf_counter) as a host waiting for its device does."""
+    if how == "sleep":
+        time.sleep(max(deadline - time.perf_counter(), 0.0))
+        return
+    while time.perf_counter() < deadline:
+        pass
+
+
 def h200_pass_s(n: int) -> float:
     """The H200's T(n) for the 1.5B (a few of gpu_check's sizes, interpolated)."""
     return float(np.interp(n, (1, 2, 4, 8, 16, 32, 64), (2.94, 3.85, 4.04, 4.45, 5.72, 6.90, 8.32))) / 1e3
@@ -48,11 +65,17 @@ class TableBackend:
     """The Backend protocol over a fixed table: after token t the logits are row t % LOOP (pre-built)."""
 
     def __init__(
-        self, table: np.ndarray, name: str, pass_s: Callable[[int], float] | None = None, picks: bool = True
+        self,
+        table: np.ndarray,
+        name: str,
+        pass_s: Callable[[int], float] | None = None,
+        picks: bool = True,
+        wait: str = "sleep",
     ) -> None:
         if not picks:  # as a backend that cannot pick on its device (MLX, an older llama.cpp): rows only
             self.forward_top2 = None
         self._pass_s = pass_s
+        self._wait = wait
         self._table = table
         self._tokens: list[int] = []
         self.seconds = 0.0  # time spent handing back rows (the "forward pass")
@@ -73,7 +96,7 @@ class TableBackend:
         out = self._rows[: len(picked)]  # one buffer, as llama.cpp's: valid until the next forward
         np.take(self._table, [t % LOOP for t in picked], axis=0, out=out)
         if self._pass_s is not None:
-            time.sleep(max(self._pass_s(len(tokens)) - (time.perf_counter() - t0), 0.0))
+            wait_until(t0 + self._pass_s(len(tokens)), self._wait)
         self.seconds += time.perf_counter() - t0
         self.cpu_seconds += time.thread_time() - c0
         return out
@@ -88,7 +111,7 @@ class TableBackend:
         rows = [t % LOOP for t in (tokens if all_rows else tokens[-1:])]
         out = TopTwo(self._top2.ids[rows], self._top2.logits[rows])
         if self._pass_s is not None:
-            time.sleep(max(self._pass_s(len(tokens)) - (time.perf_counter() - t0), 0.0))
+            wait_until(t0 + self._pass_s(len(tokens)), self._wait)
         self.seconds += time.perf_counter() - t0
         self.cpu_seconds += time.thread_time() - c0
         return out
@@ -140,10 +163,13 @@ class Case:
 
 
 def run_case(
-    table: np.ndarray, case: Case, rounds: int, sleep: bool = True, prompt_len: int = 200, picks: bool = True
+    table: np.ndarray, case: Case, rounds: int, wait: str = "sleep", prompt_len: int = 200, picks: bool = True
 ) -> dict[str, float]:
-    target = TableBackend(table, "target", h200_pass_s if sleep else None, picks)
-    draft = TableBackend(table, "draft", (lambda n: 1.19e-3 * n) if sleep else None, picks)
+    """One run's own time per round; `wait`: how a pass's modelled time passes (WAITS), or "none" (no pass time:
+    auto then sees free passes)."""
+    timed = wait != "none"
+    target = TableBackend(table, "target", h200_pass_s if timed else None, picks, wait)
+    draft = TableBackend(table, "draft", (lambda n: 1.19e-3 * n) if timed else None, picks, wait)
     drafter = ModelDrafter(draft) if case.method == "model" else make_drafter(case.method, target, draft)  # type: ignore[arg-type]
     prompt = [i % LOOP for i in range(prompt_len)]  # the loop again and again: lookups match from the start
     config = GenerationConfig(max_tokens=rounds * (case.k + 1), num_draft=case.k,
@@ -174,7 +200,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=150)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--profile", help="METHOD:K:TEMPERATURE: profile one case instead")
-    ap.add_argument("--no-sleep", action="store_true", help="passes cost only their rows (auto then sees free passes)")
+    ap.add_argument("--wait", choices=("both", *WAITS, "none"), default="both",
+                    help="how a pass's time passes: spin (CUDA), sleep (a blocking wait), both, or none (no pass "
+                         "time: auto then sees free passes)")  # fmt: skip
     ap.add_argument("--prompt-tokens", type=int, default=200, help="context length (work that grows with it shows)")
     ap.add_argument("--only", help="a comma-separated list of case labels' methods to run (model,suffix,auto)")
     ap.add_argument("--sort", default="tottime", help="--profile: pstats sort key (tottime, cumulative, ...)")
@@ -182,32 +210,36 @@ def main() -> None:
     ap.add_argument("--host-rows", action="store_true", help="no picks on the device: greedy rounds read whole rows")
     args = ap.parse_args()
     table = make_table()
+    picks = not args.host_rows
+    waits = WAITS if args.wait == "both" else (args.wait,)
     if args.profile:
         m, k, t = args.profile.split(":")
         case = Case(m, int(k), float(t))
-        run_case(table, case, 20, not args.no_sleep, picks=not args.host_rows)
+        run_case(table, case, 20, waits[0], picks=picks)
         prof = cProfile.Profile()
         prof.enable()
-        print(run_case(table, case, args.rounds, not args.no_sleep, picks=not args.host_rows))
+        print(run_case(table, case, args.rounds, waits[0], picks=picks))
         prof.disable()
         pstats.Stats(prof).sort_stats(args.sort).print_stats(args.lines)
         return
-    print(f"localspec's own time per round, vocabulary {VOCAB:,}, a {args.prompt_tokens:,}-token context, median of "
-          f"{args.reps} runs of {args.rounds} rounds")  # fmt: skip
-    print(f"{'case':24s} {'own ms/round':>12s} {'CPU ms/round':>12s} {'tokens/round':>12s} {'acceptance':>10s}")
+    print(f"localspec's own time per round (ms), vocabulary {VOCAB:,}, a {args.prompt_tokens:,}-token context, median "
+          f"of {args.reps} runs of {args.rounds} rounds; the host waits for each pass by: {', '.join(waits)}")  # fmt: skip
+    print(f"{'case':24s}" + "".join(f" {w + ' own':>11s} {w + ' CPU':>11s}" for w in waits)
+          + f" {'tokens/round':>12s} {'acceptance':>10s}")  # fmt: skip
     only = set(args.only.split(",")) if args.only else None
     for case in CASES:
         if only is not None and case.method not in only:
             continue
-        picks = not args.host_rows
-        run_case(table, case, 10, not args.no_sleep, args.prompt_tokens, picks)  # warm-up
-        runs = [
-            run_case(table, case, args.rounds, not args.no_sleep, args.prompt_tokens, picks) for _ in range(args.reps)
-        ]
-        own = statistics.median(r["own_ms"] for r in runs)
-        cpu = statistics.median(r["own_cpu_ms"] for r in runs)
-        r = runs[0]
-        print(f"{case.label:24s} {own:12.3f} {cpu:12.3f} {r['tokens_per_round']:12.2f} {r['acceptance']:10.0%}")
+        cols, first = "", None
+        for wait in waits:
+            run_case(table, case, 10, wait, args.prompt_tokens, picks)  # warm-up
+            runs = [run_case(table, case, args.rounds, wait, args.prompt_tokens, picks) for _ in range(args.reps)]
+            own = statistics.median(r["own_ms"] for r in runs)
+            cpu = statistics.median(r["own_cpu_ms"] for r in runs)
+            cols += f" {own:11.3f} {cpu:11.3f}"
+            first = first or runs[0]
+        assert first is not None
+        print(f"{case.label:24s}{cols} {first['tokens_per_round']:12.2f} {first['acceptance']:10.0%}")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ top-k, top-p, min-p (as Hugging Face and vLLM apply them).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -147,27 +148,28 @@ def sample(p: np.ndarray, rng: np.random.Generator) -> int:
     return lo + j
 
 
-def greedy(logits: np.ndarray) -> np.ndarray:
-    """Argmax per row: [n, V] -> [n]."""
-    return np.argmax(logits, axis=-1)
-
-
-def near_ties(rows: np.ndarray, best: np.ndarray, limit: float) -> list[tuple[int, int, int, float]]:
-    """(row, best, runner-up, logit gap) for each row of [n, V] logits whose runner-up is within `limit` of its
-    best (`best`: each row's arg-max, already known from the verdict). One max pass over the rows with each best
-    masked (in place, restored) gives every gap; only the close rows are searched for their runner-up's id. A
-    greedy round used to spend two arg-max passes a row on this."""
+def greedy_rows(
+    rows: np.ndarray, draft: Sequence[int], limit: float
+) -> tuple[list[int], list[tuple[int, int, int, float]]]:
+    """A greedy round's reading of the target's rows [n, V]: each row's arg-max, row by row, up to the first that
+    differs from the draft token it grades (or the last row); and near_ties over the rows read. Each row is read
+    twice, an arg-max and then a max with the best masked, the second pass while the row is still in the core's
+    cache (the whole block does not fit it), and no row after a rejection is read at all."""
     rows = np.atleast_2d(rows)
-    n = rows.shape[0]
-    if n == 0:
-        return []
-    idx, b = np.arange(n), np.asarray(best[:n])
-    top = rows[idx, b].copy()
-    rows[idx, b] = -np.inf
-    try:
-        gaps = top - rows.max(axis=1)
-        close = np.flatnonzero(gaps < limit)
-        seconds = [int(np.argmax(rows[i])) for i in close]
-    finally:
-        rows[idx, b] = top
-    return [(int(i), int(b[i]), s, float(gaps[i])) for i, s in zip(close, seconds)]
+    best: list[int] = []
+    ties: list[tuple[int, int, int, float]] = []
+    for i in range(rows.shape[0]):
+        row = rows[i]
+        b = int(row.argmax())
+        top = row[b]
+        row[b] = -np.inf
+        try:
+            gap = float(top - row.max())
+            if gap < limit:
+                ties.append((i, b, int(row.argmax()), gap))
+        finally:
+            row[b] = top
+        best.append(b)
+        if i >= len(draft) or draft[i] != b:
+            break
+    return best, ties

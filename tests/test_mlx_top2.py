@@ -136,12 +136,12 @@ def _assert_same(picks: Any, rows: Any) -> None:
 
 def test_an_exact_tie_goes_to_the_lower_id(models: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     """Output rows made equal (copies of the best token's lm_head row) tie exactly: the best and the runner-up are
-    the two lowest of the tied ids, as numpy's arg-max and sampling.near_ties pick them from whole rows (a top-k or
+    the two lowest of the tied ids, as numpy's arg-max and sampling.greedy_rows pick them from whole rows (a top-k or
     a partition picks among ties in any order)."""
     import mlx.core as mx
 
     from localspec.backends.mlx import backend as mb
-    from localspec.sampling import near_ties
+    from localspec.sampling import greedy_rows
 
     monkeypatch.setattr(mb, "PICK_ON_CPU", True)
     b = _load(models["target"])
@@ -163,7 +163,7 @@ def test_an_exact_tie_goes_to_the_lower_id(models: dict[str, Path], monkeypatch:
     assert picks.ids[0].tolist() == tied[:2] and picks.logits[0, 0] == picks.logits[0, 1]
     arg_max = np.argmax(rows, axis=1)
     assert picks.best.tolist() == arg_max.tolist()
-    assert picks.near_ties(len(batch), 0.1) == near_ties(rows.copy(), arg_max, 0.1)
+    assert picks.near_ties(len(batch), 0.1) == greedy_rows(rows.copy(), arg_max.tolist(), 0.1)[1]
 
 
 def test_top_two_ties_on_a_wide_row() -> None:
@@ -172,7 +172,7 @@ def test_top_two_ties_on_a_wide_row() -> None:
     import mlx.core as mx
 
     from localspec.backends.mlx.backend import _top_two
-    from localspec.sampling import near_ties
+    from localspec.sampling import greedy_rows
 
     rows = np.random.default_rng(0).standard_normal((4, 151_936)).astype(np.float32)
     rows[0, [30, 20, 10]] = 9.0
@@ -183,7 +183,7 @@ def test_top_two_ties_on_a_wide_row() -> None:
     assert np.asarray(ids).tolist() == [[10, 20], [70, 5000], [100, 200], [151_934, 151_935]]
     assert np.asarray(logits).tolist() == [[9, 9], [9, 9], [9, 8], [9, 9]]
     best = np.argmax(rows, axis=1)
-    assert [(i, b, r) for i, b, r, _ in near_ties(rows.copy(), best, 1.5)] == [
+    assert [(i, b, r) for i, b, r, _ in greedy_rows(rows.copy(), best.tolist(), 1.5)[1]] == [
         (i, int(ids[i, 0].item()), int(ids[i, 1].item())) for i in range(4)
     ]
 

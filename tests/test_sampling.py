@@ -7,7 +7,7 @@ import pytest
 
 from localspec import sampling
 from localspec.errors import UsageError
-from localspec.sampling import SamplingParams, greedy, probabilities, sample
+from localspec.sampling import SamplingParams, greedy_rows, probabilities, sample
 
 
 def _softmax(z: np.ndarray) -> np.ndarray:
@@ -174,9 +174,14 @@ def test_sample_never_returns_a_trailing_zero_weight_token() -> None:
     assert sample(np.array([0.3] * 10 + [0.0]), TopRng()) == 9  # type: ignore[arg-type]
 
 
-def test_greedy_is_argmax_per_row() -> None:
-    z = np.array([[0.0, 2.0, 1.0], [-np.inf, -1.0, -np.inf], [5.0, 5.0, 0.0]])
-    assert greedy(z).tolist() == [1, 1, 0]
+def test_greedy_rows_is_argmax_per_row_up_to_the_first_row_that_rejects_its_draft_token() -> None:
+    z = np.array([[0.0, 2.0, 1.0], [-np.inf, -1.0, -np.inf], [5.0, 5.0, 0.0], [0.0, 0.0, 9.0]])
+    assert greedy_rows(z, [1, 1, 0], 0.1)[0] == [1, 1, 0, 2]  # every draft token kept: every row, the bonus too
+    assert greedy_rows(z, [1, 2, 0], 0.1)[0] == [1, 1]  # row 1 rejects its token: rows 2 and 3 are never read
+    assert greedy_rows(z, [], 0.1)[0] == [1]  # no draft: the first row only
+    nan_after = z.copy()
+    nan_after[2:] = np.nan  # rows after a rejection are not read: their contents cannot matter
+    assert greedy_rows(nan_after, [0], 0.1) == ([1], [])
 
 
 @pytest.mark.parametrize(
@@ -318,11 +323,9 @@ def test_the_reference_agrees_with_the_full_sort_reference() -> None:
 
 
 def test_near_ties_are_the_rows_whose_runner_up_is_close_and_leave_the_rows_as_they_were() -> None:
-    """The greedy round's near-tie check (one max pass with each row's best masked) agrees with the two-pass
-    reference on every row, finds the runner-up's id, and restores the logits it masked."""
+    """The greedy round's near-tie check (a max pass with each row's best masked) agrees with the two-pass
+    reference on every row read, finds the runner-up's id, and restores the logits it masked."""
     from sampling_reference import reference_runner_ups
-
-    from localspec.sampling import greedy, near_ties
 
     rng = np.random.default_rng(5)
     rows = (rng.standard_normal((6, 5000)) * 2).astype(np.float32)
@@ -331,11 +334,14 @@ def test_near_ties_are_the_rows_whose_runner_up_is_close_and_leave_the_rows_as_t
     rows[4] = -np.inf  # a row the grammar forbade whole: no runner-up can be close
     rows[4, 3] = 0.0
     before = rows.copy()
-    best = greedy(rows)
+    best = np.argmax(rows, axis=1).tolist()
     expected = [(i, b, s, g) for i, (b, s, g) in enumerate(reference_runner_ups(rows)) if g < 0.1]
-    got = near_ties(rows, best, 0.1)
+    read, got = greedy_rows(rows, best, 0.1)
+    assert read == best
     assert [(i, b, s) for i, b, s, _ in got] == [(i, b, s) for i, b, s, _ in expected]
     assert [g for *_, g in got] == pytest.approx([g for *_, g in expected])
     assert {1, 3} <= {i for i, *_ in got} and 4 not in {i for i, *_ in got}
     assert np.array_equal(rows, before)
-    assert near_ties(rows[:0], best[:0], 0.1) == []
+    rejected = greedy_rows(rows, [best[0], -1, *best[2:]], 0.1)  # row 1 rejects: it is read, rows 2-5 are not
+    assert rejected == (best[:2], [t for t in got if t[0] <= 1])
+    assert greedy_rows(rows[:0], [], 0.1) == ([], [])

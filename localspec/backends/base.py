@@ -138,7 +138,7 @@ class TopTwo:
 
     def near_ties(self, n: int, limit: float) -> list[tuple[int, int, int, float]]:
         """(row, best, runner-up, logit gap) of the first n rows whose runner-up is within `limit` of the best:
-        sampling.near_ties, read off the two picks."""
+        sampling.greedy_rows' near-ties, read off the two picks."""
         gaps = self.logits[:n, 0] - self.logits[:n, 1]
         return [
             (int(i), int(self.ids[i, 0]), int(self.ids[i, 1]), float(gaps[i])) for i in np.flatnonzero(gaps < limit)

@@ -25,7 +25,7 @@ from localspec.decoding.grammar import Constraint, GrammarSpec, apply_mask, mask
 from localspec.decoding.stats import NEAR_TIE_GAP, NearTie, RoundStats, SpecStats, StatsCollector, StopReason
 from localspec.draft import Draft
 from localspec.errors import ContextOverflowError, Interrupted, UsageError
-from localspec.sampling import SamplingParams, greedy, near_ties
+from localspec.sampling import SamplingParams, greedy_rows
 from localspec.softmax_rows import SoftmaxRows
 
 Origin = Literal["draft", "target"]  # accepted draft token, or a token the target chose itself
@@ -331,11 +331,9 @@ class Run:
             verdict = verify.verify_greedy(draft.tokens, logits.best)
             self.pending_ties = logits.near_ties(verdict.n_accepted + 1, NEAR_TIE_GAP)
             return verdict
-        if self.sampling.greedy:
-            best = greedy(logits)  # one arg-max pass over the rows, for the verdict and the near-ties both
-            verdict = verify.verify_greedy(draft.tokens, best)
-            self._note_ties(logits[: verdict.n_accepted + 1], best)
-            return verdict
+        if self.sampling.greedy:  # the rows up to the first rejection, each while it is in the cache
+            best, self.pending_ties = greedy_rows(logits, draft.tokens, NEAR_TIE_GAP)
+            return verify.verify_greedy(draft.tokens, np.asarray(best))
         self.pending_ties = []
         p: verify.Probs = SoftmaxRows.of_logits(logits, self.sampling, draft.tokens)  # read as far as the rule needs
         q = draft.q
@@ -402,16 +400,10 @@ class Run:
             return -1
         return max(0, min(self.config.num_draft, room_ctx, room_out))
 
-    def _note_ties(self, rows: np.ndarray, best: np.ndarray) -> None:
-        """Keep the greedy choices about to be emitted (`rows`, their arg-maxes `best`) whose runner-up was close
-        (see NearTie)."""
-        self.pending_ties = near_ties(rows, best, NEAR_TIE_GAP)
-
     def _sample_one(self, logits: np.ndarray) -> int:
         if self.sampling.greedy:
-            best = greedy(np.atleast_2d(logits))
-            self._note_ties(logits, best)
-            return int(best[0])
+            best, self.pending_ties = greedy_rows(logits, (), NEAR_TIE_GAP)
+            return best[0]
         return SoftmaxRows.of_logits(logits, self.sampling).row(0).sample(self.rng)
 
     def _stats(self, reason: StopReason | None, decode_s: float) -> SpecStats:
