@@ -759,15 +759,16 @@ class _DevicePicks:
 
     def read(self, ctx: llama_cpp.llama_context_p, n: int) -> TopTwo:
         """The picks of the last pass's n output rows (n = 1: its last position's; else every position's): native
-        calls for the first row's address and the last's (the rows' spacing checked), then one strided view."""
+        calls for the first row's address and the last's (the rows' spacing checked), then plain reads of the n
+        pairs: a few dozen numbers, where array work (strided views, swaps by mask) cost several times more."""
         ids, logits = self._row(ctx, 0 if n > 1 else -1)  # by position in the batch; -1: its last
-        if n == 1:  # a draft step: plain reads, no array work
-            (a, b), (la, lb) = ids[:2], logits[:2]
-            if lb > la or (lb == la and b < a):
-                a, b, la, lb = b, a, lb, la
-            return TopTwo(np.array([[a, b]]), np.array([[la, lb]], dtype=np.float32))
+        if n == 1:  # a draft step
+            return TopTwo(*_pairs([_ordered(ids[0], ids[1], logits[0], logits[1])]))
         last_ids, last_logits = self._row(ctx, n - 1)
-        return TopTwo.picked(_rows(ids, last_ids, n), _rows(logits, last_logits, n))
+        si, sl = _spacing(ids, last_ids, n), _spacing(logits, last_logits, n)
+        return TopTwo(
+            *_pairs([_ordered(ids[i * si], ids[i * si + 1], logits[i * sl], logits[i * sl + 1]) for i in range(n)])
+        )
 
     def _row(self, ctx: llama_cpp.llama_context_p, i: int) -> tuple[Any, Any]:
         """Row i's pointers to its two candidate ids and their logits."""
@@ -790,13 +791,28 @@ def _top2_chain() -> llama_cpp.llama_sampler_p:
     return chain
 
 
-def _rows(first: Any, last: Any, n: int) -> np.ndarray:
-    """[n, 2]: the first two values of n rows spaced evenly from pointer `first` to `last` in one buffer (a view)."""
-    head = np.ctypeslib.as_array(first, shape=(2,))
-    step, rest = divmod(ctypes.addressof(last.contents) - ctypes.addressof(first.contents), n - 1)
+def _spacing(first: Any, last: Any, n: int) -> int:
+    """How many elements apart n rows lie in one buffer, from pointers to the first row and the last."""
+    size = ctypes.sizeof(first._type_)
+    step, rest = divmod(ctypes.addressof(last.contents) - ctypes.addressof(first.contents), (n - 1) * size)
     if rest or step <= 0:
         raise GenerationError("llama.cpp's top-2 picks are not laid out one row apart", "please report this")
-    return np.lib.stride_tricks.as_strided(head, shape=(n, 2), strides=(step, head.itemsize), writeable=False)
+    return step
+
+
+def _ordered(a: int, b: int, la: float, lb: float) -> tuple[int, int, float, float]:
+    """Two picks best first (an exact tie: the lower id first, as numpy's arg-max)."""
+    if lb > la or (lb == la and b < a):
+        return b, a, lb, la
+    return a, b, la, lb
+
+
+def _pairs(rows: list[tuple[int, int, float, float]]) -> tuple[np.ndarray, np.ndarray]:
+    """[n, 2] ids and [n, 2] float32 logits from rows of (best, runner-up, their logits)."""
+    return (
+        np.array([(a, b) for a, b, _, _ in rows], dtype=np.int64),
+        np.array([(la, lb) for _, _, la, lb in rows], dtype=np.float32),
+    )
 
 
 @dataclass
