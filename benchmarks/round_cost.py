@@ -15,7 +15,8 @@ GPUs (llama.cpp keeps it) spins in cudaStreamSynchronize: the core stays busy an
 round's own work measured 0.08 ms after a spin and 0.45 ms after a sleep. --wait both (the default) prints each.
 
 A greedy round reads each row's best two tokens, picked inside the pass as llama.cpp's backend sampling picks
-them (BackendSpec.top2_on_device); --host-rows reads whole rows instead, as a backend without it does.
+them (BackendSpec.top2_on_device), and a sampled round with a one-hot draft one token a row, drawn inside the
+pass (BackendSpec.draws_on_device); --host-rows reads whole rows instead, as a backend without either does.
 
     python benchmarks/round_cost.py [--rounds 150] [--wait both|spin|sleep|none] [--profile model:8:0] [--host-rows]
 """
@@ -72,8 +73,9 @@ class TableBackend:
         picks: bool = True,
         wait: str = "sleep",
     ) -> None:
-        if not picks:  # as a backend that cannot pick on its device (MLX, an older llama.cpp): rows only
+        if not picks:  # as a backend that cannot pick or draw on its device (MLX, an older llama.cpp): rows only
             self.forward_top2 = None
+            self.forward_draws = None
         self._pass_s = pass_s
         self._wait = wait
         self._table = table
@@ -84,6 +86,8 @@ class TableBackend:
         self.n_vocab, self.n_ctx, self.eog_ids = VOCAB, 1 << 16, frozenset({EOG})
         self._rows = np.empty((64, VOCAB), np.float32)
         self._top2: TopTwo | None = None  # every table row's best two, as a device picks them inside its pass
+        self._cdfs: dict[float, np.ndarray] = {}  # every table row's softmax(row / T) CDF, by T: a device's draws
+        self._uniforms = np.random.default_rng(0)
 
     @property
     def cached_tokens(self) -> Sequence[int]:
@@ -115,6 +119,26 @@ class TableBackend:
         self.seconds += time.perf_counter() - t0
         self.cpu_seconds += time.thread_time() - c0
         return out
+
+    def forward_draws(self, tokens: Sequence[int], temperature: float, rng: np.random.Generator) -> list[int]:
+        """As llama.cpp's with a dist sampler in the graph: each row's token drawn inside the pass (timed with it),
+        and only the ids reach the host."""
+        t0, c0 = time.perf_counter(), time.thread_time()
+        self._tokens += tokens
+        cdf = self._cdfs.get(temperature)
+        if cdf is None:
+            z = self._table.astype(np.float64) / temperature
+            p = np.exp(z - z.max(axis=1, keepdims=True))
+            cdf = self._cdfs[temperature] = np.cumsum(p / p.sum(axis=1, keepdims=True), axis=1)
+        draws = [min(int(np.searchsorted(cdf[t % LOOP], self._uniforms.random())), VOCAB - 1) for t in tokens]
+        if self._pass_s is not None:
+            wait_until(t0 + self._pass_s(len(tokens)), self._wait)
+        self.seconds += time.perf_counter() - t0
+        self.cpu_seconds += time.thread_time() - c0
+        return draws
+
+    def commit_draws(self, tokens: Sequence[int]) -> None:
+        pass  # this table's uniforms are fresh for every row: nothing to move on
 
     def rollback(self, n_keep: int) -> None:
         del self._tokens[n_keep:]

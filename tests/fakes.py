@@ -338,3 +338,47 @@ class RecurrentFakeBackend(FakeBackend):
         if self._ckpt != len(self._tokens):
             self._ckpt = len(self._tokens)
             self.checkpoints += 1
+
+
+class DrawingBackend(FakeBackend):
+    """A FakeBackend that also draws each row's token inside its pass (Backend.forward_draws), as llama.cpp's dist
+    sampler in the graph does: a pass's row i takes the i-th uniform after those committed (commit_draws), from a
+    stream seeded by the caller's rng when the sampler is attached (its first draws after a pass of rows), and
+    the token is the inverse CDF of softmax(logits / temperature) at it. `commits` False: a caller's commits are
+    lost, so every pass reuses the same uniforms (what a rule must not see)."""
+
+    def __init__(self, logits_fn: LogitsFn, *, commits: bool = True, **kw: object) -> None:
+        super().__init__(logits_fn, **kw)  # type: ignore[arg-type]
+        self.commits = commits
+        self._stream: np.random.Generator | None = None  # None: no sampler attached
+        self._uniforms: list[float] = []
+        self._committed = 0
+        self.row_calls: list[int] = []  # batch sizes of the passes that handed back rows
+        self.draw_calls: list[int] = []  # ... and of those that handed back draws
+
+    def forward(self, tokens: Sequence[int], *, all_logits: bool = True) -> np.ndarray:
+        self._stream = None  # rows: the sampler comes off the graph
+        self.row_calls.append(len(tokens))
+        return super().forward(tokens, all_logits=all_logits)
+
+    def forward_draws(self, tokens: Sequence[int], temperature: float, rng: np.random.Generator) -> list[int]:
+        if self._stream is None:
+            self._stream = np.random.default_rng(int(rng.integers(0, 2**32 - 1)))
+            self._uniforms, self._committed = [], 0
+        rows = super().forward(tokens)
+        while len(self._uniforms) < self._committed + len(tokens):
+            self._uniforms.append(float(self._stream.random()))
+        self.draw_calls.append(len(tokens))
+        return [_inverse_cdf(row / temperature, self._uniforms[self._committed + i]) for i, row in enumerate(rows)]
+
+    def commit_draws(self, tokens: Sequence[int]) -> None:
+        if self.commits:
+            self._committed += len(tokens)
+
+
+def _inverse_cdf(z: np.ndarray, u: float) -> int:
+    """The token at cumulative probability u of softmax(z) (never one of probability 0)."""
+    w = np.exp(z.astype(np.float64) - np.max(z))
+    cum = np.cumsum(w / w.sum())
+    i = int(np.searchsorted(cum, u, side="right"))
+    return i if i < len(w) and w[i] > 0 else int(np.flatnonzero(w)[-1])

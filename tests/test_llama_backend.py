@@ -16,6 +16,7 @@ from localspec.decoding.engine import Done, GenerationConfig, generate
 from localspec.errors import ContextOverflowError, IncompatiblePairError, ModelFileError
 from localspec.options import ModelOptions
 from localspec.pipeline import load_pipeline
+from localspec.sampling import SamplingParams
 
 PROMPT = "Write a Python function that returns the n-th Fibonacci number."
 
@@ -187,6 +188,83 @@ def test_rows_where_picks_do_not_pay_or_the_build_cannot(tiny_ggufs, monkeypatch
     rows, reads = run()
     assert reads["picks"] == 0 and reads["rows"] == 1 + rows.stats.n_rounds + rows.stats.n_drafted
     assert rows.tokens == picked.tokens == on_cpu.tokens
+
+
+def _pit(draws: list[list[int]], rows: np.ndarray, temperature: float, rng: np.random.Generator) -> np.ndarray:
+    """Randomized probability integral transforms of draws[pass][row] under softmax(rows[row] / temperature):
+    uniform on [0, 1) exactly when every draw follows its row's distribution."""
+    z = rows.astype(np.float64) / temperature
+    p = np.exp(z - z.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    below = np.cumsum(p, axis=1) - p  # F(x-): the mass of the ids below x
+    return np.array([below[i, x] + rng.random() * p[i, x] for one in draws for i, x in enumerate(one)])
+
+
+def _uniform_pvalue(u: np.ndarray, bins: int = 20) -> float:
+    from test_verify import chi2_sf
+
+    counts = np.histogram(u, bins=bins, range=(0.0, 1.0))[0]
+    e = len(u) / bins
+    return chi2_sf(float(((counts - e) ** 2 / e).sum()), bins - 1)
+
+
+def test_draws_in_the_graph_follow_the_rows_and_need_their_commits(tiny_ggufs, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """llama.cpp's dist sampler in the graph (forward_draws), run on the CPU here: every row's draw follows
+    softmax(logits / T) of the row forward hands back for the same batch, pass after pass (the draws' randomized
+    probability integral transforms are uniform; against another temperature they are not: the check's own
+    check). Its draws are transactional: a pass takes the uniforms after those committed, so without
+    commit_draws it repeats the last pass's draws, which is why the engine commits every draw it emits."""
+    monkeypatch.setattr(lb, "PICK_ON_CPU", True)
+    t, rng = 1.0, np.random.default_rng(7)
+    target = lb.load(tiny_ggufs[0], n_ctx=512)
+    try:
+        prompt = target.tokenize(PROMPT)
+        head, batch = prompt[:-8], prompt[-8:]
+        target.forward(head, all_logits=False)
+        rows = target.forward(batch).copy()
+        draws = []
+        for i in range(400):
+            target.rollback(len(head))
+            one = target.forward_draws(batch, t, rng)
+            assert one is not None and len(one) == len(batch)
+            if i == 0:
+                target.rollback(len(head))
+                assert target.forward_draws(batch, t, rng) == one  # nothing committed: the same uniforms
+            target.commit_draws(one)
+            draws.append(one)
+        assert target.reads["draws"] == 401 * len(batch)
+    finally:
+        target.close()
+    assert len({tuple(d) for d in draws}) > 300  # committed: fresh uniforms every pass
+    assert _uniform_pvalue(_pit(draws, rows, t, rng)) > 1e-6
+    assert _uniform_pvalue(_pit(draws, rows, 0.5, rng)) < 1e-6
+
+
+def test_a_sampled_lookup_round_reads_one_draw_a_row(tiny_ggufs, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A sampled run with lookup drafts reads one draw a verified row and no whole row after the prompt's; a model
+    draft under the exact rule reads rows (its q needs p's), and under the match rule draws again."""
+    monkeypatch.setattr(lb, "PICK_ON_CPU", True)
+    target, draft = lb.load(tiny_ggufs[0], n_ctx=512), lb.load(tiny_ggufs[1], n_ctx=512)
+    try:
+        first = chat_prompt_tokens(target, [ChatMessage("user", PROMPT)])
+        answer = _run(target, NoDrafter(), first, max_tokens=24).tokens
+        prompt = [*first, *answer, *first[1:]]  # asked again: the answer is there to copy (gpu_check's copy_prompt)
+        sampled = {"max_tokens": 24, "num_draft": 4, "sampling": SamplingParams(temperature=0.3, seed=3)}
+        target.reads.clear()
+        lookup = _run(target, NgramDrafter(), prompt, **sampled)
+        st = lookup.stats
+        assert st.n_drafted > 0
+        assert target.reads["rows"] == 1 and target.reads["draws"] == st.n_rounds + st.n_drafted
+        target.reads.clear()
+        _run(target, ModelDrafter(draft), prompt, **sampled)
+        assert target.reads["draws"] == 0 and target.reads["rows"] > 1
+        target.reads.clear()
+        matched = _run(target, ModelDrafter(draft), prompt, rule="match", **sampled)
+        assert target.reads["rows"] == 1
+        assert target.reads["draws"] == matched.stats.n_rounds + matched.stats.n_drafted
+    finally:
+        target.close()
+        draft.close()
 
 
 # -- errors a user meets --------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import pytest
-from fakes import FakeBackend
+from fakes import DrawingBackend, FakeBackend
 
 from localspec.decoding import verify
 from localspec.decoding.drafters import ModelDrafter, NgramDrafter
@@ -152,8 +152,15 @@ MODEL_PROMPT = [0, 1]
 NGRAM_PROMPT = [1, 2, 3, 0, 2, 1, 3, 3, 1, 0, 1, 2, 0, 0, 1]  # repeats: lookup proposes often
 
 
-def _engine_draw(drafter_kind: str, rule: str, prompt: Sequence[int]) -> Callable[[int], tuple[int, ...]]:
-    target = FakeBackend(_target_fn(P_TABLE), n_vocab=V, eog=frozenset(), name="toy-target")
+def _engine_draw(
+    drafter_kind: str,
+    rule: str,
+    prompt: Sequence[int],
+    target: FakeBackend | None = None,
+    num_draft: int = K,
+    window: int = WINDOW,
+) -> Callable[[int], tuple[int, ...]]:
+    target = target or FakeBackend(_target_fn(P_TABLE), n_vocab=V, eog=frozenset(), name="toy-target")
     if drafter_kind == "model":
         drafter = ModelDrafter(FakeBackend(_draft_fn(Q_TABLE), n_vocab=V, eog=frozenset(), name="toy-draft"))
     else:
@@ -161,13 +168,13 @@ def _engine_draw(drafter_kind: str, rule: str, prompt: Sequence[int]) -> Callabl
 
     def draw(seed: int) -> tuple[int, ...]:
         config = GenerationConfig(
-            max_tokens=WINDOW, num_draft=K, rule=rule, sampling=SamplingParams(temperature=1.0, seed=seed)
+            max_tokens=window, num_draft=num_draft, rule=rule, sampling=SamplingParams(temperature=1.0, seed=seed)
         )
         done = None
         for event in generate(target, drafter, prompt, config):
             if isinstance(event, Done):
                 done = event
-        assert done is not None and len(done.tokens) == WINDOW
+        assert done is not None and len(done.tokens) == window
         return done.tokens
 
     return draw
@@ -202,6 +209,56 @@ def test_toy_pair_exercises_every_branch() -> None:
 def test_engine_output_is_distributed_as_the_target(drafter_kind: str, rule: str, prompt: list[int]) -> None:
     failure = joint_check(_engine_draw(drafter_kind, rule, prompt), _expected_joint(prompt, WINDOW), N_SAMPLES)
     assert failure is None, failure
+
+
+@pytest.fixture
+def draws_in_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fakes' backend listed as one that draws in its passes (BackendSpec.draws_on_device)."""
+    import dataclasses
+
+    from localspec.backends import registry
+
+    monkeypatch.setitem(registry.BACKENDS, "fake", dataclasses.replace(registry.LLAMA, name="fake"))
+
+
+DRAW_WINDOW = 5  # one token a round at least, k = 1: two rounds or more, the second's draws after the first's
+
+
+@pytest.mark.usefixtures("draws_in_pass")
+@pytest.mark.parametrize(
+    ("drafter_kind", "rule", "prompt", "num_draft", "window"),
+    [("ngram", "exact", NGRAM_PROMPT, 1, DRAW_WINDOW), ("model", "match", MODEL_PROMPT, K, WINDOW)],
+)
+def test_engine_output_from_draws_made_in_the_pass_is_distributed_as_the_target(
+    drafter_kind: str, rule: str, prompt: list[int], num_draft: int, window: int
+) -> None:
+    """A sampled round whose draft is one-hot (or graded by the match rule) reads one token a row, drawn in the
+    target's pass (llama.cpp's dist sampler, here its fake with the same uniform stream): accepting while the draw
+    equals the draft token is the exact rule. Only the prompt's pass hands back rows."""
+    target = DrawingBackend(_target_fn(P_TABLE), n_vocab=V, eog=frozenset(), name="toy-target")
+    draw = _engine_draw(drafter_kind, rule, prompt, target, num_draft, window)
+    failure = joint_check(draw, _expected_joint(prompt, window), N_SAMPLES)
+    assert failure is None, failure
+    assert len(target.row_calls) == N_SAMPLES  # one a run: the prompt's (its first token is the host's draw)
+    assert len(target.draw_calls) >= N_SAMPLES and max(target.draw_calls) == num_draft + 1
+
+
+@pytest.mark.usefixtures("draws_in_pass")
+def test_draws_whose_uniforms_are_used_again_fail_the_check() -> None:
+    """The test's own test: a backend that loses the commits hands each pass the uniforms of the last one, so the
+    second round's draws follow the first's. The same check must catch it."""
+    target = DrawingBackend(_target_fn(P_TABLE), n_vocab=V, eog=frozenset(), name="toy-target", commits=False)
+    draw = _engine_draw("ngram", "exact", NGRAM_PROMPT, target, 1, DRAW_WINDOW)
+    assert joint_check(draw, _expected_joint(NGRAM_PROMPT, DRAW_WINDOW), N_SAMPLES) is not None
+
+
+@pytest.mark.usefixtures("draws_in_pass")
+def test_a_model_draft_under_the_exact_rule_reads_rows() -> None:
+    """A model's draft has a q to grade: the exact rule needs the rows (p(d) / q(d), the residual), so the run
+    leaves the draws at its first such round."""
+    target = DrawingBackend(_target_fn(P_TABLE), n_vocab=V, eog=frozenset(), name="toy-target")
+    _engine_draw("model", "exact", MODEL_PROMPT, target)(0)
+    assert target.draw_calls == [] and target.row_calls[1] == K + 1  # the prompt's rows, then the round's
 
 
 FILTERS = SamplingParams(temperature=0.5, top_k=3, top_p=0.8)  # no min-p: it can hide a wrong filter order

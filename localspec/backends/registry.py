@@ -76,6 +76,10 @@ class BackendSpec:
     # model runs (base.TopTwo), instead of whole rows: what a greedy round reads. It may still return None (a
     # build without it, or where it does not pay): the caller then reads rows.
     top2_on_device: bool = False
+    # Its models' forward_draws(tokens, temperature, rng) can hand back one token a row, drawn from softmax(logits /
+    # temperature) where the model runs, and commit_draws(tokens) marks the draws emitted: what a sampled round
+    # with a one-hot draft reads (accept while the draw equals the draft). It may return None, as forward_top2.
+    draws_on_device: bool = False
 
     def installed(self) -> bool:
         return all(importlib.util.find_spec(name) is not None for name in self.imports)
@@ -132,6 +136,7 @@ LLAMA = BackendSpec(
     heads_module="localspec.backends.llama.heads_port",
     parallel_module="localspec.backends.llama.multi",
     top2_on_device=True,  # llama.cpp's backend sampling: a top-2 sampler in the graph (output layer on a GPU)
+    draws_on_device=True,  # the same, with a temperature and a seeded dist sampler
 )
 MLX = BackendSpec(
     name="mlx",
@@ -156,6 +161,12 @@ def picks_top2(model: Backend) -> bool:
     greedy rounds then read those instead of whole rows."""
     spec = BACKENDS.get(model.info.backend)
     return spec is not None and spec.top2_on_device and callable(getattr(model, "forward_top2", None))
+
+
+def draws_in_pass(model: Backend) -> bool:
+    """Whether `model`'s backend draws each row's token where the model runs (BackendSpec.draws_on_device)."""
+    spec = BACKENDS.get(model.info.backend)
+    return spec is not None and spec.draws_on_device and callable(getattr(model, "forward_draws", None))
 
 
 def head_backends(family: str) -> tuple[str, ...]:

@@ -18,7 +18,7 @@ from typing import Literal
 import numpy as np
 
 from localspec.backends.base import Backend, Detokenizer, TopTwo, sync_cache, sync_cache_top2
-from localspec.backends.registry import picks_top2
+from localspec.backends.registry import draws_in_pass, picks_top2
 from localspec.decoding import verify
 from localspec.decoding.drafters import Drafter
 from localspec.decoding.grammar import Constraint, GrammarSpec, apply_mask, mask_q
@@ -71,6 +71,13 @@ class Done:
 
 
 Event = Step | Done
+
+
+@dataclass(frozen=True)
+class Draws:
+    """A verify pass's rows as one token each, drawn where the model runs (Backend.forward_draws)."""
+
+    tokens: list[int]
 
 
 @dataclass(frozen=True)
@@ -154,6 +161,13 @@ class Run:
         # A greedy round reads only each row's best two tokens, where the backend picks them on its device: no
         # whole row reaches the host. A grammar masks whole rows, so it reads them.
         self.top2 = config.sampling.greedy and self.constraint is None and picks_top2(target)
+        # A sampled round whose draft is one-hot (a lookup's, or none) reads one token a row, drawn where the model
+        # runs: accepting while the draw equals the draft token is the exact rule for such a draft (p(d) to keep
+        # it; else the draw, which is p without d, the residual). Plain temperature only (filters and grammars
+        # shape whole rows), and until a round brings a model's q: rows from then on (switching re-plans the graph).
+        s = config.sampling
+        plain_t = s.top_k == 0 and s.top_p == 1.0 and s.min_p == 0.0
+        self.draws = not s.greedy and plain_t and self.constraint is None and draws_in_pass(target)
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -165,7 +179,7 @@ class Run:
                 break
             try:
                 pending = self.draft(k)
-                step = self.settle(pending, self._target_pass(pending.batch), pending.t1)
+                step = self.settle(pending, self._target_pass(pending), pending.t1)
             except Interrupted:
                 self.drop_round()
                 reason = "stopped"
@@ -250,11 +264,12 @@ class Run:
         return _Pending(draft, masks, k, t0, t1, n_before, self._verify_batch(draft.tokens), ends)
 
     def settle(
-        self, pending: _Pending, logits: np.ndarray | TopTwo, t_verify: float
+        self, pending: _Pending, logits: np.ndarray | TopTwo | Draws, t_verify: float
     ) -> tuple[list[int], list[Origin], RoundStats]:
         """Grade the draft against the target's rows (`logits`, [k+1, V] or fewer; or only their best two tokens,
-        TopTwo, in a greedy round without a grammar) with the rule, roll the cache back to the accepted prefix; the
-        round's tokens. `t_verify`: when the target's pass began."""
+        TopTwo, in a greedy round without a grammar; or one token drawn a row, Draws, in a sampled round with a
+        one-hot draft) with the rule, roll the cache back to the accepted prefix; the round's tokens. `t_verify`:
+        when the target's pass began."""
         draft, masks = pending.draft, pending.masks
         if masks is not None:
             assert isinstance(logits, np.ndarray)
@@ -286,13 +301,20 @@ class Run:
         )
         return tokens, origins, stats
 
-    def _target_pass(self, batch: list[int]) -> np.ndarray | TopTwo:
-        """The target's verify pass: its picks where it makes them (self.top2), else its rows."""
+    def _target_pass(self, pending: _Pending) -> np.ndarray | TopTwo | Draws:
+        """The target's verify pass: its picks where it makes them (self.top2), its draws where a sampled round
+        can use them (self.draws), else its rows."""
+        batch = pending.batch
         if self.top2:
             picks = self.target.forward_top2(batch)  # type: ignore[attr-defined]
             if picks is not None:
                 return picks
             self.top2 = False  # this build cannot: rows from now on
+        if self.draws and (pending.draft.q is None or self.config.rule == "match"):
+            draws = self.target.forward_draws(batch, self.sampling.temperature, self.rng)  # type: ignore[attr-defined]
+            if draws is not None:
+                return Draws(draws)
+        self.draws = False  # a model's q to grade (or a build that cannot): rows from now on
         return self.target.forward(batch)
 
     def _verify_batch(self, draft: list[int]) -> list[int]:
@@ -326,7 +348,13 @@ class Run:
         row[min(self.eog)] = 0.0
         return row
 
-    def _verify(self, draft: Draft, logits: np.ndarray | TopTwo, masks: np.ndarray | None = None) -> verify.Verdict:
+    def _verify(
+        self, draft: Draft, logits: np.ndarray | TopTwo | Draws, masks: np.ndarray | None = None
+    ) -> verify.Verdict:
+        if isinstance(logits, Draws):  # sampled, a one-hot draft (or the match rule): the draws decide
+            verdict = verify.verify_samples(draft.tokens, logits.tokens)
+            self.target.commit_draws([*draft.tokens[: verdict.n_accepted], verdict.token])  # type: ignore[attr-defined]
+            return verdict
         if isinstance(logits, TopTwo):  # greedy: the picks hold the verdict and the near-ties
             verdict = verify.verify_greedy(draft.tokens, logits.best)
             self.pending_ties = logits.near_ties(verdict.n_accepted + 1, NEAR_TIE_GAP)

@@ -115,6 +115,16 @@ def _recover_dense(p_i: np.ndarray, q_i: np.ndarray | None, d: int, rng: np.rand
     return sample(residual, rng)
 
 
+def verify_samples(draft: Sequence[int], samples: Sequence[int]) -> Verdict:
+    """verify_match over draws already made, one a row (samples[i] from row i; rows after the first rejection
+    may be missing): the exact rule for one-hot drafts, which keeps d with probability p(d) and otherwise
+    emits a draw from p given it is not d."""
+    for i, d in enumerate(draft):
+        if samples[i] != d:
+            return Verdict(i, int(samples[i]), "recovered")
+    return Verdict(len(draft), int(samples[len(draft)]), "bonus")
+
+
 def verify_match(draft: Sequence[int], q: Probs | None, p: Probs, rng: np.random.Generator) -> Verdict:
     """Accept while the target's own sample equals the draft (llama.cpp, mlx-lm). Lossless, accepts less."""
     for i, d in enumerate(draft):

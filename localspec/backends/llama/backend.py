@@ -176,7 +176,8 @@ def load(
 # Whether forward_top2 picks on a CPU build too. On a GPU the picks save copying whole rows off the device and the
 # host's pass over them; on a CPU the rows are in memory already and llama.cpp's top-k in the graph costs more than
 # the host's arg-max (measured with a 151,936-token vocabulary: about 1 ms for one row, 5 ms a row for 9, against
-# tens of microseconds a row on the host). Tests turn it on to run the same graph path here.
+# tens of microseconds a row on the host). The same holds for forward_draws' sampler. Tests turn it on to run the
+# same graph path here.
 PICK_ON_CPU = False
 
 
@@ -245,8 +246,10 @@ class LlamaCppBackend(CachedModel):
             self._pieces: dict[int, bytes] = {}
             self._token_table: TokenTable | None = None
             self._eog = frozenset(t for t in range(self._n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab, t))
-            self._top2: _DevicePicks | None = None  # the top-2 sampler, made on the first forward_top2
-            self.reads: Counter[str] = Counter()  # what passes handed the host: "rows" (whole), "picks" (top-2 rows)
+            self._chain: _DeviceChain | None = None  # the sampler in the graph (top-2 picks or draws), if any
+            self._refused: set[str] = set()  # chain kinds llama.cpp would not run in the graph: never asked again
+            # What passes handed the host: "rows" (whole), "picks" (top-2 rows), "draws" (one sampled token a row).
+            self.reads: Counter[str] = Counter()
             self._info = self._describe(p, n_gpu_layers)
             self._picks_pay = _output_on_gpu(int(llama_cpp.llama_model_n_layer(self._model)), n_gpu_layers)
         except BaseException:
@@ -439,7 +442,7 @@ class LlamaCppBackend(CachedModel):
         self._check_room(len(tokens), "raise --n-ctx (memory permitting), or lower --max-tokens")
         if self._recurrent and len(tokens) - 1 > self._n_rs_seq:
             self.checkpoint()  # the engine may cut this batch back further than the snapshots reach
-        self._use_top2(False)  # whole rows: a pass with the sampler attached leaves them unwritten
+        self._use_chain(None)  # whole rows: a pass with a sampler attached leaves them unwritten
         if len(tokens) > self._n_batch:
             return self._forward_chunked(tokens, all_logits)
         self._decode(tokens, all_logits)
@@ -457,8 +460,37 @@ class LlamaCppBackend(CachedModel):
         one (the engine: forward for the prompt, this for every greedy round after it)."""
         if not tokens:
             raise ValueError("forward needs at least one token")
-        if (all_rows and len(tokens) > self._n_batch) or not self._use_top2(True):
+        if (all_rows and len(tokens) > self._n_batch) or not self._use_chain(("top2",)):
             return None
+        self._decode_in_parts(tokens, all_rows)
+        assert self._chain is not None
+        picks = self._chain.picks(self._ctx, len(tokens) if all_rows else 1)
+        self.reads["picks"] += len(picks)
+        return picks
+
+    def forward_draws(self, tokens: Sequence[int], temperature: float, rng: np.random.Generator) -> list[int] | None:
+        """forward, but each row's token drawn from softmax(logits / temperature) by a sampler in the model's graph
+        (llama.cpp's backend sampling, on the GPU that runs the output layer): one id a row reaches the host.
+        A new sampler's seed comes from `rng`. The draws are llama.cpp's transactional ones: a pass's row i uses
+        the i-th uniform after those committed (commit_draws), so the caller commits each draw it emits, and a
+        draw it drops (after a rejection) never shaped the output. None, having fed nothing, where that does not
+        pay or this build cannot (as forward_top2)."""
+        if not tokens:
+            raise ValueError("forward needs at least one token")
+        if len(tokens) > self._n_batch or not self._use_chain(("draw", float(temperature)), rng):
+            return None
+        self._decode_in_parts(tokens, True)
+        draws = [int(llama_cpp.llama_get_sampled_token_ith(self._ctx, i)) for i in range(len(tokens))]
+        self.reads["draws"] += len(draws)
+        return draws
+
+    def commit_draws(self, tokens: Sequence[int]) -> None:
+        """The last pass's first len(tokens) draws were emitted: their uniforms are used up."""
+        assert self._chain is not None and self._chain.key[0] == "draw"
+        for t in tokens:
+            llama_cpp.llama_sampler_accept(self._chain.chain, t)
+
+    def _decode_in_parts(self, tokens: Sequence[int], all_rows: bool) -> None:
         if self._abort_flag.value:
             raise Interrupted("stopped before the forward pass")
         self._check_room(len(tokens), "raise --n-ctx (memory permitting), or lower --max-tokens")
@@ -468,26 +500,35 @@ class LlamaCppBackend(CachedModel):
             if start and self._abort_flag.value:
                 raise Interrupted("stopped between parts of a long forward pass")
             self._decode(tokens[start : start + self._n_batch], all_rows)
-        assert self._top2 is not None
-        picks = self._top2.read(self._ctx, len(tokens) if all_rows else 1)
-        self.reads["picks"] += len(picks)
-        return picks
 
-    def _use_top2(self, on: bool) -> bool:
-        """Attach (or detach) the top-2 sampler to the sequence; whether it is attached as asked."""
-        if on and not (self._picks_pay or PICK_ON_CPU):
-            return False  # the logits are on the host already: its arg-max is cheaper (PICK_ON_CPU)
-        if on and (self._captured or self._nextn is not None):
+    def _use_chain(self, key: tuple[str | float, ...] | None, rng: np.random.Generator | None = None) -> bool:
+        """Attach the sampler chain `key` names to the sequence (("top2",), ("draw", temperature)), or detach any
+        (None); whether it is attached as asked. A chain is made fresh for each attach (llama.cpp initialises
+        one for its graph once), a draw chain with a seed from `rng`."""
+        if key is None or self._chain is None or self._chain.key != key or not self._chain.attached:
+            if self._chain is not None:
+                self._chain.detach(self._ctx)
+                self._chain.free()
+                self._chain = None
+            if key is None:
+                return True
+        else:
+            return True
+        kind = str(key[0])
+        if not (self._picks_pay or PICK_ON_CPU):
+            return False  # the logits are on the host already: its own passes over them are cheaper (PICK_ON_CPU)
+        if self._captured or self._nextn is not None:
             return False  # a head reads this context's passes: leave its graph as the head expects
-        if on and self._top2 is None:
-            self._top2 = _DevicePicks.make()
-            if self._top2 is None:
-                return False
-        if self._top2 is None or self._top2.attached == on:
-            return self._top2 is not None or not on
-        if on and self._top2.refused:
+        if kind in self._refused or not _DeviceChain.available():
             return False
-        return self._top2.attach(self._ctx, on)
+        seed = int(rng.integers(0, 2**32 - 1)) if rng is not None else 0
+        chain = _DeviceChain(key, seed)
+        if not chain.attach(self._ctx):
+            chain.free()
+            self._refused.add(kind)
+            return False
+        self._chain = chain
+        return True
 
     def _forward_chunked(self, tokens: Sequence[int], all_logits: bool) -> np.ndarray:
         parts = []
@@ -716,9 +757,9 @@ class LlamaCppBackend(CachedModel):
         if getattr(self, "_ctx", None) is not None:
             llama_cpp.llama_free(self._ctx)
             self._ctx = None
-        if getattr(self, "_top2", None) is not None:
-            self._top2.free()  # after the context that held it
-            self._top2 = None
+        if getattr(self, "_chain", None) is not None:
+            self._chain.free()  # after the context that held it
+            self._chain = None
         if getattr(self, "_model", None) is not None:
             llama_cpp.llama_model_free(self._model)
             self._model = None
@@ -727,37 +768,42 @@ class LlamaCppBackend(CachedModel):
         self.close()
 
 
-class _DevicePicks:
-    """A sampler chain of one top-2 sampler, attached to sequence 0 while greedy rounds run: llama.cpp then
-    computes each output row's two best tokens in the graph and copies those (2 logits, 2 ids a row) instead
-    of the row. Its rows lie n_vocab apart in llama.cpp's output buffer."""
+class _DeviceChain:
+    """A sampler chain attached to sequence 0: llama.cpp then runs it on each output row in the graph and copies
+    what it gives instead of the row. ("top2",): a top-2 sampler, each row's two best tokens and their logits
+    (the picks' rows lie n_vocab apart in llama.cpp's output buffer). ("draw", T): temperature T and a seeded
+    dist sampler, one token a row drawn from softmax(logits / T)."""
 
-    def __init__(self, chain: llama_cpp.llama_sampler_p) -> None:
-        self._chain = chain
+    def __init__(self, key: tuple[str | float, ...], seed: int) -> None:
+        self.key = key
+        self.chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+        if key[0] == "top2":
+            llama_cpp.llama_sampler_chain_add(self.chain, llama_cpp.llama_sampler_init_top_k(2))
+        else:
+            llama_cpp.llama_sampler_chain_add(self.chain, llama_cpp.llama_sampler_init_temp(float(key[1])))
+            llama_cpp.llama_sampler_chain_add(self.chain, llama_cpp.llama_sampler_init_dist(seed))
         self.attached = False
-        self.refused = False  # llama.cpp would not run it in the graph (it says why in its log): never asked again
-        self._used = False  # attached once already: the next attach needs a fresh chain
 
-    @classmethod
-    def make(cls) -> _DevicePicks | None:
-        """None where this llama-cpp-python has no backend sampling (older builds)."""
-        needed = ("llama_set_sampler", "llama_get_sampled_logits_ith", "llama_get_sampled_candidates_ith")
-        if not all(hasattr(llama_cpp, name) for name in needed):
-            return None
-        return cls(_top2_chain())
+    @staticmethod
+    def available() -> bool:
+        """Whether this llama-cpp-python has backend sampling (older builds do not)."""
+        needed = ("llama_set_sampler", "llama_get_sampled_logits_ith", "llama_get_sampled_candidates_ith",
+                  "llama_get_sampled_token_ith")  # fmt: skip
+        return all(hasattr(llama_cpp, name) for name in needed)
 
-    def attach(self, ctx: llama_cpp.llama_context_p, on: bool) -> bool:
-        if on and self._used:  # llama.cpp initialises a chain for its graph once (it aborts on a second time)
-            llama_cpp.llama_sampler_free(self._chain)
-            self._chain = _top2_chain()
+    def attach(self, ctx: llama_cpp.llama_context_p) -> bool:
+        """Whether llama.cpp took it into the graph (it says why not in its log)."""
         with LOG.capture():
-            ok = bool(llama_cpp.llama_set_sampler(ctx, 0, self._chain if on else None))
-        self._used = self._used or on
-        self.attached = on and ok
-        self.refused = self.refused or (on and not ok)
-        return ok
+            self.attached = bool(llama_cpp.llama_set_sampler(ctx, 0, self.chain))
+        return self.attached
 
-    def read(self, ctx: llama_cpp.llama_context_p, n: int) -> TopTwo:
+    def detach(self, ctx: llama_cpp.llama_context_p) -> None:
+        if self.attached:
+            with LOG.capture():
+                llama_cpp.llama_set_sampler(ctx, 0, None)
+            self.attached = False
+
+    def picks(self, ctx: llama_cpp.llama_context_p, n: int) -> TopTwo:
         """The picks of the last pass's n output rows (n = 1: its last position's; else every position's): native
         calls for the first row's address and the last's (the rows' spacing checked), then plain reads of the n
         pairs: a few dozen numbers, where array work (strided views, swaps by mask) cost several times more."""
@@ -766,9 +812,8 @@ class _DevicePicks:
             return TopTwo(*_pairs([_ordered(ids[0], ids[1], logits[0], logits[1])]))
         last_ids, last_logits = self._row(ctx, n - 1)
         si, sl = _spacing(ids, last_ids, n), _spacing(logits, last_logits, n)
-        return TopTwo(
-            *_pairs([_ordered(ids[i * si], ids[i * si + 1], logits[i * sl], logits[i * sl + 1]) for i in range(n)])
-        )
+        pairs = [_ordered(ids[i * si], ids[i * si + 1], logits[i * sl], logits[i * sl + 1]) for i in range(n)]
+        return TopTwo(*_pairs(pairs))
 
     def _row(self, ctx: llama_cpp.llama_context_p, i: int) -> tuple[Any, Any]:
         """Row i's pointers to its two candidate ids and their logits."""
@@ -782,13 +827,7 @@ class _DevicePicks:
         return ids, logits
 
     def free(self) -> None:
-        llama_cpp.llama_sampler_free(self._chain)
-
-
-def _top2_chain() -> llama_cpp.llama_sampler_p:
-    chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
-    llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_top_k(2))
-    return chain
+        llama_cpp.llama_sampler_free(self.chain)
 
 
 def _spacing(first: Any, last: Any, n: int) -> int:
