@@ -903,6 +903,8 @@ def run_llama_simple(s: Settings, model: Path, prompt: str, result: dict[str, An
     return out
 
 
+LLAMA_SIMPLE_THREADS = 4  # llama.cpp's default (GGML_DEFAULT_N_THREADS): llama-simple takes no thread count
+
 _DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds, speed:\s+([\d.]+) t/s")
 
 
@@ -1017,6 +1019,10 @@ def table_lines(r: Report) -> list[str]:
         if ls and "decode_tps" in ls:
             ratio = f"; engine / llama.cpp {ls['engine_ratio']:.3f}" if "engine_ratio" in ls else ""
             lines.append(f"plain decoding, llama.cpp's own loop (llama-simple): {ls['decode_tps']:.1f} tok/s{ratio}")
+            cpus = r.machine.get("cpus") or 0
+            if r.mode == "cpu" and cpus < LLAMA_SIMPLE_THREADS:  # the tool has no thread option
+                lines.append(f"  (llama-simple runs llama.cpp's default {LLAMA_SIMPLE_THREADS} threads on {cpus} CPUs: "
+                             "not a fair reference on this machine)")  # fmt: skip
         elif ls:
             lines.append(f"llama-simple failed: {ls.get('error')}")
         for k, v in t.get("rounds", {}).items():
