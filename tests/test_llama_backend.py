@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from draw_checks import pit, uniform_pvalue
 
 from localspec.backends.base import ChatMessage, chat_prompt_tokens
 from localspec.backends.llama import backend as lb
@@ -190,24 +191,6 @@ def test_rows_where_picks_do_not_pay_or_the_build_cannot(tiny_ggufs, monkeypatch
     assert rows.tokens == picked.tokens == on_cpu.tokens
 
 
-def _pit(draws: list[list[int]], rows: np.ndarray, temperature: float, rng: np.random.Generator) -> np.ndarray:
-    """Randomized probability integral transforms of draws[pass][row] under softmax(rows[row] / temperature):
-    uniform on [0, 1) exactly when every draw follows its row's distribution."""
-    z = rows.astype(np.float64) / temperature
-    p = np.exp(z - z.max(axis=1, keepdims=True))
-    p /= p.sum(axis=1, keepdims=True)
-    below = np.cumsum(p, axis=1) - p  # F(x-): the mass of the ids below x
-    return np.array([below[i, x] + rng.random() * p[i, x] for one in draws for i, x in enumerate(one)])
-
-
-def _uniform_pvalue(u: np.ndarray, bins: int = 20) -> float:
-    from test_verify import chi2_sf
-
-    counts = np.histogram(u, bins=bins, range=(0.0, 1.0))[0]
-    e = len(u) / bins
-    return chi2_sf(float(((counts - e) ** 2 / e).sum()), bins - 1)
-
-
 def test_draws_in_the_graph_follow_the_rows_and_need_their_commits(tiny_ggufs, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """llama.cpp's dist sampler in the graph (forward_draws), run on the CPU here: every row's draw follows
     softmax(logits / T) of the row forward hands back for the same batch, pass after pass (the draws' randomized
@@ -236,8 +219,8 @@ def test_draws_in_the_graph_follow_the_rows_and_need_their_commits(tiny_ggufs, m
     finally:
         target.close()
     assert len({tuple(d) for d in draws}) > 300  # committed: fresh uniforms every pass
-    assert _uniform_pvalue(_pit(draws, rows, t, rng)) > 1e-6
-    assert _uniform_pvalue(_pit(draws, rows, 0.5, rng)) < 1e-6
+    assert uniform_pvalue(pit(draws, rows, t, rng)) > 1e-6
+    assert uniform_pvalue(pit(draws, rows, 0.5, rng)) < 1e-6
 
 
 def test_a_sampled_lookup_round_reads_one_draw_a_row(tiny_ggufs, monkeypatch) -> None:  # type: ignore[no-untyped-def]

@@ -152,6 +152,7 @@ MLX = BackendSpec(
     parallel_module="localspec.backends.mlx.multi",
     preferred_on_apple=True,
     top2_on_device=True,  # MLX's arg-max over the lazy rows, on an Apple GPU (on the CPU forward_top2 says None)
+    draws_on_device=True,  # mx.random.categorical over the lazy rows, the same way
 )
 BACKENDS: dict[str, BackendSpec] = {spec.name: spec for spec in (LLAMA, MLX)}
 

@@ -59,7 +59,7 @@ _EOG_TEXTS = frozenset(
 
 _TOKENIZER_PATTERNS = ["*.json", "tokenizer.model", "*.tiktoken", "tiktoken.model", "*.txt", "*.jinja"]
 
-# Whether forward_top2 picks on MLX's CPU device too. On a GPU the picks keep the rows [n, V] on the device and
+# Whether forward_top2 picks (and forward_draws draws) on MLX's CPU device too. On a GPU the picks keep the rows [n, V] on the device and
 # hand the host [n, 2]; on mlx[cpu] the rows are in host memory already (np.asarray shares them, no copy) and
 # numpy's arg-max over them is cheaper than MLX's (benchmarks/mlx_top2_cost.py, a 151,936-token vocabulary: about
 # 0.04 ms a row on the host against 0.3 ms a row for MLX's two arg-max passes, both hidden by the pass itself).
@@ -345,7 +345,7 @@ class MLXBackend(CachedModel):
         self._n_forward = 0
         self._aborted = False
         self._picks_pay = mx.default_device().type == mx.DeviceType.gpu  # rows on a GPU: picks spare their copy
-        self.reads: Counter[str] = Counter()  # what passes handed the host: "rows" (whole), "picks" (top-2 rows)
+        self.reads: Counter[str] = Counter()  # what passes handed the host: "rows", "picks" (top-2), "draws"
         self._n_vocab = self._logits_width()
         self._eog = self._find_eog()
         self._piece_bytes = _byte_pieces(tokenizer._tokenizer)
@@ -474,6 +474,24 @@ class MLXBackend(CachedModel):
         ids, logits = self._pass(tail, all_rows, _top_two)
         self.reads["picks"] += ids.shape[0]
         return TopTwo(np.asarray(ids).astype(np.int64), np.asarray(logits))
+
+    def forward_draws(self, tokens: Sequence[int], temperature: float, rng: np.random.Generator) -> list[int] | None:
+        """forward, but each row's token drawn from softmax(logits / temperature) by MLX where the model runs
+        (mx.random.categorical over the lazy rows, a Gumbel-max): only the ids are evaluated, so on a GPU no whole
+        row reaches the host. Each pass draws with a key of its own from `rng`, so no draw's randomness is used
+        twice and commit_draws has nothing to do. None, having fed nothing, as forward_top2."""
+        if not tokens:
+            raise ValueError("forward needs at least one token")
+        if not (self._picks_pay or PICK_ON_CPU) or self._tap is not None:
+            return None
+        seed = int(rng.integers(0, 2**32 - 1))
+        (ids,) = self._pass(self._lead_in(tokens, True), True, lambda rows: _draw(rows, temperature, seed))
+        draws = [int(t) for t in np.asarray(ids)]
+        self.reads["draws"] += len(draws)
+        return draws
+
+    def commit_draws(self, tokens: Sequence[int]) -> None:
+        """Nothing to mark: every pass's draws have a key of their own (forward_draws)."""
 
     def _lead_in(self, tokens: Sequence[int], all_rows: bool) -> Sequence[int]:
         """What a pass does before its last part: the room check, the recurrent checkpoint, and a long prompt's
@@ -739,6 +757,13 @@ def _top_two(rows: Any) -> tuple[Any, Any]:
     second = mx.argmax(mx.put_along_axis(rows, best, mx.array(-mx.inf, rows.dtype), axis=1), axis=1, keepdims=True)
     ids = mx.concatenate([best, second], axis=1)
     return ids, mx.take_along_axis(rows, ids, axis=1)
+
+
+def _draw(rows: Any, temperature: float, seed: int) -> tuple[Any]:
+    """One id a row [n], drawn from softmax(rows / temperature) with the key `seed`."""
+    import mlx.core as mx
+
+    return (mx.random.categorical(rows * (1.0 / temperature), axis=-1, key=mx.random.key(seed)),)
 
 
 def _save_state(cache: Any) -> list[Any]:
