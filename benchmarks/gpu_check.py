@@ -14,7 +14,8 @@ the Qwen2.5 tokenizer), within one deadline (`--deadline-s`, default 530 s: a 9-
    engine against llama-cpp-python's loop and llama.cpp's own (`llama-simple`), localspec's per-round
    cost (Python, sampling, verification) at k=4 and k=8 with draft = target, the same against
    `llama-speculative-simple`, suffix and auto drafts on a continuation that repeats (random-weight
-   models repeat themselves: acceptance, tokens per pass, the round's own cost), and --parallel
+   models repeat themselves: acceptance, tokens per pass, the round's own cost; plain and suffix also
+   sampled at T = 0.3, where a GPU draws each row's token in the graph), and --parallel
    (4 sequences in one pass, plain and with drafts, against one at a time);
 4. writes gpu_check.json and gpu_check.txt (a readable table) to the output folder after every target
    (a run killed at its limit still returns what it measured) and prints the speedup the measured
@@ -448,9 +449,10 @@ class Deadline:
         return self.left() >= need
 
 
-# Each phase's share of a target's expected time (EXPECTED_TARGET_S), in the order they run.
+# Each phase's share of a target's expected time (EXPECTED_TARGET_S), in the order they run (the copies' two sampled
+# runs, added since, make the shares sum to a little over 1).
 PHASE_SHARE = {
-    "costs": 0.25, "plain": 0.12, "llama_simple": 0.04, "rounds": 0.14, "copies": 0.18, "parallel": 0.17,
+    "costs": 0.25, "plain": 0.12, "llama_simple": 0.04, "rounds": 0.14, "copies": 0.22, "parallel": 0.17,
     "llama_speculative_simple": 0.10,
 }  # fmt: skip
 
@@ -694,19 +696,28 @@ class TimedForward:
         finally:
             self.seconds += time.perf_counter() - t0
 
+    def forward_draws(self, tokens: Any, temperature: float, rng: Any) -> Any:
+        """A pass whose rows' tokens are drawn in the model's graph (sampled rounds, one-hot drafts): timed the same."""
+        t0 = time.perf_counter()
+        try:
+            return self._backend.forward_draws(tokens, temperature, rng)
+        finally:
+            self.seconds += time.perf_counter() - t0
+
 
 def timed_generate(
-    target: Any, drafter: Any, prompt: list[int], tokens: int, k: int, draft: Any = None
+    target: Any, drafter: Any, prompt: list[int], tokens: int, k: int, draft: Any = None, temperature: float = 0.0
 ) -> dict[str, Any]:
-    """One greedy generation, its decoding split per round into the target's forward passes, the draft model's
-    (when `draft`, a TimedForward the drafter runs on, is given) and the rest: localspec's own cost."""
+    """One generation (greedy unless `temperature`), its decoding split per round into the target's forward passes,
+    the draft model's (when `draft`, a TimedForward the drafter runs on, is given) and the rest: localspec's own
+    cost."""
     from localspec.decoding.engine import Done, GenerationConfig, generate
     from localspec.sampling import SamplingParams
 
     done = None
     n_rounds = 0
     sources: dict[str, int] = {}  # rounds by where their draft came from ("none": no draft)
-    config = GenerationConfig(max_tokens=tokens, num_draft=k, sampling=SamplingParams())
+    config = GenerationConfig(max_tokens=tokens, num_draft=k, sampling=SamplingParams(temperature, seed=1))
     for i, ev in enumerate(generate(target, drafter, prompt, config)):
         if i == 0:  # the first token: the prompt passes are over, decoding starts
             target.seconds = 0.0
@@ -749,6 +760,9 @@ def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 COPY_TOKENS = 128
+# The copies' sampled runs: low enough that a random-weight model's sampled answer still retraces some of its
+# greedy one; their own cost a round shows what a sampled round reads (one draw a row in the graph on a GPU).
+COPY_T = 0.3
 
 
 def copy_prompt(target: Any, prompt: list[int]) -> tuple[list[int], list[int]]:
@@ -779,22 +793,26 @@ def copy_runs(s: Settings, target: Any, draft: Any, prompt: list[int]) -> dict[s
     config = GenerationConfig(max_tokens=COPY_TOKENS, num_draft=0, sampling=SamplingParams())
     plain = [ev for ev in generate(target, NoDrafter(), again, config) if isinstance(ev, Done)][-1].tokens
     repeats = sum(a == b for a, b in zip(plain, answer)) / max(len(answer), 1)
-    runs: dict[str, list[dict[str, Any]]] = {"none": [], "suffix": [], "auto": []}
+    cases = {"none": ("none", 0.0), "suffix": ("suffix", 0.0), "auto": ("auto", 0.0),
+             f"none T={COPY_T}": ("none", COPY_T), f"suffix T={COPY_T}": ("suffix", COPY_T)}  # fmt: skip
+    runs: dict[str, list[dict[str, Any]]] = {label: [] for label in cases}
     for _ in range(s.reps):
-        for method in runs:
+        for label, (method, t) in cases.items():
             tgt = TimedForward(target)
             dft = TimedForward(draft) if method == "auto" else None
             drafter = make_drafter(method, tgt, dft)  # type: ignore[arg-type]
             try:
-                runs[method].append(timed_generate(tgt, drafter, again, COPY_TOKENS, default_k(method), draft=dft))
+                runs[label].append(timed_generate(tgt, drafter, again, COPY_TOKENS, default_k(method), dft, t))
             finally:
                 drafter.close()
     out: dict[str, Any] = {"prompt_tokens": len(again), "repeats": repeats}
-    base = _median_run(runs["none"])["decode_tps"]
-    for method, rs in runs.items():
+    for label, rs in runs.items():
+        method, t = cases[label]
+        base = _median_run(runs[f"none T={COPY_T}" if t else "none"])["decode_tps"]  # plain at the same temperature
         best = _median_run(rs)
-        out[method] = {"median": best, "runs": rs, "k": default_k(method), "vs_plain": best["decode_tps"] / base}
-        log(f"copies, {method}: {best['decode_tps']:.1f} tok/s ({best['decode_tps'] / base:.2f}x plain), "
+        out[label] = {"median": best, "runs": rs, "k": default_k(method), "vs_plain": best["decode_tps"] / base,
+                      "temperature": t}  # fmt: skip
+        log(f"copies, {label}: {best['decode_tps']:.1f} tok/s ({best['decode_tps'] / base:.2f}x plain), "
             f"acceptance {best['acceptance']:.0%}, {best['tokens_per_pass']:.2f} tokens per pass, "
             f"round's own cost {best['overhead_s'] * 1e3:.2f} ms")  # fmt: skip
     return out
@@ -1057,10 +1075,10 @@ def copy_lines(copies: dict[str, Any]) -> list[str]:
     methods = {m: v for m, v in copies.items() if isinstance(v, dict)}
     lines = [f"a continuation that repeats ({COPY_TOKENS} tokens after a {copies['prompt_tokens']}-token prompt that "
              f"holds an earlier answer; plain retraces {copies['repeats']:.0%} of it):"]  # fmt: skip
-    lines.append("method   k   tok/s  vs plain  acceptance  tokens/pass  round ms  own ms")
+    lines.append("method        k   tok/s  vs plain  acceptance  tokens/pass  round ms  own ms")
     for method, v in methods.items():
         m = v["median"]
-        lines.append(f"{method:7s} {v['k']:2d} {m['decode_tps']:7.1f} {v['vs_plain']:8.2f}x {m['acceptance']:10.0%} "
+        lines.append(f"{method:12s} {v['k']:2d} {m['decode_tps']:7.1f} {v['vs_plain']:8.2f}x {m['acceptance']:10.0%} "
                      f"{m['tokens_per_pass']:12.2f} {m['round_s'] * 1e3:9.2f} {m['overhead_s'] * 1e3:7.2f}")  # fmt: skip
     return lines
 

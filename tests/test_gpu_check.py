@@ -102,6 +102,9 @@ def test_cpu_mode_runs_every_measurement_on_tiny_shapes(payload: Path, tmp_path:
     assert copies["repeats"] > 0.5
     assert copies["suffix"]["median"]["acceptance"] > 0.9 and copies["suffix"]["median"]["tokens_per_pass"] > 4
     assert copies["none"]["median"]["drafted"] == 0 and copies["auto"]["median"]["rounds"] > 0
+    sampled = copies["suffix T=0.3"]  # sampled: against plain at the same temperature
+    assert sampled["temperature"] == 0.3 and copies["none T=0.3"]["median"]["drafted"] == 0
+    assert sampled["median"]["rounds"] > 0 and sampled["vs_plain"] > 0
     # Four sequences in one pass, plain and with suffix drafts, against one at a time.
     parallel = t["parallel"]
     assert parallel["together_plain"]["tokens"] > 0 and parallel["alone_plain_tps"] > 0
