@@ -115,6 +115,9 @@ def expected_tokens(alpha: float, j: int) -> float:
     return (1.0 - alpha ** (j + 1)) / (1.0 - alpha)
 
 
+CURVE_SIZES = 33  # target_curve computes at least T(1..33) at once: a round weighs up to k + 1 = 33 sizes
+
+
 @dataclass
 class CostModel:
     """Measured seconds: target forward by batch size, draft model per token, n-gram lookup per round.
@@ -131,6 +134,12 @@ class CostModel:
     scale: float = 1.0
     catch_up_token: float | None = None  # seconds per token when the draft model catches up in one batch
     rollback_round: float = 0.0  # seconds to cut the target back after a rejection (recurrent state restores)
+    # The unscaled curve target_curve last made, and the sizes' costs it was made from: auto plans every round,
+    # mostly on a curve that has not changed since the last (its sizes are set in several places, so the key is
+    # their contents, not a flag that each would have to raise).
+    _curve: tuple[tuple[tuple[int, float], ...], np.ndarray] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     def copy(self) -> CostModel:
         return CostModel(
@@ -163,7 +172,10 @@ class CostModel:
 
     def target_curve(self, n_max: int) -> np.ndarray:
         """[T(1), ..., T(n_max)] as target_s gives them, in one pass (a round weighs up to 33 sizes)."""
-        return self.scale * self._bases(np.arange(1, n_max + 1))
+        key = tuple(self.target.items())
+        if self._curve is None or self._curve[0] != key or len(self._curve[1]) < n_max:
+            self._curve = (key, self._bases(np.arange(1, max(n_max, CURVE_SIZES) + 1)))
+        return self.scale * self._curve[1][:n_max]
 
     def draft_s(self) -> float | None:
         return None if self.draft_token is None else self.scale * self.draft_token
