@@ -83,6 +83,23 @@ def test_the_most_frequent_continuation_is_drafted_and_a_split_stops_the_draft()
     assert idx.draft(m, 5, min_prob=0.8) == []
 
 
+def test_occurrences_that_agree_draft_what_the_vote_would_and_stop_where_one_ends_or_parts() -> None:
+    """Where every occurrence goes on the same way the draft is taken whole (one slice comparison each, not a vote a
+    token), as the vote would take it; one that ends early or parts later brings the vote back at that point (an
+    ended one votes no more)."""
+    same = [[1, 2, 3, 10, 11, 12, 13]] * 3
+    idx = _index(*same)
+    idx.start([9, 2, 3])
+    assert idx.draft(idx.match(), 4, min_prob=0.9) == [10, 11, 12, 13]
+    short = _index(*same, [1, 2, 3, 10, 11])  # ends after 11: it has no vote from there, the others agree on
+    short.start([9, 2, 3])
+    assert short.draft(short.match(), 4, min_prob=0.9) == [10, 11, 12, 13]
+    parts = _index(*same, [1, 2, 3, 10, 11, 99, 13])  # parts at the third token: 3 of 4 take 12
+    parts.start([9, 2, 3])
+    assert parts.draft(parts.match(), 4, min_prob=0.8) == [10, 11]
+    assert parts.draft(parts.match(), 4, min_prob=0.7) == [10, 11, 12, 13]
+
+
 def test_ties_go_to_the_most_recent_occurrence() -> None:
     idx = _index([1, 2, 3, 30], [1, 2, 3, 40])
     idx.start([2, 3])

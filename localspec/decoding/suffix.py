@@ -217,6 +217,10 @@ class SuffixIndex:
                 doc, e = alive[0]
                 out += doc[e + i : e + limit]
                 break
+            if _agree(alive, i, limit):  # every occurrence goes on the same way: that, at probability 1 (a copy
+                doc, e = alive[0]  # seen several times; the vote below would pick each token one by one)
+                out += doc[e + i : e + limit]
+                break
             counts: dict[int, int] = {}
             n = 0
             for doc, e in alive:
@@ -233,6 +237,14 @@ class SuffixIndex:
             out.append(tok)
             alive = [(doc, e) for doc, e in alive if e + i < len(doc) and doc[e + i] == tok]
         return out
+
+
+def _agree(alive: list[tuple[list[int], int]], i: int, limit: int) -> bool:
+    """Whether every occurrence has the same continuation from its i-th token on, all of it to `limit` (slices
+    compared in C)."""
+    doc, e = alive[0]
+    ref = doc[e + i : e + limit]
+    return len(ref) == limit - i and all(d[x + i : x + limit] == ref for d, x in alive[1:])
 
 
 def _line_start(data: bytes, i: int) -> bool:
