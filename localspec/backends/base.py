@@ -423,6 +423,19 @@ class PicksTop2(Protocol):
         ...
 
 
+class DrawsInPass(Protocol):
+    """A Backend whose passes can hand back one token a row drawn where the model runs (BackendSpec.draws_on_device)."""
+
+    def forward_draws(self, tokens: Sequence[int], temperature: float, rng: np.random.Generator) -> list[int] | None:
+        """forward, but each row's token drawn from softmax(logits / temperature) (a new sampler's seed from `rng`);
+        None, having fed nothing, where it cannot now (the caller then uses forward)."""
+        ...
+
+    def commit_draws(self, tokens: Sequence[int]) -> None:
+        """The last pass's first len(tokens) draws were emitted: their randomness is used up."""
+        ...
+
+
 def sync_cache_top2(backend: PicksTop2, tokens: Sequence[int], *, logits: bool) -> tuple[int, TopTwo | None] | None:
     """sync_cache through the backend's picks: the last fed row's best two tokens instead of the row (with
     logits=True; None when nothing needed feeding with logits=False). None, having fed nothing, where the backend

@@ -13,11 +13,11 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Literal, cast
 
 import numpy as np
 
-from localspec.backends.base import Backend, Detokenizer, TopTwo, sync_cache, sync_cache_top2
+from localspec.backends.base import Backend, Detokenizer, DrawsInPass, TopTwo, sync_cache, sync_cache_top2
 from localspec.backends.registry import draws_in_pass, picks_top2
 from localspec.decoding import verify
 from localspec.decoding.drafters import Drafter
@@ -311,7 +311,7 @@ class Run:
                 return picks
             self.top2 = False  # this build cannot: rows from now on
         if self.draws and (pending.draft.q is None or self.config.rule == "match"):
-            draws = self.target.forward_draws(batch, self.sampling.temperature, self.rng)  # type: ignore[attr-defined]
+            draws = cast(DrawsInPass, self.target).forward_draws(batch, self.sampling.temperature, self.rng)
             if draws is not None:
                 return Draws(draws)
         self.draws = False  # a model's q to grade (or a build that cannot): rows from now on
@@ -353,7 +353,7 @@ class Run:
     ) -> verify.Verdict:
         if isinstance(logits, Draws):  # sampled, a one-hot draft (or the match rule): the draws decide
             verdict = verify.verify_samples(draft.tokens, logits.tokens)
-            self.target.commit_draws([*draft.tokens[: verdict.n_accepted], verdict.token])  # type: ignore[attr-defined]
+            cast(DrawsInPass, self.target).commit_draws([*draft.tokens[: verdict.n_accepted], verdict.token])
             return verdict
         if isinstance(logits, TopTwo):  # greedy: the picks hold the verdict and the near-ties
             verdict = verify.verify_greedy(draft.tokens, logits.best)
