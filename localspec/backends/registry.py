@@ -160,14 +160,18 @@ BACKENDS: dict[str, BackendSpec] = {spec.name: spec for spec in (LLAMA, MLX)}
 def picks_top2(model: Backend) -> bool:
     """Whether `model`'s backend picks each row's best two tokens where the model runs (BackendSpec.top2_on_device):
     greedy rounds then read those instead of whole rows."""
-    spec = BACKENDS.get(model.info.backend)
-    return spec is not None and spec.top2_on_device and callable(getattr(model, "forward_top2", None))
+    return _offers(model, "top2_on_device", "forward_top2")
 
 
 def draws_in_pass(model: Backend) -> bool:
     """Whether `model`'s backend draws each row's token where the model runs (BackendSpec.draws_on_device)."""
+    return _offers(model, "draws_on_device", "forward_draws")
+
+
+def _offers(model: Backend, flag: str, method: str) -> bool:
+    """Whether `model`'s backend table sets `flag` and the model has `method`."""
     spec = BACKENDS.get(model.info.backend)
-    return spec is not None and spec.draws_on_device and callable(getattr(model, "forward_draws", None))
+    return spec is not None and bool(getattr(spec, flag)) and callable(getattr(model, method, None))
 
 
 def head_backends(family: str) -> tuple[str, ...]:

@@ -361,7 +361,7 @@ class Run:
             return verdict
         if self.sampling.greedy:  # the rows up to the first rejection, each while it is in the cache
             best, self.pending_ties = greedy_rows(logits, draft.tokens, NEAR_TIE_GAP)
-            return verify.verify_greedy(draft.tokens, np.asarray(best))
+            return verify.verify_greedy(draft.tokens, best)
         self.pending_ties = []
         p: verify.Probs = SoftmaxRows.of_logits(logits, self.sampling, draft.tokens)  # read as far as the rule needs
         q = draft.q

@@ -213,12 +213,10 @@ class SuffixIndex:
         prob = 1.0
         while len(out) < limit and alive:
             i = len(out)
-            if len(alive) == 1:  # one occurrence left: its continuation, at probability 1 from here
+            # One occurrence left, or all going on the same way (a copy seen several times, which the vote below
+            # would take token by token): its continuation, at probability 1 from here.
+            if len(alive) == 1 or _agree(alive, i, limit):
                 doc, e = alive[0]
-                out += doc[e + i : e + limit]
-                break
-            if _agree(alive, i, limit):  # every occurrence goes on the same way: that, at probability 1 (a copy
-                doc, e = alive[0]  # seen several times; the vote below would pick each token one by one)
                 out += doc[e + i : e + limit]
                 break
             counts: dict[int, int] = {}

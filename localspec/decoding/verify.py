@@ -11,7 +11,7 @@ row k giving the bonus.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -115,32 +115,27 @@ def _recover_dense(p_i: np.ndarray, q_i: np.ndarray | None, d: int, rng: np.rand
     return sample(residual, rng)
 
 
-def verify_samples(draft: Sequence[int], samples: Sequence[int]) -> Verdict:
-    """verify_match over draws already made, one a row (samples[i] from row i; rows after the first rejection
-    may be missing): the exact rule for one-hot drafts, which keeps d with probability p(d) and otherwise
-    emits a draw from p given it is not d."""
+def verify_samples(draft: Sequence[int], samples: Iterable[int]) -> Verdict:
+    """Accept while the target's own draws, one a row in order (taken only as far as the verdict needs), equal the
+    draft: the match rule, and the exact rule for one-hot drafts (d is kept with probability p(d); a draw that is
+    not d is a draw from p without d, the residual)."""
+    draws = iter(samples)
     for i, d in enumerate(draft):
-        if samples[i] != d:
-            return Verdict(i, int(samples[i]), "recovered")
-    return Verdict(len(draft), int(samples[len(draft)]), "bonus")
+        x = int(next(draws))
+        if x != d:
+            return Verdict(i, x, "recovered")
+    return Verdict(len(draft), int(next(draws)), "bonus")
 
 
 def verify_match(draft: Sequence[int], q: Probs | None, p: Probs, rng: np.random.Generator) -> Verdict:
     """Accept while the target's own sample equals the draft (llama.cpp, mlx-lm). Lossless, accepts less."""
-    for i, d in enumerate(draft):
-        x = row_of(p, i).sample(rng)
-        if x != d:
-            return Verdict(i, x, "recovered")
-    return Verdict(len(draft), row_of(p, len(draft)).sample(rng), "bonus")
+    return verify_samples(draft, (row_of(p, i).sample(rng) for i in range(len(draft) + 1)))
 
 
-def verify_greedy(draft: Sequence[int], target_argmax: np.ndarray) -> Verdict:
-    """Temperature 0: keep the prefix where the draft equals the target's argmax. target_argmax [k+1]."""
-    for i, d in enumerate(draft):
-        t = int(target_argmax[i])
-        if t != d:
-            return Verdict(i, t, "recovered")
-    return Verdict(len(draft), int(target_argmax[len(draft)]), "bonus")
+def verify_greedy(draft: Sequence[int], target_argmax: Iterable[int]) -> Verdict:
+    """Temperature 0: keep the prefix where the draft equals the target's argmax. target_argmax [k+1] (or fewer:
+    the rows up to the first rejection)."""
+    return verify_samples(draft, target_argmax)
 
 
 RULES: dict[str, Rule] = {"exact": verify_exact, "match": verify_match}

@@ -505,14 +505,13 @@ class LlamaCppBackend(CachedModel):
         """Attach the sampler chain `key` names to the sequence (("top2",), ("draw", temperature)), or detach any
         (None); whether it is attached as asked. A chain is made fresh for each attach (llama.cpp initialises
         one for its graph once), a draw chain with a seed from `rng`."""
-        if key is None or self._chain is None or self._chain.key != key or not self._chain.attached:
-            if self._chain is not None:
-                self._chain.detach(self._ctx)
-                self._chain.free()
-                self._chain = None
-            if key is None:
-                return True
-        else:
+        if key is not None and self._chain is not None and self._chain.key == key and self._chain.attached:
+            return True
+        if self._chain is not None:
+            self._chain.detach(self._ctx)
+            self._chain.free()
+            self._chain = None
+        if key is None:
             return True
         kind = str(key[0])
         if not (self._picks_pay or PICK_ON_CPU):

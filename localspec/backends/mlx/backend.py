@@ -59,8 +59,8 @@ _EOG_TEXTS = frozenset(
 
 _TOKENIZER_PATTERNS = ["*.json", "tokenizer.model", "*.tiktoken", "tiktoken.model", "*.txt", "*.jinja"]
 
-# Whether forward_top2 picks (and forward_draws draws) on MLX's CPU device too. On a GPU the picks keep the rows [n, V] on the device and
-# hand the host [n, 2]; on mlx[cpu] the rows are in host memory already (np.asarray shares them, no copy) and
+# Whether forward_top2 picks (and forward_draws draws) on MLX's CPU device too. On a GPU the picks keep the rows
+# [n, V] on the device and hand the host [n, 2]; on mlx[cpu] the rows are in host memory already (np.asarray shares them, no copy) and
 # numpy's arg-max over them is cheaper than MLX's (benchmarks/mlx_top2_cost.py, a 151,936-token vocabulary: about
 # 0.04 ms a row on the host against 0.3 ms a row for MLX's two arg-max passes, both hidden by the pass itself).
 # Tests turn it on to run the GPU's path here.
