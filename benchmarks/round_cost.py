@@ -15,8 +15,10 @@ GPUs (llama.cpp keeps it) spins in cudaStreamSynchronize: the core stays busy an
 round's own work measured 0.08 ms after a spin and 0.45 ms after a sleep. --wait both (the default) prints each.
 
 A greedy round reads each row's best two tokens, picked inside the pass as llama.cpp's backend sampling picks
-them (BackendSpec.top2_on_device), and a sampled round with a one-hot draft one token a row, drawn inside the
-pass (BackendSpec.draws_on_device); --host-rows reads whole rows instead, as a backend without either does.
+them (BackendSpec.top2_on_device), and a sampled round one token a row, drawn inside the pass, with the numbers
+of the row's softmax the rule needs read from the copy that comes with it (BackendSpec.draws_on_device); the
+draft model draws its tokens the same way. --host-rows reads whole rows instead, as a backend without either
+does.
 
     python benchmarks/round_cost.py [--rounds 150] [--wait both|spin|sleep|none] [--profile model:8:0] [--host-rows]
 """
@@ -87,6 +89,10 @@ class TableBackend:
         self._rows = np.empty((64, VOCAB), np.float32)
         self._top2: TopTwo | None = None  # every table row's best two, as a device picks them inside its pass
         self._cdfs: dict[float, np.ndarray] = {}  # every table row's softmax(row / T) CDF, by T: a device's draws
+        self._probs: dict[float, np.ndarray] = {}  # ... and the softmax itself, float32 (what llama.cpp copies)
+        self._drawn: tuple[float, list[int]] = (0.0, [])  # the last draws pass: its T and table rows
+        self._tops: dict[tuple[float, int], tuple[np.ndarray, np.ndarray]] = {}  # (T, k): each row's k best, softmax
+        self._drawn_top: list[tuple[np.ndarray, np.ndarray]] = []  # the last top-k draws pass's candidates
         self._uniforms = np.random.default_rng(0)
 
     @property
@@ -120,17 +126,24 @@ class TableBackend:
         self.cpu_seconds += time.thread_time() - c0
         return out
 
-    def forward_draws(self, tokens: Sequence[int], temperature: float, rng: np.random.Generator) -> list[int]:
+    def forward_draws(
+        self, tokens: Sequence[int], temperature: float, rng: np.random.Generator, *, top_k: int = 0
+    ) -> list[int]:
         """As llama.cpp's with a dist sampler in the graph: each row's token drawn inside the pass (timed with it),
-        and only the ids reach the host."""
+        and the ids and the softmax beside them reach the host (with a top_k: the k best's)."""
         t0, c0 = time.perf_counter(), time.thread_time()
         self._tokens += tokens
+        if top_k:
+            return self._draws_top(tokens, temperature, top_k, t0, c0)
         cdf = self._cdfs.get(temperature)
         if cdf is None:
             z = self._table.astype(np.float64) / temperature
             p = np.exp(z - z.max(axis=1, keepdims=True))
-            cdf = self._cdfs[temperature] = np.cumsum(p / p.sum(axis=1, keepdims=True), axis=1)
+            p /= p.sum(axis=1, keepdims=True)
+            self._probs[temperature] = p.astype(np.float32)
+            cdf = self._cdfs[temperature] = np.cumsum(p, axis=1)
         draws = [min(int(np.searchsorted(cdf[t % LOOP], self._uniforms.random())), VOCAB - 1) for t in tokens]
+        self._drawn = (temperature, [t % LOOP for t in tokens])
         if self._pass_s is not None:
             wait_until(t0 + self._pass_s(len(tokens)), self._wait)
         self.seconds += time.perf_counter() - t0
@@ -139,6 +152,32 @@ class TableBackend:
 
     def commit_draws(self, tokens: Sequence[int]) -> None:
         pass  # this table's uniforms are fresh for every row: nothing to move on
+
+    def _draws_top(self, tokens: Sequence[int], temperature: float, k: int, t0: float, c0: float) -> list[int]:
+        top = self._tops.get((temperature, k))
+        if top is None:
+            ids = np.argsort(-self._table, axis=1, kind="stable")[:, :k]
+            z = np.take_along_axis(self._table, ids, axis=1).astype(np.float64) / temperature
+            p = np.exp(z - z.max(axis=1, keepdims=True))
+            top = self._tops[(temperature, k)] = (ids.astype(np.int64), (p / p.sum(axis=1, keepdims=True)))
+        rows = [t % LOOP for t in tokens]
+        cdf = np.cumsum(top[1], axis=1)
+        draws = [int(top[0][r, min(int(np.searchsorted(cdf[r], self._uniforms.random())), k - 1)]) for r in rows]
+        self._drawn = (temperature, rows)
+        self._drawn_top = [(top[0][r], top[1][r].astype(np.float32)) for r in rows]
+        if self._pass_s is not None:
+            wait_until(t0 + self._pass_s(len(tokens)), self._wait)
+        self.seconds += time.perf_counter() - t0
+        self.cpu_seconds += time.thread_time() - c0
+        return draws
+
+    def drawn_candidates(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        return self._drawn_top[i]
+
+    def drawn_probs(self, i: int) -> np.ndarray:
+        """Row i's softmax of the last draws pass, as llama.cpp copies it beside the draw (made with the pass)."""
+        temperature, rows = self._drawn
+        return self._probs[temperature][rows[i]]
 
     def rollback(self, n_keep: int) -> None:
         del self._tokens[n_keep:]

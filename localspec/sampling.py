@@ -41,6 +41,12 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    @property
+    def plain_temperature(self) -> bool:
+        """Sampled at a temperature alone: no filter reshapes softmax(logits / T), so a backend's own softmax and
+        draws are the processed distribution (what draws inside a pass need)."""
+        return not self.greedy and self.top_k == 0 and self.top_p == 1.0 and self.min_p == 0.0
+
 
 def probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     """Processed probabilities for each row. [n, V] float32 logits -> [n, V] float64 probs."""

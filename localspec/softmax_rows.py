@@ -88,6 +88,82 @@ class DenseRow:
         return self.p
 
 
+class DrawnRow:
+    """softmax(z / T) as the backend made it where the model runs, whole, in host memory (llama.cpp's dist sampler
+    copies it beside its draw), with the one token it drew from it: a probability is one read, the first draw is
+    that token (no host pass), and a further draw (the residual's rejection loop, after the first was refused)
+    an inverse-CDF draw over block sums made once for the row. `p` stays unchanged while the row is read (the
+    backend's buffer until its next pass, or a copy)."""
+
+    whole = False  # the residual is drawn by rejection from p, starting with the backend's draw
+
+    def __init__(self, p: np.ndarray, draw: int | None = None) -> None:
+        self.p = p
+        self._draw = draw
+        self._blocks: np.ndarray | None = None  # cumulative block sums, for draws after the first
+
+    def weight(self, token: int) -> float:
+        return float(self.p[token])
+
+    def total_bounds(self) -> tuple[float, float]:
+        return 1.0, 1.0  # normalised where it was made (float32 rounding aside, as every softmax)
+
+    def total(self) -> float:
+        return 1.0
+
+    def sample(self, rng: np.random.Generator) -> int:
+        if self._draw is not None:
+            x, self._draw = self._draw, None
+            return x
+        if self._blocks is None:
+            self._blocks = np.cumsum(np.add.reduceat(self.p, np.arange(0, self.p.shape[0], _BLOCK)), dtype=np.float64)
+        u = rng.random() * self._blocks[-1]
+        b = int(min(np.searchsorted(self._blocks, u, side="right"), self._blocks.shape[0] - 1))
+        seg = self.p[b * _BLOCK : (b + 1) * _BLOCK]
+        r = u - (self._blocks[b - 1] if b > 0 else 0.0)
+        j = int(np.searchsorted(np.cumsum(seg, dtype=np.float64), r, side="right"))
+        if j >= seg.shape[0] or seg[j] <= 0:  # rounding at the block's edge: stay on a token with weight
+            nz = np.flatnonzero(seg > 0)
+            after = nz[nz >= j]
+            j = int(after[0]) if after.size else int(nz[-1])
+        return b * _BLOCK + j
+
+    def dense(self) -> np.ndarray:
+        return self.p.astype(np.float64)
+
+
+_BLOCK = 1024  # DrawnRow's host draws: the block a draw searches after the block sums
+
+
+class SparseRow:
+    """A distribution over a few tokens (a draft drawn from its top-k logits' softmax: DrawsInPass.drawn_candidates),
+    every other token at 0: read by a search among the ids, never a pass over the vocabulary."""
+
+    whole = True
+
+    def __init__(self, ids: np.ndarray, p: np.ndarray, width: int) -> None:
+        order = np.argsort(ids)
+        self.ids, self.p, self.width = ids[order], p[order], width
+
+    def weight(self, token: int) -> float:
+        at = int(np.searchsorted(self.ids, token))
+        return float(self.p[at]) if at < self.ids.shape[0] and self.ids[at] == token else 0.0
+
+    def total_bounds(self) -> tuple[float, float]:
+        return 1.0, 1.0
+
+    def total(self) -> float:
+        return 1.0
+
+    def sample(self, rng: np.random.Generator) -> int:
+        return int(self.ids[sample(self.p, rng)])
+
+    def dense(self) -> np.ndarray:
+        out = np.zeros(self.width, dtype=np.float64)
+        out[self.ids] = self.p
+        return out
+
+
 class SoftmaxRow:
     """softmax(z / T) for one row of logits z [V], its head computed at once and its tail only when asked."""
 

@@ -344,24 +344,30 @@ class DrawingBackend(FakeBackend):
     """A FakeBackend that also draws each row's token inside its pass (Backend.forward_draws), as llama.cpp's dist
     sampler in the graph does: a pass's row i takes the i-th uniform after those committed (commit_draws), from a
     stream seeded by the caller's rng when the sampler is attached (its first draws after a pass of rows), and
-    the token is the inverse CDF of softmax(logits / temperature) at it. `commits` False: a caller's commits are
-    lost, so every pass reuses the same uniforms (what a rule must not see)."""
+    the token is the inverse CDF of softmax(logits / temperature) at it; drawn_probs(i) is that softmax. `commits`
+    False: a caller's commits are lost, so every pass reuses the same uniforms; `probs_t` other than 1: drawn_probs
+    at another temperature than the draws (what a rule must not see, either)."""
 
-    def __init__(self, logits_fn: LogitsFn, *, commits: bool = True, **kw: object) -> None:
+    def __init__(self, logits_fn: LogitsFn, *, commits: bool = True, probs_t: float = 1.0, **kw: object) -> None:
         super().__init__(logits_fn, **kw)  # type: ignore[arg-type]
         self.commits = commits
+        self.probs_t = probs_t  # drawn_probs' temperature, as a multiple of the draws'
         self._stream: np.random.Generator | None = None  # None: no sampler attached
         self._uniforms: list[float] = []
         self._committed = 0
         self.row_calls: list[int] = []  # batch sizes of the passes that handed back rows
         self.draw_calls: list[int] = []  # ... and of those that handed back draws
+        self._probs: list[np.ndarray] = []  # the last draws pass's rows' softmax
+        self._ids: list[np.ndarray] = []  # ... over these ids (all, or a top-k's)
 
     def forward(self, tokens: Sequence[int], *, all_logits: bool = True) -> np.ndarray:
         self._stream = None  # rows: the sampler comes off the graph
         self.row_calls.append(len(tokens))
         return super().forward(tokens, all_logits=all_logits)
 
-    def forward_draws(self, tokens: Sequence[int], temperature: float, rng: np.random.Generator) -> list[int]:
+    def forward_draws(
+        self, tokens: Sequence[int], temperature: float, rng: np.random.Generator, *, top_k: int = 0
+    ) -> list[int]:
         if self._stream is None:
             self._stream = np.random.default_rng(int(rng.integers(0, 2**32 - 1)))
             self._uniforms, self._committed = [], 0
@@ -369,11 +375,28 @@ class DrawingBackend(FakeBackend):
         while len(self._uniforms) < self._committed + len(tokens):
             self._uniforms.append(float(self._stream.random()))
         self.draw_calls.append(len(tokens))
-        return [_inverse_cdf(row / temperature, self._uniforms[self._committed + i]) for i, row in enumerate(rows)]
+        # top_k: llama.cpp's top-k sampler before the dist one, each row cut to its k best (ids kept beside)
+        self._ids = [np.argsort(-row, kind="stable")[:top_k] if top_k else np.arange(len(row)) for row in rows]
+        rows = [row[ids] for row, ids in zip(rows, self._ids)]
+        self._probs = [_softmax(row / (temperature * self.probs_t)) for row in rows]
+        us = [self._uniforms[self._committed + i] for i in range(len(rows))]
+        return [int(ids[_inverse_cdf(row / temperature, u)]) for row, ids, u in zip(rows, self._ids, us)]
 
     def commit_draws(self, tokens: Sequence[int]) -> None:
         if self.commits:
             self._committed += len(tokens)
+
+    def drawn_probs(self, i: int) -> np.ndarray:
+        """Row i's softmax of the last forward_draws pass, float32 as llama.cpp's."""
+        return self._probs[i]
+
+    def drawn_candidates(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        return self._ids[i].astype(np.int64), self._probs[i].copy()
+
+
+def _softmax(z: np.ndarray) -> np.ndarray:
+    w = np.exp(z.astype(np.float64) - np.max(z))
+    return (w / w.sum()).astype(np.float32)
 
 
 def _inverse_cdf(z: np.ndarray, u: float) -> int:

@@ -211,13 +211,28 @@ def test_draws_in_the_graph_follow_the_rows_and_need_their_commits(tiny_ggufs, m
             one = target.forward_draws(batch, t, rng)
             assert one is not None and len(one) == len(batch)
             if i == 0:
+                probs = np.stack([target.drawn_probs(j) for j in range(len(batch))])
                 target.rollback(len(head))
                 assert target.forward_draws(batch, t, rng) == one  # nothing committed: the same uniforms
             target.commit_draws(one)
             draws.append(one)
         assert target.reads["draws"] == 401 * len(batch)
+        target.rollback(len(head))
+        cut = target.forward_draws(batch, t, rng, top_k=8)  # a draft's draws: from each row's 8 best alone
+        assert cut is not None
+        candidates = [target.drawn_candidates(j) for j in range(len(batch))]
     finally:
         target.close()
+    for j, (ids, q) in enumerate(candidates):
+        best = np.argsort(-rows[j], kind="stable")[:8]
+        assert sorted(ids.tolist()) == sorted(best.tolist()) and cut[j] in ids.tolist()
+        e = np.exp((rows[j, ids].astype(np.float64) - rows[j, ids].max()) / t)
+        assert np.abs(q - e / e.sum()).max() < 1e-5
+    # The softmax the draws came from, copied beside them (what a model draft's rule reads): the rows' own.
+    z = rows.astype(np.float64) / t
+    expected = np.exp(z - z.max(axis=1, keepdims=True))
+    expected /= expected.sum(axis=1, keepdims=True)
+    assert np.abs(probs - expected).max() < 1e-5 and probs.shape == rows.shape
     assert len({tuple(d) for d in draws}) > 300  # committed: fresh uniforms every pass
     assert uniform_pvalue(pit(draws, rows, t, rng)) > 1e-6
     assert uniform_pvalue(pit(draws, rows, 0.5, rng)) < 1e-6
@@ -225,7 +240,7 @@ def test_draws_in_the_graph_follow_the_rows_and_need_their_commits(tiny_ggufs, m
 
 def test_a_sampled_lookup_round_reads_one_draw_a_row(tiny_ggufs, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """A sampled run with lookup drafts reads one draw a verified row and no whole row after the prompt's; a model
-    draft under the exact rule reads rows (its q needs p's), and under the match rule draws again."""
+    draft too, under either rule, and the draft model draws its tokens in its own passes (q from their softmax)."""
     monkeypatch.setattr(lb, "PICK_ON_CPU", True)
     target, draft = lb.load(tiny_ggufs[0], n_ctx=512), lb.load(tiny_ggufs[1], n_ctx=512)
     try:
@@ -238,13 +253,14 @@ def test_a_sampled_lookup_round_reads_one_draw_a_row(tiny_ggufs, monkeypatch) ->
         st = lookup.stats
         assert st.n_drafted > 0
         assert target.reads["rows"] == 1 and target.reads["draws"] == st.n_rounds + st.n_drafted
-        target.reads.clear()
-        _run(target, ModelDrafter(draft), prompt, **sampled)
-        assert target.reads["draws"] == 0 and target.reads["rows"] > 1
-        target.reads.clear()
-        matched = _run(target, ModelDrafter(draft), prompt, rule="match", **sampled)
-        assert target.reads["rows"] == 1
-        assert target.reads["draws"] == matched.stats.n_rounds + matched.stats.n_drafted
+        for rule in ("exact", "match"):
+            target.reads.clear()
+            draft.reads.clear()
+            modelled = _run(target, ModelDrafter(draft), prompt, rule=rule, **sampled)
+            st = modelled.stats
+            assert st.n_drafted > 0 and target.reads["rows"] == 1
+            assert target.reads["draws"] == st.n_rounds + st.n_drafted
+            assert draft.reads["rows"] <= 1 and draft.reads["draws"] >= st.n_drafted  # rows: reading the prompt
     finally:
         target.close()
         draft.close()

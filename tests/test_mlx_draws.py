@@ -49,15 +49,30 @@ def test_draws_follow_the_rows_softmax_pass_after_pass(model: Path, monkeypatch:
         b.forward(head, all_logits=False)
         rows = np.array(b.forward(batch))
         draws = []
-        for _ in range(400):
+        for i in range(400):
             b.rollback(len(head))
             one = b.forward_draws(batch, t, rng)
             assert one is not None and len(one) == len(batch)
+            if i == 0:
+                probs = np.stack([b.drawn_probs(j) for j in range(len(batch))])
             b.commit_draws(one)
             draws.append(one)
         assert b.reads["draws"] == 400 * len(batch)
+        b.rollback(len(head))
+        cut = b.forward_draws(batch, t, rng, top_k=8)  # a draft's draws: from each row's 8 best alone
+        assert cut is not None
+        candidates = [b.drawn_candidates(j) for j in range(len(batch))]
     finally:
         b.close()
+    for j, (ids, q) in enumerate(candidates):
+        assert sorted(ids.tolist()) == sorted(np.argsort(-rows[j], kind="stable")[:8].tolist())
+        assert cut[j] in ids.tolist()
+        e = np.exp((rows[j, ids].astype(np.float64) - rows[j, ids].max()) / t)
+        assert np.abs(q - e / e.sum()).max() < 1e-5
+    # The softmax made beside the draws (what a model draft's rule reads): the rows' own.
+    z = rows.astype(np.float64) / t
+    expected = np.exp(z - z.max(axis=1, keepdims=True))
+    assert np.abs(probs - expected / expected.sum(axis=1, keepdims=True)).max() < 1e-5
     assert len({tuple(d) for d in draws}) > 300
     assert uniform_pvalue(pit(draws, rows, t, rng)) > 1e-6
     assert uniform_pvalue(pit(draws, rows, 0.5, rng)) < 1e-6
@@ -93,3 +108,29 @@ def test_a_sampled_lookup_run_reads_one_draw_a_row(model: Path, monkeypatch: pyt
         assert b.reads["rows"] == 1 and b.reads["draws"] == st.n_rounds + st.n_drafted
     finally:
         b.close()
+
+
+def test_a_sampled_model_draft_reads_draws_on_both_models(model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sampled run with a draft model: the target reads one draw a verified row (p(d) from the softmax beside
+    it) and the draft model draws its tokens in its own passes; no whole row reaches the host after the prompts'."""
+    import mlx_tiny
+
+    from localspec.backends.mlx import backend as mb
+    from localspec.decoding.drafters import ModelDrafter
+    from localspec.decoding.engine import Done, GenerationConfig, generate
+    from localspec.sampling import SamplingParams
+
+    monkeypatch.setattr(mb, "PICK_ON_CPU", True)
+    target = _load(model)
+    draft = _load(mlx_tiny.build(model.parent / "draft", seed=2))
+    try:
+        config = GenerationConfig(max_tokens=24, num_draft=4, sampling=SamplingParams(temperature=0.7, seed=5))
+        done = list(generate(target, ModelDrafter(draft), target.tokenize(PROMPT), config))[-1]
+        assert isinstance(done, Done)
+        st = done.stats
+        assert st.n_drafted > 0 and target.reads["rows"] == 1
+        assert target.reads["draws"] == st.n_rounds + st.n_drafted
+        assert draft.reads["rows"] <= 1 and draft.reads["draws"] >= st.n_drafted
+    finally:
+        target.close()
+        draft.close()

@@ -242,3 +242,35 @@ def test_lazy_rows_take_array_operators() -> None:
     a, b = SoftmaxRows.of_logits(P_ROWS, params), SoftmaxRows.of_logits(P_ROWS[::-1], params)
     np.testing.assert_array_equal(a > 0, np.asarray(a) > 0)
     np.testing.assert_allclose(np.abs(a - b), np.abs(np.asarray(a) - np.asarray(b)))
+
+
+# -- rows a backend made where the model runs (DrawsInPass) -----------------------------------------------------
+
+
+def test_a_drawn_row_hands_out_its_draw_then_draws_from_its_softmax_on_the_host() -> None:
+    """DrawnRow: the first sample is the backend's draw (no host work); later ones (the residual's rejection loop)
+    follow the softmax over block sums, across block edges and into rows' zeros."""
+    z = _tailed_logits(5000, 3)  # several 1024-token blocks, a head and a tail
+    p = _softmax64(z, 1.0).astype(np.float32)
+    p[4000:4500] = 0.0  # a stretch of zeros (as a softmax underflows), across a block edge
+    p /= p.sum()
+    row = softmax_rows.DrawnRow(p, draw=7)
+    rng = np.random.default_rng(4)
+    assert row.sample(rng) == 7 and row.weight(7) == float(p[7]) and row.total() == 1.0
+    expected: dict[tuple[int, ...], float] = {}
+    for token, mass in enumerate(p.astype(np.float64)):
+        expected[(_class(token),)] = expected.get((_class(token),), 0.0) + mass
+    failure = joint_check(lambda _: (_class(row.sample(rng)),), expected, 20_000)
+    assert failure is None, failure
+    assert all(not 4000 <= row.sample(rng) < 4500 for _ in range(2000))
+
+
+def test_a_sparse_row_reads_its_candidates_and_zeros_elsewhere() -> None:
+    ids, probs = np.array([40, 3, 17]), np.array([0.5, 0.2, 0.3], dtype=np.float32)
+    row = softmax_rows.SparseRow(ids, probs, 64)
+    assert [row.weight(t) for t in (3, 17, 40, 0, 41, 63)] == pytest.approx([0.2, 0.3, 0.5, 0, 0, 0])
+    dense = row.dense()
+    assert dense.shape == (64,) and dense.sum() == pytest.approx(1.0) and dense[17] == pytest.approx(0.3)
+    rng = np.random.default_rng(1)
+    counts = np.bincount([row.sample(rng) for _ in range(6000)], minlength=64)
+    assert set(np.flatnonzero(counts)) == {3, 17, 40} and abs(counts[40] / 6000 - 0.5) < 0.03

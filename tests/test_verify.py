@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from fakes import DrawingBackend, FakeBackend
 
-from localspec.decoding import verify
+from localspec.decoding import drafters, verify
 from localspec.decoding.drafters import ModelDrafter, NgramDrafter
 from localspec.decoding.engine import Done, GenerationConfig, generate
 from localspec.decoding.verify import Verdict, verify_exact, verify_greedy, verify_match
@@ -159,10 +159,11 @@ def _engine_draw(
     target: FakeBackend | None = None,
     num_draft: int = K,
     window: int = WINDOW,
+    draft: FakeBackend | None = None,
 ) -> Callable[[int], tuple[int, ...]]:
     target = target or FakeBackend(_target_fn(P_TABLE), n_vocab=V, eog=frozenset(), name="toy-target")
     if drafter_kind == "model":
-        drafter = ModelDrafter(FakeBackend(_draft_fn(Q_TABLE), n_vocab=V, eog=frozenset(), name="toy-draft"))
+        drafter = ModelDrafter(draft or FakeBackend(_draft_fn(Q_TABLE), n_vocab=V, eog=frozenset(), name="toy-draft"))
     else:
         drafter = NgramDrafter(max_ngram=2)
 
@@ -224,23 +225,48 @@ def draws_in_pass(monkeypatch: pytest.MonkeyPatch) -> None:
 DRAW_WINDOW = 5  # one token a round at least, k = 1: two rounds or more, the second's draws after the first's
 
 
+def _drawing_draft(**kw: float) -> DrawingBackend:
+    return DrawingBackend(_draft_fn(Q_TABLE), n_vocab=V, eog=frozenset(), name="toy-draft", **kw)  # type: ignore[arg-type]
+
+
 @pytest.mark.usefixtures("draws_in_pass")
 @pytest.mark.parametrize(
-    ("drafter_kind", "rule", "prompt", "num_draft", "window"),
-    [("ngram", "exact", NGRAM_PROMPT, 1, DRAW_WINDOW), ("model", "match", MODEL_PROMPT, K, WINDOW)],
+    ("drafter_kind", "rule", "prompt", "num_draft", "window", "drawing_draft"),
+    [
+        ("ngram", "exact", NGRAM_PROMPT, 1, DRAW_WINDOW, False),
+        ("model", "match", MODEL_PROMPT, K, WINDOW, False),
+        ("model", "exact", MODEL_PROMPT, K, WINDOW, False),
+        ("model", "exact", MODEL_PROMPT, K, WINDOW, True),
+        ("model", "exact", MODEL_PROMPT, K, WINDOW, 2),
+    ],
 )
 def test_engine_output_from_draws_made_in_the_pass_is_distributed_as_the_target(
-    drafter_kind: str, rule: str, prompt: list[int], num_draft: int, window: int
+    drafter_kind: str,
+    rule: str,
+    prompt: list[int],
+    num_draft: int,
+    window: int,
+    drawing_draft: bool | int,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A sampled round whose draft is one-hot (or graded by the match rule) reads one token a row, drawn in the
-    target's pass (llama.cpp's dist sampler, here its fake with the same uniform stream): accepting while the draw
-    equals the draft token is the exact rule. Only the prompt's pass hands back rows."""
+    """A sampled round reads one token a row, drawn in the target's pass (llama.cpp's dist sampler, here its fake
+    with the same uniform stream), and the few numbers of the rows' softmax the rule needs. A one-hot draft (or the
+    match rule): accepting while the draw equals the draft token is the exact rule. A model draft: p(d) / q(d)
+    read from the softmax, the draw the residual's first proposal; its q from host rows, or drawn by the draft
+    model in its own passes too (from its rows' top-k softmax: with k = 2 < V, a q unlike the draft model's own,
+    which the rule grades as it is). Only the prompt's pass hands the target's rows back."""
+    if drawing_draft is not True and drawing_draft:
+        assert (Q_TABLE > 0).sum(axis=1).max() > drawing_draft  # the cut drops tokens the draft model gives mass
+        monkeypatch.setattr(drafters, "DRAFT_TOP_K", drawing_draft)
     target = DrawingBackend(_target_fn(P_TABLE), n_vocab=V, eog=frozenset(), name="toy-target")
-    draw = _engine_draw(drafter_kind, rule, prompt, target, num_draft, window)
+    draft = _drawing_draft() if drawing_draft else None
+    draw = _engine_draw(drafter_kind, rule, prompt, target, num_draft, window, draft)
     failure = joint_check(draw, _expected_joint(prompt, window), N_SAMPLES)
     assert failure is None, failure
     assert len(target.row_calls) == N_SAMPLES  # one a run: the prompt's (its first token is the host's draw)
     assert len(target.draw_calls) >= N_SAMPLES and max(target.draw_calls) == num_draft + 1
+    if draft is not None:  # the draft model's passes: rows only where prepare reads the prompt, then draws
+        assert len(draft.row_calls) <= N_SAMPLES and len(draft.draw_calls) >= N_SAMPLES * K
 
 
 @pytest.mark.usefixtures("draws_in_pass")
@@ -253,11 +279,24 @@ def test_draws_whose_uniforms_are_used_again_fail_the_check() -> None:
 
 
 @pytest.mark.usefixtures("draws_in_pass")
-def test_a_model_draft_under_the_exact_rule_reads_rows() -> None:
-    """A model's draft has a q to grade: the exact rule needs the rows (p(d) / q(d), the residual), so the run
-    leaves the draws at its first such round."""
+@pytest.mark.parametrize("side", ["target", "draft"])
+def test_a_softmax_unlike_the_draws_fails_the_check(side: str) -> None:
+    """The test's own test for model drafts: the rule reads p(d) or q(d) from the backend's softmax, so a softmax at
+    another temperature than the draws (a wrong chain, a stale row) must show in the output."""
+    kw = {"probs_t": 2.0}
+    target = DrawingBackend(_target_fn(P_TABLE), n_vocab=V, eog=frozenset(), name="toy-target",
+                            **(kw if side == "target" else {}))  # fmt: skip
+    draw = _engine_draw("model", "exact", MODEL_PROMPT, target, draft=_drawing_draft(**(kw if side == "draft" else {})))
+    assert joint_check(draw, _expected_joint(MODEL_PROMPT, WINDOW), N_SAMPLES) is not None
+
+
+@pytest.mark.usefixtures("draws_in_pass")
+def test_a_model_draft_of_another_width_reads_rows() -> None:
+    """A draft vocabulary of another width than the target's (padding) cannot be graded against the backend's
+    softmax row for row: the run reads rows from then on."""
     target = DrawingBackend(_target_fn(P_TABLE), n_vocab=V, eog=frozenset(), name="toy-target")
-    _engine_draw("model", "exact", MODEL_PROMPT, target)(0)
+    wide = FakeBackend(lambda ctx: np.append(_draft_fn(Q_TABLE)(ctx), -np.inf), n_vocab=V + 1, eog=frozenset())
+    _engine_draw("model", "exact", MODEL_PROMPT, target, draft=wide)(0)
     assert target.draw_calls == [] and target.row_calls[1] == K + 1  # the prompt's rows, then the round's
 
 

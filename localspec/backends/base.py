@@ -426,13 +426,26 @@ class PicksTop2(Protocol):
 class DrawsInPass(Protocol):
     """A Backend whose passes can hand back one token a row drawn where the model runs (BackendSpec.draws_on_device)."""
 
-    def forward_draws(self, tokens: Sequence[int], temperature: float, rng: np.random.Generator) -> list[int] | None:
-        """forward, but each row's token drawn from softmax(logits / temperature) (a new sampler's seed from `rng`);
-        None, having fed nothing, where it cannot now (the caller then uses forward)."""
+    def forward_draws(
+        self, tokens: Sequence[int], temperature: float, rng: np.random.Generator, *, top_k: int = 0
+    ) -> list[int] | None:
+        """forward, but each row's token drawn from softmax(logits / temperature), over the row's top_k logits alone
+        where top_k > 0 (a new sampler's seed from `rng`); None, having fed nothing, where it cannot now (the caller
+        then uses forward)."""
         ...
 
     def commit_draws(self, tokens: Sequence[int]) -> None:
         """The last pass's first len(tokens) draws were emitted: their randomness is used up."""
+        ...
+
+    def drawn_probs(self, i: int) -> np.ndarray:
+        """Row i's whole distribution in the last forward_draws pass, softmax(logits / temperature) [V] float32, the
+        one its draw came from: a host array valid until the backend's next pass."""
+        ...
+
+    def drawn_candidates(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """Row i's top_k ids [k] and their softmax [k] (the distribution its draw came from) in the last forward_draws
+        pass with a top_k: host copies."""
         ...
 
 

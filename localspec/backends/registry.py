@@ -77,8 +77,9 @@ class BackendSpec:
     # build without it, or where it does not pay): the caller then reads rows.
     top2_on_device: bool = False
     # Its models' forward_draws(tokens, temperature, rng) can hand back one token a row, drawn from softmax(logits /
-    # temperature) where the model runs, and commit_draws(tokens) marks the draws emitted: what a sampled round
-    # with a one-hot draft reads (accept while the draw equals the draft). It may return None, as forward_top2.
+    # temperature) where the model runs, commit_draws(tokens) marks the draws emitted, and drawn_probs(i) is row i's
+    # whole distribution in host memory: what a sampled round reads (a one-hot draft: accept while the draw equals
+    # the draft; a model's: p(d) is one read, the draw starts the residual's). It may return None, as forward_top2.
     draws_on_device: bool = False
 
     def installed(self) -> bool:

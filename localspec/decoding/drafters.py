@@ -12,15 +12,22 @@ import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Protocol
+from typing import Protocol, cast
 
 import numpy as np
 
-from localspec.backends.base import Backend, common_prefix, sync_cache, sync_cache_top2
-from localspec.backends.registry import picks_top2
+from localspec.backends.base import Backend, DrawsInPass, common_prefix, sync_cache, sync_cache_top2
+from localspec.backends.registry import draws_in_pass, picks_top2
 from localspec.decoding.stats import RoundStats
 from localspec.draft import EMPTY_DRAFT, Draft, sample_draft
 from localspec.sampling import SamplingParams
+from localspec.softmax_rows import Row, SoftmaxRows, SparseRow
+
+# A draft drawn where its model runs comes from the softmax of its row's best DRAFT_TOP_K logits (at the run's
+# temperature): the exact rule holds for any draft distribution it is given, and this one comes back as k numbers
+# a token instead of a whole row (llama.cpp's own speculative example drafts from the top 10). The tokens it drops
+# carry the draft's least likely guesses, the ones the target rejects most.
+DRAFT_TOP_K = 64
 
 
 class Drafter(Protocol):
@@ -223,6 +230,9 @@ class ModelDrafter:
         # Greedy drafts without a confidence cut need each step's best token only: where the backend picks it
         # on its device (BackendSpec.top2_on_device), no whole row reaches the host.
         self._top2 = picks_top2(backend)
+        # Sampled drafts at plain temperature: each step's token drawn where the model runs, with its softmax row,
+        # which is copied (q for the rule) but never passed over on the host (BackendSpec.draws_on_device).
+        self._draws = draws_in_pass(backend)
 
     def prepare(self, context: Sequence[int], max_k: int) -> None:
         # Prefill all but the last token; propose() feeds the rest and gets the first draft's logits.
@@ -257,6 +267,10 @@ class ModelDrafter:
                 tokens = self._greedy_picks(context, k)
                 if tokens is not None:
                     return Draft(tokens, None, source="model")
+            if self._draws and sampling.plain_temperature:
+                drawn = self._drawn_draft(context, k, sampling.temperature, rng, min_confidence)
+                if drawn is not None:
+                    return drawn
             _, logits = sync_cache(self.backend, context, logits=True)
             assert logits is not None
             # The next round keeps at least `context`: a recurrent draft saves its state here, since the
@@ -267,6 +281,47 @@ class ModelDrafter:
 
     def _step(self, token: int) -> np.ndarray:
         return self.backend.forward([token], all_logits=False)[-1]
+
+    def _drawn_draft(
+        self, context: Sequence[int], k: int, temperature: float, rng: np.random.Generator, min_confidence: float
+    ) -> Draft | None:
+        """sample_draft's loop on the backend's draws, one pass a token: each token drawn where the model runs from
+        the softmax of its row's DRAFT_TOP_K best logits, which comes back beside it (k numbers) as q; None, having
+        fed nothing, where the backend cannot draw."""
+        backend = cast(DrawsInPass, self.backend)
+        model = self.backend
+        top_k = min(DRAFT_TOP_K, model.n_vocab)
+        keep = common_prefix(model.cached_tokens, context, limit=len(context) - 1)
+        if not model.can_rollback(keep):
+            keep = 0
+        model.rollback(keep)
+        fed = list(context[keep:])
+        draws = backend.forward_draws(fed, temperature, rng, top_k=top_k)
+        if draws is None:
+            self._draws = False
+            return None
+        backend.commit_draws(fed)  # the last row's draw is the draft's first token; no row's uniform is used twice
+        model.checkpoint()  # as propose's row path: the next round keeps at least `context`
+        tokens: list[int] = []
+        rows: list[Row] = []
+        row, note = len(fed) - 1, ""
+        while True:
+            token = draws[row]
+            q = SparseRow(*backend.drawn_candidates(row), model.n_vocab)
+            conf = q.weight(token)
+            if conf < min_confidence:
+                note = f"draft stopped at position {len(tokens) + 1}: confidence {conf:.2f} < {min_confidence:.2f}"
+                break
+            tokens.append(token)
+            rows.append(q)
+            if len(tokens) >= k or token in model.eog_ids:
+                break
+            step = backend.forward_draws([token], temperature, rng, top_k=top_k)
+            if step is None:  # the chain was refused mid-draft: the tokens so far are a whole draft
+                break
+            backend.commit_draws([token])
+            draws, row = step, 0
+        return Draft(tokens, SoftmaxRows.of_rows(rows, model.n_vocab) if tokens else None, note, source="model")
 
     def _greedy_picks(self, context: Sequence[int], k: int) -> list[int] | None:
         """sample_draft's greedy loop on the backend's picks, one pass a token; None, having fed nothing, where the

@@ -26,7 +26,7 @@ from localspec.decoding.stats import NEAR_TIE_GAP, NearTie, RoundStats, SpecStat
 from localspec.draft import Draft
 from localspec.errors import ContextOverflowError, Interrupted, UsageError
 from localspec.sampling import SamplingParams, greedy_rows
-from localspec.softmax_rows import SoftmaxRows
+from localspec.softmax_rows import DrawnRow, SoftmaxRows
 
 Origin = Literal["draft", "target"]  # accepted draft token, or a token the target chose itself
 Segment = tuple[str, Origin]  # a run of text whose tokens share one origin
@@ -75,7 +75,8 @@ Event = Step | Done
 
 @dataclass(frozen=True)
 class Draws:
-    """A verify pass's rows as one token each, drawn where the model runs (Backend.forward_draws)."""
+    """A verify pass's rows as one token each, drawn where the model runs (DrawsInPass.forward_draws; the rows'
+    softmax stays with the backend, DrawsInPass.drawn_probs)."""
 
     tokens: list[int]
 
@@ -161,13 +162,13 @@ class Run:
         # A greedy round reads only each row's best two tokens, where the backend picks them on its device: no
         # whole row reaches the host. A grammar masks whole rows, so it reads them.
         self.top2 = config.sampling.greedy and self.constraint is None and picks_top2(target)
-        # A sampled round whose draft is one-hot (a lookup's, or none) reads one token a row, drawn where the model
-        # runs: accepting while the draw equals the draft token is the exact rule for such a draft (p(d) to keep
-        # it; else the draw, which is p without d, the residual). Plain temperature only (filters and grammars
-        # shape whole rows), and until a round brings a model's q: rows from then on (switching re-plans the graph).
-        s = config.sampling
-        plain_t = s.top_k == 0 and s.top_p == 1.0 and s.min_p == 0.0
-        self.draws = not s.greedy and plain_t and self.constraint is None and draws_in_pass(target)
+        # A sampled round reads one token a row, drawn where the model runs, and the few numbers of each row's
+        # softmax the rule needs, which the backend hands over beside the draw (no pass over a row on the host). A
+        # one-hot draft (a lookup's, or none) needs only the draws: accepting while the draw equals the draft token
+        # is the exact rule for it (p(d) to keep it; else the draw, which is p without d, the residual). A model's
+        # draft is graded by p(d) / q(d), and the row's draw is the residual's first proposal (verify._recover).
+        # Plain temperature only (filters and grammars shape whole rows).
+        self.draws = config.sampling.plain_temperature and self.constraint is None and draws_in_pass(target)
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -310,11 +311,12 @@ class Run:
             if picks is not None:
                 return picks
             self.top2 = False  # this build cannot: rows from now on
-        if self.draws and (pending.draft.q is None or self.config.rule == "match"):
+        q = pending.draft.q
+        if self.draws and (q is None or q.shape[1] == self.target.n_vocab):
             draws = cast(DrawsInPass, self.target).forward_draws(batch, self.sampling.temperature, self.rng)
             if draws is not None:
                 return Draws(draws)
-        self.draws = False  # a model's q to grade (or a build that cannot): rows from now on
+        self.draws = False  # a build that cannot (or a draft vocabulary of another width): rows from now on
         return self.target.forward(batch)
 
     def _verify_batch(self, draft: list[int]) -> list[int]:
@@ -351,8 +353,9 @@ class Run:
     def _verify(
         self, draft: Draft, logits: np.ndarray | TopTwo | Draws, masks: np.ndarray | None = None
     ) -> verify.Verdict:
-        if isinstance(logits, Draws):  # sampled, a one-hot draft (or the match rule): the draws decide
-            verdict = verify.verify_samples(draft.tokens, logits.tokens)
+        if isinstance(logits, Draws):  # sampled: the draws, and for a model's draft the rows' few numbers it needs
+            verdict = self._verify_draws(draft, logits.tokens)
+            # The draws of the rows up to the verdict's may have shaped it: their randomness is used up.
             cast(DrawsInPass, self.target).commit_draws([*draft.tokens[: verdict.n_accepted], verdict.token])
             return verdict
         if isinstance(logits, TopTwo):  # greedy: the picks hold the verdict and the near-ties
@@ -370,6 +373,16 @@ class Run:
         if q is not None and q.shape[1] != p.shape[1]:
             p, q = _same_width(np.asarray(p), np.asarray(q))
         return verify.RULES[self.config.rule](draft.tokens, q, p, self.rng)
+
+    def _verify_draws(self, draft: Draft, draws: list[int]) -> verify.Verdict:
+        """A sampled round's verdict from the target's draws: a one-hot draft's (or the match rule's) by the draws
+        alone; a model draft's by the exact rule over rows that read p(d) from the backend's softmax and whose
+        first draw is the backend's."""
+        if draft.q is None or self.config.rule == "match":
+            return verify.verify_samples(draft.tokens, draws)
+        target = cast(DrawsInPass, self.target)
+        p = SoftmaxRows(len(draws), self.target.n_vocab, lambda i: DrawnRow(target.drawn_probs(i), draws[i]))
+        return verify.verify_exact(draft.tokens, draft.q, p, self.rng)
 
     def _emit(self, tokens: list[int], origins: list[Origin], stats: RoundStats | None) -> Iterator[Event]:
         """Commit tokens up to the first end-of-generation token or the token limit; yield them."""

@@ -468,16 +468,20 @@ class LlamaCppBackend(CachedModel):
         self.reads["picks"] += len(picks)
         return picks
 
-    def forward_draws(self, tokens: Sequence[int], temperature: float, rng: np.random.Generator) -> list[int] | None:
-        """forward, but each row's token drawn from softmax(logits / temperature) by a sampler in the model's graph
-        (llama.cpp's backend sampling, on the GPU that runs the output layer): one id a row reaches the host.
+    def forward_draws(
+        self, tokens: Sequence[int], temperature: float, rng: np.random.Generator, *, top_k: int = 0
+    ) -> list[int] | None:
+        """forward, but each row's token drawn from softmax(logits / temperature) (over the row's top_k logits alone
+        where top_k > 0) by a sampler in the model's graph (llama.cpp's backend sampling, on the GPU that runs the
+        output layer): one id a row reaches the host, and beside it the softmax it came from (drawn_probs; with
+        top_k, drawn_candidates).
         A new sampler's seed comes from `rng`. The draws are llama.cpp's transactional ones: a pass's row i uses
         the i-th uniform after those committed (commit_draws), so the caller commits each draw it emits, and a
         draw it drops (after a rejection) never shaped the output. None, having fed nothing, where that does not
         pay or this build cannot (as forward_top2)."""
         if not tokens:
             raise ValueError("forward needs at least one token")
-        if len(tokens) > self._n_batch or not self._use_chain(("draw", float(temperature)), rng):
+        if len(tokens) > self._n_batch or not self._use_chain(("draw", float(temperature), int(top_k)), rng):
             return None
         self._decode_in_parts(tokens, True)
         draws = [int(llama_cpp.llama_get_sampled_token_ith(self._ctx, i)) for i in range(len(tokens))]
@@ -489,6 +493,30 @@ class LlamaCppBackend(CachedModel):
         assert self._chain is not None and self._chain.key[0] == "draw"
         for t in tokens:
             llama_cpp.llama_sampler_accept(self._chain.chain, t)
+
+    def drawn_probs(self, i: int) -> np.ndarray:
+        """Row i's softmax(logits / T) of the last forward_draws pass, as the dist sampler computed it in the graph
+        and llama.cpp copied it to the host beside the draw (a view of llama.cpp's buffer, valid until the next
+        pass): the rule reads a few numbers of it, not the row."""
+        ptr = llama_cpp.llama_get_sampled_probs_ith(self._ctx, i)
+        if not ptr or llama_cpp.llama_get_sampled_probs_count_ith(self._ctx, i) != self._n_vocab:
+            raise GenerationError(
+                f"llama.cpp's dist sampler gave no probabilities for output row {i}",
+                "set LOCALSPEC_LLAMA_VERBOSE=1 to see llama.cpp's log",
+            )
+        return np.ctypeslib.as_array(ptr, shape=(self._n_vocab,))
+
+    def drawn_candidates(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """Row i's top_k ids and their softmax of the last forward_draws pass with a top_k (copies, k numbers each)."""
+        n = llama_cpp.llama_get_sampled_candidates_count_ith(self._ctx, i)
+        ids = llama_cpp.llama_get_sampled_candidates_ith(self._ctx, i)
+        probs = llama_cpp.llama_get_sampled_probs_ith(self._ctx, i)
+        if not n or not ids or not probs or llama_cpp.llama_get_sampled_probs_count_ith(self._ctx, i) != n:
+            raise GenerationError(
+                f"llama.cpp's top-k dist sampler gave no candidates for output row {i}",
+                "set LOCALSPEC_LLAMA_VERBOSE=1 to see llama.cpp's log",
+            )
+        return np.ctypeslib.as_array(ids, shape=(n,)).astype(np.int64), np.ctypeslib.as_array(probs, shape=(n,)).copy()
 
     def _decode_in_parts(self, tokens: Sequence[int], all_rows: bool) -> None:
         if self._abort_flag.value:
@@ -502,7 +530,7 @@ class LlamaCppBackend(CachedModel):
             self._decode(tokens[start : start + self._n_batch], all_rows)
 
     def _use_chain(self, key: tuple[str | float, ...] | None, rng: np.random.Generator | None = None) -> bool:
-        """Attach the sampler chain `key` names to the sequence (("top2",), ("draw", temperature)), or detach any
+        """Attach the sampler chain `key` names to the sequence (("top2",), ("draw", temperature, top_k)), or detach any
         (None); whether it is attached as asked. A chain is made fresh for each attach (llama.cpp initialises
         one for its graph once), a draw chain with a seed from `rng`."""
         if key is not None and self._chain is not None and self._chain.key == key and self._chain.attached:
@@ -770,8 +798,9 @@ class LlamaCppBackend(CachedModel):
 class _DeviceChain:
     """A sampler chain attached to sequence 0: llama.cpp then runs it on each output row in the graph and copies
     what it gives instead of the row. ("top2",): a top-2 sampler, each row's two best tokens and their logits
-    (the picks' rows lie n_vocab apart in llama.cpp's output buffer). ("draw", T): temperature T and a seeded
-    dist sampler, one token a row drawn from softmax(logits / T)."""
+    (the picks' rows lie n_vocab apart in llama.cpp's output buffer). ("draw", T, K): temperature T, a top-K
+    sampler where K > 0, and a seeded dist sampler, one token a row drawn from softmax(logits / T) (over the
+    top K) and that softmax."""
 
     def __init__(self, key: tuple[str | float, ...], seed: int) -> None:
         self.key = key
@@ -780,6 +809,8 @@ class _DeviceChain:
             llama_cpp.llama_sampler_chain_add(self.chain, llama_cpp.llama_sampler_init_top_k(2))
         else:
             llama_cpp.llama_sampler_chain_add(self.chain, llama_cpp.llama_sampler_init_temp(float(key[1])))
+            if int(key[2]) > 0:
+                llama_cpp.llama_sampler_chain_add(self.chain, llama_cpp.llama_sampler_init_top_k(int(key[2])))
             llama_cpp.llama_sampler_chain_add(self.chain, llama_cpp.llama_sampler_init_dist(seed))
         self.attached = False
 

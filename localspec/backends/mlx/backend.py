@@ -353,6 +353,8 @@ class MLXBackend(CachedModel):
         self._vocab: VocabInfo | None = None
         self._token_table: TokenTable | None = None
         self._tap: Any = None  # capture.LayerTap while a head reads the target's hidden states
+        self._drawn: Any = None  # the last forward_draws pass's softmax rows (an mx.array [n, V], or [n, top_k])
+        self._candidates: Any = None  # ... with a top_k: their ids [n, top_k]
         self._features: Any = None  # capture.FeatureStore: the tapped rows of every cached position
         self._capture_users = 0
         device = "Metal" if mx.metal.is_available() else "CPU (mlx)"
@@ -475,23 +477,45 @@ class MLXBackend(CachedModel):
         self.reads["picks"] += ids.shape[0]
         return TopTwo(np.asarray(ids).astype(np.int64), np.asarray(logits))
 
-    def forward_draws(self, tokens: Sequence[int], temperature: float, rng: np.random.Generator) -> list[int] | None:
-        """forward, but each row's token drawn from softmax(logits / temperature) by MLX where the model runs
-        (mx.random.categorical over the lazy rows, a Gumbel-max): only the ids are evaluated, so on a GPU no whole
-        row reaches the host. Each pass draws with a key of its own from `rng`, so no draw's randomness is used
+    def forward_draws(
+        self, tokens: Sequence[int], temperature: float, rng: np.random.Generator, *, top_k: int = 0
+    ) -> list[int] | None:
+        """forward, but each row's token drawn from softmax(logits / temperature) (over the row's top_k logits alone
+        where top_k > 0) by MLX where the model runs (mx.random.categorical over the lazy rows, a Gumbel-max): only
+        the ids are evaluated, and the softmax beside them stays where it was made until read (drawn_probs,
+        drawn_candidates), so on a GPU no whole row reaches the host. Each pass draws with a key of its own from `rng`, so no draw's randomness is used
         twice and commit_draws has nothing to do. None, having fed nothing, as forward_top2."""
         if not tokens:
             raise ValueError("forward needs at least one token")
         if not (self._picks_pay or PICK_ON_CPU) or self._tap is not None:
             return None
         seed = int(rng.integers(0, 2**32 - 1))
-        (ids,) = self._pass(self._lead_in(tokens, True), True, lambda rows: _draw(rows, temperature, seed))
+        tail = self._lead_in(tokens, True)
+        if top_k > 0:
+            ids, self._candidates, self._drawn = self._pass(
+                tail, True, lambda r: _draw_top(r, temperature, seed, top_k)
+            )
+        else:
+            ids, self._drawn = self._pass(tail, True, lambda rows: _draw(rows, temperature, seed))
         draws = [int(t) for t in np.asarray(ids)]
         self.reads["draws"] += len(draws)
         return draws
 
     def commit_draws(self, tokens: Sequence[int]) -> None:
         """Nothing to mark: every pass's draws have a key of their own (forward_draws)."""
+
+    def drawn_probs(self, i: int) -> np.ndarray:
+        """Row i's softmax(logits / T) of the last forward_draws pass, made beside the draws where the model runs
+        (on Apple silicon in memory the host shares: reading a few numbers of it moves no row)."""
+        if self._drawn is None:
+            raise GenerationError("no forward_draws pass to read probabilities from", "please report this")
+        return np.asarray(self._drawn[i])
+
+    def drawn_candidates(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """Row i's top_k ids and their softmax of the last forward_draws pass with a top_k."""
+        if self._drawn is None or self._candidates is None:
+            raise GenerationError("no forward_draws pass with a top-k to read candidates from", "please report this")
+        return np.asarray(self._candidates[i]).astype(np.int64), np.array(self._drawn[i])
 
     def _lead_in(self, tokens: Sequence[int], all_rows: bool) -> Sequence[int]:
         """What a pass does before its last part: the room check, the recurrent checkpoint, and a long prompt's
@@ -759,11 +783,24 @@ def _top_two(rows: Any) -> tuple[Any, Any]:
     return ids, mx.take_along_axis(rows, ids, axis=1)
 
 
-def _draw(rows: Any, temperature: float, seed: int) -> tuple[Any]:
-    """One id a row [n], drawn from softmax(rows / temperature) with the key `seed`."""
+def _draw(rows: Any, temperature: float, seed: int) -> tuple[Any, Any]:
+    """One id a row [n], drawn from softmax(rows / temperature) with the key `seed`, and that softmax [n, V]."""
     import mlx.core as mx
 
-    return (mx.random.categorical(rows * (1.0 / temperature), axis=-1, key=mx.random.key(seed)),)
+    scaled = rows * (1.0 / temperature)
+    return mx.random.categorical(scaled, axis=-1, key=mx.random.key(seed)), mx.softmax(scaled, axis=-1)
+
+
+def _draw_top(rows: Any, temperature: float, seed: int, k: int) -> tuple[Any, Any, Any]:
+    """One id a row [n], drawn from the softmax of each row's k best logits / temperature with the key `seed`; those
+    ids [n, k] and that softmax [n, k] (which k among tied logits is the partition's choice, and the draw's too)."""
+    import mlx.core as mx
+
+    scaled = rows * (1.0 / temperature)
+    ids = mx.argpartition(-scaled, kth=k - 1, axis=-1)[:, :k]
+    top = mx.take_along_axis(scaled, ids, axis=-1)
+    pick = mx.random.categorical(top, axis=-1, key=mx.random.key(seed))
+    return mx.take_along_axis(ids, pick[:, None], axis=-1)[:, 0], ids, mx.softmax(top, axis=-1)
 
 
 def _save_state(cache: Any) -> list[Any]:
