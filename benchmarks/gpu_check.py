@@ -696,11 +696,12 @@ class TimedForward:
         finally:
             self.seconds += time.perf_counter() - t0
 
-    def forward_draws(self, tokens: Any, temperature: float, rng: Any) -> Any:
-        """A pass whose rows' tokens are drawn in the model's graph (sampled rounds, one-hot drafts): timed the same."""
+    def forward_draws(self, tokens: Any, temperature: float, rng: Any, *, top_k: int = 0) -> Any:
+        """A pass whose rows' tokens are drawn in the model's graph (sampled rounds; a draft model's steps, with a
+        top_k): timed the same."""
         t0 = time.perf_counter()
         try:
-            return self._backend.forward_draws(tokens, temperature, rng)
+            return self._backend.forward_draws(tokens, temperature, rng, top_k=top_k)
         finally:
             self.seconds += time.perf_counter() - t0
 
