@@ -135,14 +135,23 @@ def sample(p: np.ndarray, rng: np.random.Generator) -> int:
     one vectorized reduction instead of a full cumulative sum.
     """
     n = p.shape[0]
-    u = rng.random()
     if n <= 4 * _SAMPLE_BLOCK:
+        u = rng.random()
         cum = np.cumsum(p)
         return int(min(np.searchsorted(cum, u * cum[-1], side="right"), n - 1))
-    blocks = np.add.reduceat(p, np.arange(0, n, _SAMPLE_BLOCK))
-    cum_b = np.cumsum(blocks)
-    x = u * cum_b[-1]
-    b = int(min(np.searchsorted(cum_b, x, side="right"), blocks.shape[0] - 1))
+    return sample_in_blocks(p, block_sums(p), rng)
+
+
+def block_sums(p: np.ndarray) -> np.ndarray:
+    """The cumulative sums of p's blocks of _SAMPLE_BLOCK tokens (sample_in_blocks' table; one pass over p)."""
+    return np.cumsum(np.add.reduceat(p, np.arange(0, p.shape[0], _SAMPLE_BLOCK)))
+
+
+def sample_in_blocks(p: np.ndarray, cum_b: np.ndarray, rng: np.random.Generator) -> int:
+    """One draw from p given its block_sums: a block by its sums, then a token inside it (a row drawn from
+    again and again makes the table once)."""
+    x = rng.random() * cum_b[-1]
+    b = int(min(np.searchsorted(cum_b, x, side="right"), cum_b.shape[0] - 1))
     lo = b * _SAMPLE_BLOCK
     seg = p[lo : lo + _SAMPLE_BLOCK]
     r = x - (cum_b[b - 1] if b > 0 else 0.0)

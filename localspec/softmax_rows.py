@@ -21,7 +21,7 @@ from typing import Protocol
 import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
-from localspec.sampling import SamplingParams, probabilities, sample
+from localspec.sampling import SamplingParams, block_sums, probabilities, sample, sample_in_blocks
 
 HEAD_SPAN = 20.0  # the head: scaled logits within this of the max (the tail's weights are each below e^-20)
 _TAIL_SLACK = 1.0 + 1e-4  # float32 rounding at the threshold: a tail weight may exceed e^-HEAD_SPAN by an ulp
@@ -100,7 +100,7 @@ class DrawnRow:
     def __init__(self, p: np.ndarray, draw: int | None = None) -> None:
         self.p = p
         self._draw = draw
-        self._blocks: np.ndarray | None = None  # cumulative block sums, for draws after the first
+        self._blocks: np.ndarray | None = None  # sampling.block_sums, for draws after the first
 
     def weight(self, token: int) -> float:
         return float(self.p[token])
@@ -116,23 +116,11 @@ class DrawnRow:
             x, self._draw = self._draw, None
             return x
         if self._blocks is None:
-            self._blocks = np.cumsum(np.add.reduceat(self.p, np.arange(0, self.p.shape[0], _BLOCK)), dtype=np.float64)
-        u = rng.random() * self._blocks[-1]
-        b = int(min(np.searchsorted(self._blocks, u, side="right"), self._blocks.shape[0] - 1))
-        seg = self.p[b * _BLOCK : (b + 1) * _BLOCK]
-        r = u - (self._blocks[b - 1] if b > 0 else 0.0)
-        j = int(np.searchsorted(np.cumsum(seg, dtype=np.float64), r, side="right"))
-        if j >= seg.shape[0] or seg[j] <= 0:  # rounding at the block's edge: stay on a token with weight
-            nz = np.flatnonzero(seg > 0)
-            after = nz[nz >= j]
-            j = int(after[0]) if after.size else int(nz[-1])
-        return b * _BLOCK + j
+            self._blocks = block_sums(self.p)
+        return sample_in_blocks(self.p, self._blocks, rng)
 
     def dense(self) -> np.ndarray:
         return self.p.astype(np.float64)
-
-
-_BLOCK = 1024  # DrawnRow's host draws: the block a draw searches after the block sums
 
 
 class SparseRow:

@@ -20,3 +20,10 @@ def uniform_pvalue(u: np.ndarray, bins: int = 20) -> float:
     counts = np.histogram(u, bins=bins, range=(0.0, 1.0))[0]
     e = len(u) / bins
     return chi2_sf(float(((counts - e) ** 2 / e).sum()), bins - 1)
+
+
+def softmax_rows(rows: np.ndarray, t: float) -> np.ndarray:
+    """softmax(rows / t) per row, float64: what a backend's drawn_probs or drawn_candidates must equal."""
+    z = np.asarray(rows, dtype=np.float64) / t
+    e = np.exp(z - z.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)

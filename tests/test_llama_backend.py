@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from draw_checks import pit, uniform_pvalue
+from draw_checks import pit, softmax_rows, uniform_pvalue
 
 from localspec.backends.base import ChatMessage, chat_prompt_tokens
 from localspec.backends.llama import backend as lb
@@ -226,13 +226,9 @@ def test_draws_in_the_graph_follow_the_rows_and_need_their_commits(tiny_ggufs, m
     for j, (ids, q) in enumerate(candidates):
         best = np.argsort(-rows[j], kind="stable")[:8]
         assert sorted(ids.tolist()) == sorted(best.tolist()) and cut[j] in ids.tolist()
-        e = np.exp((rows[j, ids].astype(np.float64) - rows[j, ids].max()) / t)
-        assert np.abs(q - e / e.sum()).max() < 1e-5
+        assert np.abs(q - softmax_rows(rows[j, ids], t)).max() < 1e-5
     # The softmax the draws came from, copied beside them (what a model draft's rule reads): the rows' own.
-    z = rows.astype(np.float64) / t
-    expected = np.exp(z - z.max(axis=1, keepdims=True))
-    expected /= expected.sum(axis=1, keepdims=True)
-    assert np.abs(probs - expected).max() < 1e-5 and probs.shape == rows.shape
+    assert np.abs(probs - softmax_rows(rows, t)).max() < 1e-5 and probs.shape == rows.shape
     assert len({tuple(d) for d in draws}) > 300  # committed: fresh uniforms every pass
     assert uniform_pvalue(pit(draws, rows, t, rng)) > 1e-6
     assert uniform_pvalue(pit(draws, rows, 0.5, rng)) < 1e-6

@@ -390,17 +390,24 @@ def common_prefix(cached: Sequence[int], tokens: Sequence[int], *, limit: int) -
     return int(diff[0]) if diff.size else n
 
 
+def rewind(backend: Backend | PicksTop2, tokens: Sequence[int], *, logits: bool) -> int:
+    """Cut `backend`'s cache back to its common prefix with `tokens` (short of the last token with logits=True, so
+    that one is fed again); the positions kept. What every sync feeds after it is tokens[kept:]."""
+    limit = len(tokens) - 1 if logits else len(tokens)
+    keep = common_prefix(backend.cached_tokens, tokens, limit=limit)
+    if not backend.can_rollback(keep):
+        keep = 0  # a recurrent state that cannot go back this far: start over (always possible)
+    backend.rollback(keep)
+    return keep
+
+
 def sync_cache(backend: Backend, tokens: Sequence[int], *, logits: bool) -> tuple[int, np.ndarray | None]:
     """Make `backend`'s cache hold exactly `tokens`, reusing its common prefix.
 
     With logits=True at least the last token is (re)fed, and its logits row [V] is returned; with
     logits=False only what is missing is fed and None is returned. Returns (positions reused, row).
     """
-    limit = len(tokens) - 1 if logits else len(tokens)
-    keep = common_prefix(backend.cached_tokens, tokens, limit=limit)
-    if not backend.can_rollback(keep):
-        keep = 0  # a recurrent state that cannot go back this far: start over (always possible)
-    backend.rollback(keep)
+    keep = rewind(backend, tokens, logits=logits)
     if keep >= len(tokens):
         return keep, None
     row = backend.forward(tokens[keep:], all_logits=False)[-1]
@@ -454,11 +461,7 @@ def sync_cache_top2(backend: PicksTop2, tokens: Sequence[int], *, logits: bool) 
     logits=True; None when nothing needed feeding with logits=False). None, having fed nothing, where the backend
     cannot pick: the caller then uses sync_cache. A backend switches from rows to picks at a cost (llama.cpp plans
     its graph again), so a greedy run reads its prompt this way too."""
-    limit = len(tokens) - 1 if logits else len(tokens)
-    keep = common_prefix(backend.cached_tokens, tokens, limit=limit)
-    if not backend.can_rollback(keep):
-        keep = 0
-    backend.rollback(keep)
+    keep = rewind(backend, tokens, logits=logits)
     if keep >= len(tokens):
         return keep, None
     picks = backend.forward_top2(tokens[keep:], all_rows=False)

@@ -16,7 +16,7 @@ from typing import Protocol, cast
 
 import numpy as np
 
-from localspec.backends.base import Backend, DrawsInPass, common_prefix, sync_cache, sync_cache_top2
+from localspec.backends.base import Backend, DrawsInPass, common_prefix, rewind, sync_cache, sync_cache_top2
 from localspec.backends.registry import draws_in_pass, picks_top2
 from localspec.decoding.stats import RoundStats
 from localspec.draft import EMPTY_DRAFT, Draft, sample_draft
@@ -291,11 +291,7 @@ class ModelDrafter:
         backend = cast(DrawsInPass, self.backend)
         model = self.backend
         top_k = min(DRAFT_TOP_K, model.n_vocab)
-        keep = common_prefix(model.cached_tokens, context, limit=len(context) - 1)
-        if not model.can_rollback(keep):
-            keep = 0
-        model.rollback(keep)
-        fed = list(context[keep:])
+        fed = list(context[rewind(model, context, logits=True) :])
         draws = backend.forward_draws(fed, temperature, rng, top_k=top_k)
         if draws is None:
             self._draws = False
