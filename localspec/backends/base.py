@@ -383,6 +383,11 @@ def common_prefix(cached: Sequence[int], tokens: Sequence[int], *, limit: int) -
     if n <= 0:
         return 0
     if isinstance(cached, list) and isinstance(tokens, list):
+        # The usual case, one extends the other (a text grown by a round): one comparison, one slice (tried where
+        # the last tokens agree: where they part, drafts rejected at the end, the scan below finds it).
+        if cached[n - 1] == tokens[n - 1]:
+            if n == len(cached) and cached == tokens[:n] or n == len(tokens) and tokens == cached[:n]:
+                return n
         head = max(n - _PREFIX_TAIL, 0)
         if cached[:head] == tokens[:head]:
             return next((i for i in range(head, n) if cached[i] != tokens[i]), n)

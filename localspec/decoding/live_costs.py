@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import math
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from localspec.decoding.calibrate import BUSY_SPREAD, MIN_JUDGED, spread_ratio
@@ -104,8 +105,8 @@ class LiveCurve:
     @property
     def spread(self) -> float:
         """The wider spread (IQR / median) of the 1-token timings in their buckets and of the ratios per size."""
-        ones = [t / statistics.median(ts) for ts in self.one.values() for t in ts]
-        rel = [r / statistics.median(rs) for rs in self.ratios.values() if len(rs) >= STORE_RATIOS for r in rs]
+        ones = _relative(self.one.values(), 1)
+        rel = _relative(self.ratios.values(), STORE_RATIOS)
         return max(spread_ratio(ones), spread_ratio(rel))
 
     def timed_enough(self) -> str:
@@ -130,3 +131,13 @@ class LiveCurve:
         t1 = statistics.median(self.one[bucket])
         sized = {n: statistics.median(rs) for n, rs in self.ratios.items() if len(rs) >= STORE_RATIOS}
         return {1: t1} | {n: r * t1 for n, r in sorted(sized.items())}
+
+
+def _relative(groups: Iterable[collections.deque[float]], least: int) -> list[float]:
+    """Every value over its own group's median (one median a group: this runs every round while learning)."""
+    out: list[float] = []
+    for values in groups:
+        if len(values) >= least:
+            mid = statistics.median(values)
+            out.extend(v / mid for v in values)
+    return out

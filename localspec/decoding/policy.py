@@ -115,7 +115,51 @@ def expected_tokens(alpha: float, j: int) -> float:
     return (1.0 - alpha ** (j + 1)) / (1.0 - alpha)
 
 
-CURVE_SIZES = 33  # target_curve computes at least T(1..33) at once: a round weighs up to k + 1 = 33 sizes
+@dataclass(frozen=True)
+class _Shape:
+    """Unscaled T(n) from the measured sizes: measured sizes exact, interpolated between them (as numpy.interp
+    does), the first size's cost below them; beyond them the measured growth goes on as a power of n,
+    T(first..last) ~ n**b (one size: a CPU-like 15% per extra token). Not the last slope: a CPU's batches grow
+    cheaper per token with size (a 2-core CPU measured 0.66 T(1) per token from 5 to 6 tokens, 0.36 from 16 to
+    32), and a curve known only to 6 tokens would rule out the long copies that would measure it further."""
+
+    sizes: list[int]
+    times: list[float]
+    power: float
+
+    @classmethod
+    def of(cls, target: dict[int, float]) -> _Shape:
+        sizes = sorted(target)
+        times = [target[n] for n in sizes]
+        if len(sizes) < 2:
+            return cls(sizes, times, 0.0)
+        growth = math.log(max(times[-1], 1e-12) / max(times[0], 1e-12)) / math.log(sizes[-1] / sizes[0])
+        return cls(sizes, times, min(max(growth, 0.0), 1.0))
+
+    def extend(self, bases: list[float], n_max: int) -> None:
+        """Append T(n) for n = len(bases) .. n_max to `bases`: one loop, no call per size (what a round adds must
+        not grow with the longest draft it weighs: tests/test_auto_costs.py counts the calls)."""
+        sizes, times = self.sizes, self.times
+        j = 0
+        for n in range(len(bases), n_max + 1):
+            if not sizes:
+                t = math.nan
+            elif len(sizes) == 1:
+                t = times[0] if n == sizes[0] else times[0] * (1.0 + 0.15 * (n - sizes[0]))
+            elif n > sizes[-1]:
+                t = times[-1] * (n / sizes[-1]) ** self.power
+            elif n <= sizes[0]:
+                t = times[0]
+            else:
+                while sizes[j + 1] <= n:  # sizes[j] <= n < sizes[j + 1], or n is the last size
+                    j += 1
+                    if j == len(sizes) - 1:
+                        break
+                if n == sizes[j]:
+                    t = times[j]
+                else:  # as numpy.interp computes it
+                    t = (times[j + 1] - times[j]) / (sizes[j + 1] - sizes[j]) * (n - sizes[j]) + times[j]
+            bases.append(t)
 
 
 @dataclass
@@ -137,7 +181,7 @@ class CostModel:
     # The unscaled curve target_curve last made, and the sizes' costs it was made from: auto plans every round,
     # mostly on a curve that has not changed since the last (its sizes are set in several places, so the key is
     # their contents, not a flag that each would have to raise).
-    _curve: tuple[tuple[tuple[int, float], ...], np.ndarray] | None = field(
+    _curve: tuple[tuple[tuple[int, float], ...], list[float]] | None = field(
         default=None, init=False, repr=False, compare=False
     )
 
@@ -171,36 +215,26 @@ class CostModel:
         return self.scale * self._base(n)
 
     def target_curve(self, n_max: int) -> np.ndarray:
-        """[T(1), ..., T(n_max)] as target_s gives them, in one pass (a round weighs up to 33 sizes)."""
+        """[T(1), ..., T(n_max)] as target_s gives them."""
+        return self.scale * np.array(self.unscaled_curve(n_max)[1 : n_max + 1])
+
+    def unscaled_curve(self, n_max: int) -> list[float]:
+        """[nan, T(1) / scale, ..., T(n) / scale] for some n >= n_max, indexed by size. Plain floats made once per
+        change of the sizes' costs: auto plans every round on a few sizes, where numpy's calls (~1 us each) cost
+        more than the arithmetic. The sizes' costs are set in several places, so they are the cache's key."""
         key = tuple(self.target.items())
-        if self._curve is None or self._curve[0] != key or len(self._curve[1]) < n_max:
-            self._curve = (key, self._bases(np.arange(1, max(n_max, CURVE_SIZES) + 1)))
-        return self.scale * self._curve[1][:n_max]
+        if self._curve is None or self._curve[0] != key:
+            self._curve = (key, [math.nan])
+        bases = self._curve[1]
+        if len(bases) <= n_max:
+            _Shape.of(self.target).extend(bases, n_max)
+        return bases
 
     def draft_s(self) -> float | None:
         return None if self.draft_token is None else self.scale * self.draft_token
 
     def _base(self, n: int) -> float:
-        return self.target[n] if n in self.target else float(self._bases(np.array([n]))[0])
-
-    def _bases(self, ns: np.ndarray) -> np.ndarray:
-        """Unscaled T(n) for each n: measured sizes exact, interpolated between them, the first size's cost
-        below them; beyond them the measured growth goes on as a power of n, T(first..last) ~ n**b (one size: a
-        CPU-like 15% per extra token). Not the last slope: a CPU's batches grow cheaper per token with size
-        (a 2-core CPU measured 0.66 T(1) per token from 5 to 6 tokens, 0.36 from 16 to 32), and a curve known
-        only to 6 tokens would rule out the long copies that would measure it further."""
-        if not self.target:
-            return np.full(len(ns), math.nan)
-        sizes = sorted(self.target)
-        times = [self.target[s] for s in sizes]
-        if len(sizes) == 1:
-            base = times[0] * (1.0 + 0.15 * (ns - sizes[0]))
-            return np.where(ns == sizes[0], times[0], base)
-        base = np.interp(ns, sizes, times)
-        growth = math.log(max(times[-1], 1e-12) / max(times[0], 1e-12)) / math.log(sizes[-1] / sizes[0])
-        power = min(max(growth, 0.0), 1.0)
-        beyond = times[-1] * (np.maximum(ns, 1) / sizes[-1]) ** power
-        return np.where(ns > sizes[-1], beyond, base)
+        return self.target[n] if n in self.target else self.unscaled_curve(n)[n]
 
     def observe_target(self, n: int, seconds: float) -> None:
         if not self.target:
@@ -330,33 +364,39 @@ class Controller:
 
     def best(self, method: Method, k_max: int, order: int = 0, extra: float = 0.0) -> Plan:
         """The best draft length for one source (ignoring plain decoding); `extra`: seconds added per round.
-        In array operations: a round weighs up to 32 lengths, and auto plans every round."""
+        A plain loop over the lengths: auto plans every round, and on up to 32 lengths this takes a few
+        microseconds where numpy's dozen calls took 16-26."""
         plain = self.plain_rate()
         if k_max <= 0:
             return Plan("none", 0, plain, plain)
         alphas = self._alphas(method, order, k_max)
-        held = np.cumprod(alphas)  # survival(alphas)
-        expected = 1.0 + np.cumsum(held)
-        j = np.arange(1, k_max + 1)
-        verify = self.costs.target_curve(k_max + 1)[1:]  # T(j + 1)
-        rollback = (1.0 - held) * self.costs.rollback_round
-        cost = self._draft_costs(method, j) + verify + rollback + extra
-        rates = np.divide(expected, cost, out=np.zeros(k_max), where=cost > 0)
-        top = int(np.argmax(rates))  # the first of equal rates: the shortest draft
-        return Plan(method, top + 1, float(rates[top]), plain, alphas[0])
+        bases = self.costs.unscaled_curve(k_max + 1)
+        scale, rollback_round = self.costs.scale, self.costs.rollback_round
+        fixed, per_token = self._draft_cost_terms(method)
+        held, accepted = 1.0, 0.0  # P(the first j all accepted); the sum of those for 1..j
+        top, top_rate = 1, -1.0
+        for j in range(1, k_max + 1):
+            held *= alphas[j - 1]
+            accepted += held
+            draft = fixed if per_token is None else j * per_token
+            cost = draft + scale * bases[j + 1] + (1.0 - held) * rollback_round + extra  # T(j + 1) verifies j
+            rate = (1.0 + accepted) / cost if cost > 0 else 0.0
+            if rate > top_rate:  # the first of equal rates: the shortest draft
+                top, top_rate = j, rate
+        return Plan(method, top, top_rate, plain, alphas[0])
 
     def plain_rate(self) -> float:
         t1 = self.costs.target_s(1)
         return 1.0 / t1 if t1 and t1 > 0 and not math.isnan(t1) else 0.0
 
-    def _draft_costs(self, method: Method, j: np.ndarray, optimistic: bool = False) -> np.ndarray | float:
-        """What drafts of j tokens cost (j an array of lengths); `optimistic`: the prior's cost where it is lower
-        than a timing not yet settled."""
+    def _draft_cost_terms(self, method: Method, optimistic: bool = False) -> tuple[float, float | None]:
+        """What a draft costs: (seconds a round, None) for a lookup, (0, seconds a token) for the model;
+        `optimistic`: the prior's cost where it is lower than a timing not yet settled."""
         if method == "ngram":
-            return self.costs.ngram_round
+            return self.costs.ngram_round, None
         d = self.costs.draft_s()
         prior = self.draft_ratio * self.costs.target_s(1)
-        return j * (prior if d is None else min(d, prior) if optimistic else d)
+        return 0.0, prior if d is None else min(d, prior) if optimistic else d
 
     def catch_up_s(self, n_tokens: int) -> float:
         """Seconds for the draft model to read n tokens it missed: measured, else from the draft's cost, else
@@ -439,13 +479,20 @@ class Controller:
         self, method: Method, k_max: int, ngram_avail: int = 0, extra: float = 0.0, optimistic: bool = False
     ) -> float:
         """The best rate a source could reach if every draft token were accepted (`extra`: seconds added per round;
-        `optimistic`: see _draft_costs)."""
+        `optimistic`: see _draft_cost_terms)."""
         k_top = k_max if method == "model" else min(k_max, max(ngram_avail, 1))
         if k_top <= 0:
             return 0.0
-        j = np.arange(1, k_top + 1)
-        verify = self.costs.target_curve(k_top + 1)[1:]
-        return float(np.max((j + 1) / (self._draft_costs(method, j, optimistic) + verify + extra)))
+        bases = self.costs.unscaled_curve(k_top + 1)
+        scale = self.costs.scale
+        fixed, per_token = self._draft_cost_terms(method, optimistic)
+        top = 0.0
+        for j in range(1, k_top + 1):
+            cost = (fixed if per_token is None else j * per_token) + scale * bases[j + 1] + extra
+            rate = (j + 1) / cost if cost > 0 else math.inf
+            if rate > top:
+                top = rate
+        return top
 
     def _with_confidence(self, plan: Plan) -> Plan:
         """Model drafts stop at a token whose confidence c cannot pay for itself: c * rate < d + dT.

@@ -37,7 +37,7 @@ comparisons of at most VERIFY tokens per edit found (localspec.decoding.resync).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -183,8 +183,7 @@ class SuffixIndex:
             if not q:
                 continue
             best, where = 0, []
-            for pos in q:
-                n = self._match_length(cur, pos, m)
+            for pos, n in zip(q, self._match_lengths(cur, q, m)):
                 if n > best:
                     best, where = n, [pos]
                 elif n == best:
@@ -193,18 +192,31 @@ class SuffixIndex:
                 return Match(best, tuple(where))
         return Match(0, ())
 
-    def _match_length(self, cur: list[int], pos: Position, known: int) -> int:
-        doc = self.docs.get(pos[0])
-        end = pos[1]
-        if doc is None or end >= len(doc) or (pos[0] == self.current and end >= len(cur)):
-            return 0  # evicted, truncated, or the suffix itself
-        n = known
-        limit = min(MAX_MATCH, end, len(cur))
-        if limit > n and doc[end - limit : end - n] == cur[len(cur) - limit : len(cur) - n]:
-            return limit  # the whole span agrees (a copy): compared in C, not token by token
-        while n < limit and doc[end - 1 - n] == cur[-1 - n]:
-            n += 1
-        return n
+    def _match_lengths(self, cur: list[int], positions: Iterable[Position], known: int) -> list[int]:
+        """How far back each position's text agrees with the current document's end (`known` tokens are the key
+        they share), at most MAX_MATCH. One loop without a call per position: a copy seen many times has up to
+        MAX_CANDIDATES of them, every round."""
+        n_cur = len(cur)
+        span = min(MAX_MATCH, n_cur)
+        tail = cur[n_cur - span : n_cur - known] if span > known else []  # compared in C with each position's
+        out = []
+        for d, end in positions:
+            doc = self.docs.get(d)
+            if doc is None or end >= len(doc) or (d == self.current and end >= n_cur):
+                out.append(0)  # evicted, truncated, or the suffix itself
+                continue
+            limit = min(span, end)
+            if limit > known and (
+                doc[end - span : end - known] == tail if limit == span else
+                doc[end - limit : end - known] == cur[n_cur - limit : n_cur - known]
+            ):  # fmt: skip
+                out.append(limit)  # the whole span agrees (a copy)
+                continue
+            n = known
+            while n < limit and doc[end - 1 - n] == cur[-1 - n]:
+                n += 1
+            out.append(n)
+        return out
 
     def draft(self, match: Match, limit: int, *, min_prob: float = MIN_PROB) -> list[int]:
         """Follow the most frequent continuation of the match's occurrences for at most `limit` tokens."""
