@@ -173,6 +173,29 @@ def test_the_whole_cost_curve_at_once_is_target_s_at_every_size(target: dict[int
     assert costs.target_curve(40) == pytest.approx([costs.target_s(n) for n in range(1, 41)])
 
 
+@pytest.mark.parametrize("target", [{1: 0.03, 4: 0.05}, {2: 0.05, 3: 0.07, 9: 0.1}, {n: cpu_like(n) for n in (1, 2, 4, 8)}])
+def test_the_curve_interpolates_between_sizes_and_grows_as_a_power_beyond(target: dict[int, float]) -> None:
+    """Against numpy's interpolation and the power law written out: the plans read the curve as plain floats, made
+    in a loop of their own, and then extended when a plan weighs longer drafts."""
+    costs = CostModel(target=dict(target))
+    sizes = sorted(target)
+    power = min(max(math.log(target[sizes[-1]] / target[sizes[0]]) / math.log(sizes[-1] / sizes[0]), 0.0), 1.0)
+    assert costs.unscaled_curve(3)[1:4] == pytest.approx(np.interp([1, 2, 3], sizes, [target[n] for n in sizes]))
+    curve = costs.unscaled_curve(20)  # extended past the sizes measured
+    inside = np.interp(np.arange(1, sizes[-1] + 1), sizes, [target[n] for n in sizes])
+    beyond = [target[sizes[-1]] * (n / sizes[-1]) ** power for n in range(sizes[-1] + 1, 21)]
+    assert curve[1:21] == pytest.approx([*inside, *beyond], rel=1e-12)
+
+
+def test_the_curve_follows_a_size_whose_cost_moved() -> None:
+    """The curve is cached for the rounds that plan on it, and made again when a round refines a size's cost."""
+    costs = CostModel(target={1: 0.03, 4: 0.06})
+    assert costs.target_s(2) == pytest.approx(0.04)
+    costs.target[4] = 0.09  # as observe_target, cost_learning and calibration set it
+    assert costs.target_s(2) == pytest.approx(0.05)
+    assert costs.unscaled_curve(8)[8] == pytest.approx(0.09 * 2 ** (math.log(3) / math.log(4)))
+
+
 def test_plan_follows_costs_and_acceptance() -> None:
     gpu = Controller(CostModel(target={n: gpu_like(n) for n in range(1, 10)}, draft_token=0.001))
     for _ in range(10):

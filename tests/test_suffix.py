@@ -13,7 +13,7 @@ from localspec.decoding.engine import Done, GenerationConfig, generate
 from localspec.decoding.policy import RESUMED, RESYNC, match_bucket
 from localspec.decoding.resync import MAX_EDIT, MAX_NEW, WINDOW
 from localspec.decoding.stats import RoundStats
-from localspec.decoding.suffix import MAX_CANDIDATES, SuffixDrafter, SuffixIndex
+from localspec.decoding.suffix import MAX_CANDIDATES, MAX_MATCH, SuffixDrafter, SuffixIndex
 from localspec.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -52,6 +52,46 @@ def test_match_uses_the_long_key_and_extends_it_backwards() -> None:
     m = idx.match()
     assert m.length == 30
     assert idx.draft(m, 5) == text[30:35]
+
+
+def _longest_earlier(idx: SuffixIndex) -> tuple[int, set[tuple[int, int]]]:
+    """What match() must find, by brute force: among the positions whose text before them ends with the current
+    document's last tokens (the longest key that has any), the longest agreement with its end, at most
+    MAX_MATCH, and every position that reaches it."""
+    cur = idx.docs[idx.current]
+    for m in idx.key_lengths:
+        ends = [(d, e) for d, doc in idx.docs.items() for e in range(m, len(doc)) if doc[e - m : e] == cur[-m:]]
+        if not ends:
+            continue
+        assert len(ends) <= MAX_CANDIDATES  # (the index keeps the most recent MAX_CANDIDATES of a key)
+        lengths = {}
+        for d, e in ends:
+            doc, n = idx.docs[d], 0
+            while n < min(MAX_MATCH, e, len(cur)) and doc[e - 1 - n] == cur[-1 - n]:
+                n += 1
+            lengths[(d, e)] = n
+        best = max(lengths.values())
+        return best, {p for p, n in lengths.items() if n == best}
+    return 0, set()
+
+
+def test_the_match_is_the_longest_earlier_agreement_on_random_texts() -> None:
+    """Random texts over a few tokens (many short matches, some long copies), cut back and grown as rounds do."""
+    rng = np.random.default_rng(5)
+    for _ in range(60):
+        idx = _index(*[list(rng.integers(0, 6, rng.integers(0, 120))) for _ in range(rng.integers(0, 3))])
+        idx.start(list(rng.integers(0, 6, 30)))
+        for _ in range(25):
+            cur = idx.docs[idx.current]
+            if rng.random() < 0.2:
+                idx.truncate(int(rng.integers(2, len(cur) + 1)))
+            elif rng.random() < 0.3:  # a copy of earlier text, longer than MAX_MATCH at times
+                start = int(rng.integers(0, len(cur)))
+                idx.extend(cur[start : start + int(rng.integers(1, 90))])
+            else:
+                idx.extend(list(rng.integers(0, 6, rng.integers(1, 6))))
+            m = idx.match()
+            assert (m.length, set(m.positions)) == _longest_earlier(idx)
 
 
 def test_no_match_below_the_shortest_key() -> None:
