@@ -173,7 +173,9 @@ def test_the_whole_cost_curve_at_once_is_target_s_at_every_size(target: dict[int
     assert costs.target_curve(40) == pytest.approx([costs.target_s(n) for n in range(1, 41)])
 
 
-@pytest.mark.parametrize("target", [{1: 0.03, 4: 0.05}, {2: 0.05, 3: 0.07, 9: 0.1}, {n: cpu_like(n) for n in (1, 2, 4, 8)}])
+@pytest.mark.parametrize(
+    "target", [{1: 0.03, 4: 0.05}, {2: 0.05, 3: 0.07, 9: 0.1}, {n: cpu_like(n) for n in (1, 2, 4, 8)}]
+)
 def test_the_curve_interpolates_between_sizes_and_grows_as_a_power_beyond(target: dict[int, float]) -> None:
     """Against numpy's interpolation and the power law written out: the plans read the curve as plain floats, made
     in a loop of their own, and then extended when a plan weighs longer drafts."""
