@@ -178,9 +178,7 @@ class CostModel:
     scale: float = 1.0
     catch_up_token: float | None = None  # seconds per token when the draft model catches up in one batch
     rollback_round: float = 0.0  # seconds to cut the target back after a rejection (recurrent state restores)
-    # The unscaled curve target_curve last made, and the sizes' costs it was made from: auto plans every round,
-    # mostly on a curve that has not changed since the last (its sizes are set in several places, so the key is
-    # their contents, not a flag that each would have to raise).
+    # The sizes' costs and the unscaled curve made from them (unscaled_curve), extended as far as a plan has read.
     _curve: tuple[tuple[tuple[int, float], ...], list[float]] | None = field(
         default=None, init=False, repr=False, compare=False
     )
@@ -221,7 +219,8 @@ class CostModel:
     def unscaled_curve(self, n_max: int) -> list[float]:
         """[nan, T(1) / scale, ..., T(n) / scale] for some n >= n_max, indexed by size. Plain floats made once per
         change of the sizes' costs: auto plans every round on a few sizes, where numpy's calls (~1 us each) cost
-        more than the arithmetic. The sizes' costs are set in several places, so they are the cache's key."""
+        more than the arithmetic. The sizes' costs are set in several places (observe_target, cost learning,
+        calibration), so their contents are the cache's key, not a flag each would have to raise."""
         key = tuple(self.target.items())
         if self._curve is None or self._curve[0] != key:
             self._curve = (key, [math.nan])
