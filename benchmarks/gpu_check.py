@@ -696,12 +696,12 @@ class TimedForward:
         finally:
             self.seconds += time.perf_counter() - t0
 
-    def forward_draws(self, tokens: Any, temperature: float, rng: Any, *, top_k: int = 0) -> Any:
+    def forward_draws(self, tokens: Any, temperature: float, rng: Any, *, top_k: int = 0, probs: bool = True) -> Any:
         """A pass whose rows' tokens are drawn in the model's graph (sampled rounds; a draft model's steps, with a
         top_k): timed the same."""
         t0 = time.perf_counter()
         try:
-            return self._backend.forward_draws(tokens, temperature, rng, top_k=top_k)
+            return self._backend.forward_draws(tokens, temperature, rng, top_k=top_k, probs=probs)
         finally:
             self.seconds += time.perf_counter() - t0
 

@@ -127,10 +127,17 @@ class TableBackend:
         return out
 
     def forward_draws(
-        self, tokens: Sequence[int], temperature: float, rng: np.random.Generator, *, top_k: int = 0
+        self,
+        tokens: Sequence[int],
+        temperature: float,
+        rng: np.random.Generator,
+        *,
+        top_k: int = 0,
+        probs: bool = True,
     ) -> list[int]:
         """As llama.cpp's with a dist sampler in the graph: each row's token drawn inside the pass (timed with it),
-        and the ids and the softmax beside them reach the host (with a top_k: the k best's)."""
+        and the ids and the softmax beside them reach the host (with a top_k: the k best's; the copies are not
+        modelled, so `probs` changes nothing here)."""
         t0, c0 = time.perf_counter(), time.thread_time()
         self._tokens += tokens
         if top_k:

@@ -358,6 +358,7 @@ class DrawingBackend(FakeBackend):
         self.row_calls: list[int] = []  # batch sizes of the passes that handed back rows
         self.draw_calls: list[int] = []  # ... and of those that handed back draws
         self._probs: list[np.ndarray] = []  # the last draws pass's rows' softmax
+        self.probs_kept: list[bool] = []  # each draws pass's `probs`
         self._ids: list[np.ndarray] = []  # ... over these ids (all, or a top-k's)
 
     def forward(self, tokens: Sequence[int], *, all_logits: bool = True) -> np.ndarray:
@@ -366,8 +367,15 @@ class DrawingBackend(FakeBackend):
         return super().forward(tokens, all_logits=all_logits)
 
     def forward_draws(
-        self, tokens: Sequence[int], temperature: float, rng: np.random.Generator, *, top_k: int = 0
+        self,
+        tokens: Sequence[int],
+        temperature: float,
+        rng: np.random.Generator,
+        *,
+        top_k: int = 0,
+        probs: bool = True,
     ) -> list[int]:
+        self.probs_kept.append(probs)
         if self._stream is None:
             self._stream = np.random.default_rng(int(rng.integers(0, 2**32 - 1)))
             self._uniforms, self._committed = [], 0
@@ -387,10 +395,12 @@ class DrawingBackend(FakeBackend):
             self._committed += len(tokens)
 
     def drawn_probs(self, i: int) -> np.ndarray:
-        """Row i's softmax of the last forward_draws pass, float32 as llama.cpp's."""
+        """Row i's softmax of the last forward_draws pass, float32 as llama.cpp's (only where the pass kept it)."""
+        assert self.probs_kept[-1], "drawn_probs read from a pass made with probs=False"
         return self._probs[i]
 
     def drawn_candidates(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        assert self.probs_kept[-1], "drawn_candidates read from a pass made with probs=False"
         return self._ids[i].astype(np.int64), self._probs[i].copy()
 
 

@@ -6,6 +6,7 @@ import shutil
 from collections import Counter
 from pathlib import Path
 
+import llama_cpp
 import numpy as np
 import pytest
 from draw_checks import pit, softmax_rows, uniform_pvalue
@@ -191,6 +192,15 @@ def test_rows_where_picks_do_not_pay_or_the_build_cannot(tiny_ggufs, monkeypatch
     assert rows.tokens == picked.tokens == on_cpu.tokens
 
 
+def _sampled_counts(backend: lb.LlamaCppBackend, n: int) -> list[tuple[int, int]]:
+    """(probabilities, logits) llama.cpp copied to the host for each of the last pass's n output rows."""
+    ctx = backend._ctx
+    return [
+        (llama_cpp.llama_get_sampled_probs_count_ith(ctx, i), llama_cpp.llama_get_sampled_logits_count_ith(ctx, i))
+        for i in range(n)
+    ]
+
+
 def test_draws_in_the_graph_follow_the_rows_and_need_their_commits(tiny_ggufs, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """llama.cpp's dist sampler in the graph (forward_draws), run on the CPU here: every row's draw follows
     softmax(logits / T) of the row forward hands back for the same batch, pass after pass (the draws' randomized
@@ -212,6 +222,7 @@ def test_draws_in_the_graph_follow_the_rows_and_need_their_commits(tiny_ggufs, m
             assert one is not None and len(one) == len(batch)
             if i == 0:
                 probs = np.stack([target.drawn_probs(j) for j in range(len(batch))])
+                copied = _sampled_counts(target, len(batch))
                 target.rollback(len(head))
                 assert target.forward_draws(batch, t, rng) == one  # nothing committed: the same uniforms
             target.commit_draws(one)
@@ -221,8 +232,21 @@ def test_draws_in_the_graph_follow_the_rows_and_need_their_commits(tiny_ggufs, m
         cut = target.forward_draws(batch, t, rng, top_k=8)  # a draft's draws: from each row's 8 best alone
         assert cut is not None
         candidates = [target.drawn_candidates(j) for j in range(len(batch))]
+        copied_top = _sampled_counts(target, len(batch))
+        # A pass that reads no softmax: only the ids come over, unless a chain that copies it is attached already
+        # (it is kept: changing chains re-plans llama.cpp's graph).
+        kept = target.forward_draws(batch, t, rng, top_k=8, probs=False)
+        copied_kept = _sampled_counts(target, len(batch))
+        target.forward(head, all_logits=False)  # rows: the chain comes off
+        target.rollback(len(head))
+        bare = target.forward_draws(batch, t, rng, probs=False)
+        copied_bare = _sampled_counts(target, len(batch))
     finally:
         target.close()
+    # What llama.cpp brought to the host a row: the softmax, not the scaled logits beside it (none read them).
+    assert copied == [(target.n_vocab, 0)] * len(batch) and copied_top == [(8, 0)] * len(batch)
+    assert kept is not None and copied_kept == copied_top
+    assert bare is not None and len(bare) == len(batch) and copied_bare == [(0, 0)] * len(batch)
     for j, (ids, q) in enumerate(candidates):
         best = np.argsort(-rows[j], kind="stable")[:8]
         assert sorted(ids.tolist()) == sorted(best.tolist()) and cut[j] in ids.tolist()
@@ -249,6 +273,7 @@ def test_a_sampled_lookup_round_reads_one_draw_a_row(tiny_ggufs, monkeypatch) ->
         st = lookup.stats
         assert st.n_drafted > 0
         assert target.reads["rows"] == 1 and target.reads["draws"] == st.n_rounds + st.n_drafted
+        assert _sampled_counts(target, 1) == [(0, 0)]  # one-hot drafts read the draws alone: only ids were copied
         for rule in ("exact", "match"):
             target.reads.clear()
             draft.reads.clear()
@@ -257,6 +282,8 @@ def test_a_sampled_lookup_round_reads_one_draw_a_row(tiny_ggufs, monkeypatch) ->
             assert st.n_drafted > 0 and target.reads["rows"] == 1
             assert target.reads["draws"] == st.n_rounds + st.n_drafted
             assert draft.reads["rows"] <= 1 and draft.reads["draws"] >= st.n_drafted  # rows: reading the prompt
+            # The exact rule reads p(d) of a model draft: the softmax comes over; the match rule reads the draws alone.
+            assert _sampled_counts(target, 1) == [(target.n_vocab if rule == "exact" else 0, 0)]
     finally:
         target.close()
         draft.close()

@@ -439,11 +439,18 @@ class DrawsInPass(Protocol):
     """A Backend whose passes can hand back one token a row drawn where the model runs (BackendSpec.draws_on_device)."""
 
     def forward_draws(
-        self, tokens: Sequence[int], temperature: float, rng: np.random.Generator, *, top_k: int = 0
+        self,
+        tokens: Sequence[int],
+        temperature: float,
+        rng: np.random.Generator,
+        *,
+        top_k: int = 0,
+        probs: bool = True,
     ) -> list[int] | None:
         """forward, but each row's token drawn from softmax(logits / temperature), over the row's top_k logits alone
         where top_k > 0 (a new sampler's seed from `rng`); None, having fed nothing, where it cannot now (the caller
-        then uses forward)."""
+        then uses forward). `probs`: whether drawn_probs / drawn_candidates will be read for this pass (a plain
+        or one-hot round reads the draws alone, and a backend may then leave the softmax where it was made)."""
         ...
 
     def commit_draws(self, tokens: Sequence[int]) -> None:

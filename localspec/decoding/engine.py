@@ -313,7 +313,9 @@ class Run:
             self.top2 = False  # this build cannot: rows from now on
         q = pending.draft.q
         if self.draws and (q is None or q.shape[1] == self.target.n_vocab):
-            draws = cast(DrawsInPass, self.target).forward_draws(batch, self.sampling.temperature, self.rng)
+            probs = q is not None and self.config.rule != "match"  # (_verify_draws: else the draws alone are read)
+            target = cast(DrawsInPass, self.target)
+            draws = target.forward_draws(batch, self.sampling.temperature, self.rng, probs=probs)
             if draws is not None:
                 return Draws(draws)
         self.draws = False  # a build that cannot (or a draft vocabulary of another width): rows from now on

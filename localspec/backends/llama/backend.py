@@ -42,6 +42,7 @@ from localspec.backends.base import (
     rollback_route,
 )
 from localspec.backends.chat_template import render_chat
+from localspec.backends.llama import samplers
 from localspec.errors import (
     GenerationError,
     Interrupted,
@@ -469,19 +470,30 @@ class LlamaCppBackend(CachedModel):
         return picks
 
     def forward_draws(
-        self, tokens: Sequence[int], temperature: float, rng: np.random.Generator, *, top_k: int = 0
+        self,
+        tokens: Sequence[int],
+        temperature: float,
+        rng: np.random.Generator,
+        *,
+        top_k: int = 0,
+        probs: bool = True,
     ) -> list[int] | None:
         """forward, but each row's token drawn from softmax(logits / temperature) (over the row's top_k logits alone
         where top_k > 0) by a sampler in the model's graph (llama.cpp's backend sampling, on the GPU that runs the
-        output layer): one id a row reaches the host, and beside it the softmax it came from (drawn_probs; with
-        top_k, drawn_candidates).
+        output layer): one id a row reaches the host, and beside it (`probs`) the softmax it came from (drawn_probs;
+        with top_k, drawn_candidates). Without `probs` only the ids are copied (samplers.KeepOnly), unless a chain
+        that copies the softmax is attached already: changing chains re-plans llama.cpp's graph, and the copy is
+        cheaper than a re-plan every time a run's rounds alternate.
         A new sampler's seed comes from `rng`. The draws are llama.cpp's transactional ones: a pass's row i uses
         the i-th uniform after those committed (commit_draws), so the caller commits each draw it emits, and a
         draw it drops (after a rejection) never shaped the output. None, having fed nothing, where that does not
         pay or this build cannot (as forward_top2)."""
         if not tokens:
             raise ValueError("forward needs at least one token")
-        if len(tokens) > self._n_batch or not self._use_chain(("draw", float(temperature), int(top_k)), rng):
+        key = ("draw", float(temperature), int(top_k), True)
+        if not probs and not (self._chain is not None and self._chain.key == key and self._chain.attached):
+            key = key[:3] + (False,)
+        if len(tokens) > self._n_batch or not self._use_chain(key, rng):
             return None
         self._decode_in_parts(tokens, True)
         draws = [int(llama_cpp.llama_get_sampled_token_ith(self._ctx, i)) for i in range(len(tokens))]
@@ -530,7 +542,7 @@ class LlamaCppBackend(CachedModel):
             self._decode(tokens[start : start + self._n_batch], all_rows)
 
     def _use_chain(self, key: tuple[str | float, ...] | None, rng: np.random.Generator | None = None) -> bool:
-        """Attach the sampler chain `key` names to the sequence (("top2",), ("draw", temperature, top_k)), or detach any
+        """Attach the sampler chain `key` names to the sequence (("top2",), ("draw", temperature, top_k, probs)), or detach any
         (None); whether it is attached as asked. A chain is made fresh for each attach (llama.cpp initialises
         one for its graph once), a draw chain with a seed from `rng`."""
         if key is not None and self._chain is not None and self._chain.key == key and self._chain.attached:
@@ -798,13 +810,14 @@ class LlamaCppBackend(CachedModel):
 class _DeviceChain:
     """A sampler chain attached to sequence 0: llama.cpp then runs it on each output row in the graph and copies
     what it gives instead of the row. ("top2",): a top-2 sampler, each row's two best tokens and their logits
-    (the picks' rows lie n_vocab apart in llama.cpp's output buffer). ("draw", T, K): temperature T, a top-K
+    (the picks' rows lie n_vocab apart in llama.cpp's output buffer). ("draw", T, K, P): temperature T, a top-K
     sampler where K > 0, and a seeded dist sampler, one token a row drawn from softmax(logits / T) (over the
-    top K) and that softmax."""
+    top K), and that softmax where P (samplers.KeepOnly leaves the rest on the device)."""
 
     def __init__(self, key: tuple[str | float, ...], seed: int) -> None:
         self.key = key
         self.chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+        self.keep: samplers.KeepOnly | None = None  # the chain's last sampler, while the chain lives (it calls it)
         if key[0] == "top2":
             llama_cpp.llama_sampler_chain_add(self.chain, llama_cpp.llama_sampler_init_top_k(2))
         else:
@@ -812,6 +825,9 @@ class _DeviceChain:
             if int(key[2]) > 0:
                 llama_cpp.llama_sampler_chain_add(self.chain, llama_cpp.llama_sampler_init_top_k(int(key[2])))
             llama_cpp.llama_sampler_chain_add(self.chain, llama_cpp.llama_sampler_init_dist(seed))
+            if samplers.available():  # the scaled logits stay on the device (and the softmax, where it is not read)
+                self.keep = samplers.KeepOnly(probs=bool(key[3]))
+                llama_cpp.llama_sampler_chain_add(self.chain, self.keep.sampler)
         self.attached = False
 
     @staticmethod

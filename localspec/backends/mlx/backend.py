@@ -478,12 +478,19 @@ class MLXBackend(CachedModel):
         return TopTwo(np.asarray(ids).astype(np.int64), np.asarray(logits))
 
     def forward_draws(
-        self, tokens: Sequence[int], temperature: float, rng: np.random.Generator, *, top_k: int = 0
+        self,
+        tokens: Sequence[int],
+        temperature: float,
+        rng: np.random.Generator,
+        *,
+        top_k: int = 0,
+        probs: bool = True,
     ) -> list[int] | None:
         """forward, but each row's token drawn from softmax(logits / temperature) (over the row's top_k logits alone
         where top_k > 0) by MLX where the model runs (mx.random.categorical over the lazy rows, a Gumbel-max): only
         the ids are evaluated, and the softmax beside them stays where it was made until read (drawn_probs,
-        drawn_candidates), so on a GPU no whole row reaches the host. Each pass draws with a key of its own from `rng`, so no draw's randomness is used
+        drawn_candidates), so on a GPU no whole row reaches the host (`probs` changes nothing: what is not read is
+        never evaluated). Each pass draws with a key of its own from `rng`, so no draw's randomness is used
         twice and commit_draws has nothing to do. None, having fed nothing, as forward_top2."""
         if not tokens:
             raise ValueError("forward needs at least one token")
