@@ -251,7 +251,9 @@ async def test_stop_mid_generation_with_real_model(
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: app.pipeline is not None, what="models to load")
         engine = EngineReplies(app)
-        await send(pilot, "Count from 1 to 300, one number per line.")
+        # An answer that runs to the token limit (5 s on one thread here): counting to 300 ends by itself after
+        # 121 tokens (2 s), which a busy machine finished before the escape was handled.
+        await send(pilot, "Write a long story about a dragon who learns to cook. Make it at least 1000 words.")
         await until(pilot, lambda: bool(app.chat.turn and app.chat.turn.reply), what="first tokens")
         hold_redraws(monkeypatch)
         await pilot.pause(0.5)  # text streams on, most of it not drawn yet

@@ -121,8 +121,9 @@ class LiveCurve:
         """Why the curve must not be stored yet ("" when it may)."""
         if why := self.timed_enough():
             return why
-        if self.spread > BUSY_SPREAD:
-            return f"machine too busy to measure (timings spread {self.spread:.0%} IQR/median, over {BUSY_SPREAD:.0%})"
+        spread = self.spread
+        if spread > BUSY_SPREAD:
+            return f"machine too busy to measure (timings spread {spread:.0%} IQR/median, over {BUSY_SPREAD:.0%})"
         return ""
 
     def stored_curve(self) -> dict[int, float]:
