@@ -15,8 +15,10 @@ the Qwen2.5 tokenizer), within one deadline (`--deadline-s`, default 530 s: a 9-
    cost (Python, sampling, verification) at k=4 and k=8 with draft = target, the same against
    `llama-speculative-simple`, suffix and auto drafts on a continuation that repeats (random-weight
    models repeat themselves: acceptance, tokens per pass, the round's own cost; plain and suffix also
-   sampled at T = 0.3, where a GPU draws each row's token in the graph), and --parallel
-   (4 sequences in one pass, plain and with drafts, against one at a time);
+   sampled at T = 0.3, where a GPU draws each row's token in the graph), --parallel
+   (4 sequences in one pass, plain and with drafts, against one at a time), and a sampled pass of 1 and
+   9 rows with llama.cpp's own copies of the draws chain against the softmax alone and the ids alone
+   (benchmarks/draw_copies.py: what the copies cost across PCIe);
 4. writes gpu_check.json and gpu_check.txt (a readable table) to the output folder after every target
    (a run killed at its limit still returns what it measured) and prints the speedup the measured
    costs allow at acceptance 0.6, 0.8 and 0.95.
@@ -453,7 +455,7 @@ class Deadline:
 # runs, added since, make the shares sum to a little over 1).
 PHASE_SHARE = {
     "costs": 0.25, "plain": 0.12, "llama_simple": 0.04, "rounds": 0.14, "copies": 0.22, "parallel": 0.17,
-    "llama_speculative_simple": 0.10,
+    "draw_copies": 0.03, "llama_speculative_simple": 0.10,
 }  # fmt: skip
 
 
@@ -597,6 +599,7 @@ def measure_target(
         run_phase("rounds", lambda: self_draft_rounds(s, target, target_path, load, prompt))
         run_phase("copies", lambda: copy_runs(s, target, draft, prompt))
         run_phase("parallel", lambda: parallel_runs(s, target, result))
+        run_phase("draw_copies", lambda: draw_copy_runs(s, target, prompt))
     finally:
         draft.close()
         target.close()
@@ -620,6 +623,24 @@ def measure_costs(s: Settings, target: Any, draft: Any, prompt: list[int], resul
     d = costs.draft_token * 1e3 if costs.draft_token else 0.0
     log(f"T(1) {costs.target_s(1) * 1e3:.2f} ms, T(8) {costs.target_s(8) * 1e3:.2f} ms, "
         f"T({max(s.sizes)}) {costs.target_s(max(s.sizes)) * 1e3:.2f} ms; draft {d:.2f} ms/token")  # fmt: skip
+
+
+def draw_copy_runs(s: Settings, target: Any, prompt: list[int]) -> dict[str, Any]:
+    """A sampled pass (1 row, 9 rows) with llama.cpp's own copies of the draws chain (softmax and scaled logits a
+    row), the softmax alone and the ids alone (benchmarks/draw_copies.py): on a GPU those copies cross PCIe. On
+    the CPU check the draws are forced on (a CPU build leaves them off) and timed briefly."""
+    from draw_copies import measure  # type: ignore[import-not-found]
+
+    from localspec.backends.llama import backend
+
+    forced, backend.PICK_ON_CPU = backend.PICK_ON_CPU, backend.PICK_ON_CPU or s.cpu
+    try:
+        target.rollback(0)
+        target.forward(prompt, all_logits=False)
+        passes, reps = (5, 2) if s.cpu else (30, 3)
+        return measure(target, prompt, passes=passes, reps=reps)
+    finally:
+        backend.PICK_ON_CPU = forced
 
 
 def self_draft_rounds(s: Settings, target: Any, path: Path, load: dict[str, Any], prompt: list[int]) -> dict[str, Any]:
@@ -1060,6 +1081,11 @@ def table_lines(r: Report) -> list[str]:
             elif sim:
                 lines.append(f"                 llama-speculative-simple failed: {sim.get('error')}")
         lines += copy_lines(t.get("copies", {})) + parallel_lines(t.get("parallel", t.get("crowd")))
+        if "draw_copies" in t:
+            lines.append(
+                "a sampled pass (T = 0.7) with llama.cpp's copies of the draws chain, the softmax alone, the ids alone:"
+            )
+            lines += ["  " + line for line in draw_copy_lines(t["draw_copies"])]
         if "allowed_speedup" in t:
             lines.append("acceptance  best k  speedup allowed (model passes)  best k  with localspec's overhead")
         for a, v in t.get("allowed_speedup", {}).items():
@@ -1068,6 +1094,12 @@ def table_lines(r: Report) -> list[str]:
             )
     lines += [f"note: {n}" for n in r.notes]
     return lines
+
+
+def draw_copy_lines(result: dict[str, Any]) -> list[str]:
+    from draw_copies import lines  # type: ignore[import-not-found]
+
+    return list(lines(result))
 
 
 def copy_lines(copies: dict[str, Any]) -> list[str]:

@@ -110,10 +110,15 @@ def test_cpu_mode_runs_every_measurement_on_tiny_shapes(payload: Path, tmp_path:
     assert parallel["together_plain"]["tokens"] > 0 and parallel["alone_plain_tps"] > 0
     assert parallel["together_plain"]["mean_pass_tokens"] >= 2  # several sequences shared passes
     assert "llama_simple" not in t  # --no-tools
-    assert {f"tiny_{k}" for k in ("costs", "plain", "rounds", "copies", "parallel")} <= set(report["phases"])
+    # A sampled pass with llama.cpp's copies of the draws chain, the softmax alone, the ids alone (forced on here).
+    draws = t["draw_copies"]
+    assert set(draws) == {"1", "9"} and all(len(v) == 3 and min(v.values()) > 0 for v in draws.values())
+    phases = ("costs", "plain", "rounds", "copies", "parallel", "draw_copies")
+    assert {f"tiny_{k}" for k in phases} <= set(report["phases"])
     table = (tmp_path / "out" / "gpu_check.txt").read_text()
     assert "== target tiny" in table and "speedup allowed" in table and "draft=target k=8" in table
     assert "a continuation that repeats" in table and "4 sequences in parallel" in table
+    assert "9 row(s): llama.cpp's copies" in table
     assert table.strip() in proc.stdout  # the table is also printed
     assert "llama-speculative-simple" not in json.dumps(t)
 
