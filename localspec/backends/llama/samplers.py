@@ -55,7 +55,9 @@ class KeepOnly:
     def __init__(self, *, probs: bool) -> None:
         self.probs = probs
         self._label = ctypes.create_string_buffer(b"localspec-keep-draws" if probs else b"localspec-keep-token")
-        iface = _SamplerInterface()
+        # Zeroed room past the fields llama.h has now: a later llama.cpp that appends a callback reads NULL there.
+        self._room = (ctypes.c_void_p * (2 * len(_SamplerInterface._fields_)))()
+        iface = _SamplerInterface.from_buffer(self._room)
         iface.name = iface._fields_[0][1](self._name)
         iface.apply = iface._fields_[2][1](self._apply)
         iface.backend_init = iface._fields_[6][1](self._backend_init)
