@@ -19,20 +19,26 @@ import llama_cpp
 _Ptr = ctypes.c_void_p
 
 
+_Name = ctypes.CFUNCTYPE(_Ptr, _Ptr)
+_Apply = ctypes.CFUNCTYPE(None, _Ptr, _Ptr)
+_BackendInit = ctypes.CFUNCTYPE(ctypes.c_bool, _Ptr, _Ptr, ctypes.c_uint32)
+_BackendApply = ctypes.CFUNCTYPE(None, _Ptr, _Ptr, _Ptr, ctypes.POINTER(llama_cpp.llama_sampler_data))
+
+
 class _SamplerInterface(ctypes.Structure):
     """llama_sampler_i as llama.h lays it out, with `name` returning an address (a Python callback cannot safely
     return a char * made on the spot; this one returns a buffer the sampler holds)."""
 
     _fields_ = [
-        ("name", ctypes.CFUNCTYPE(_Ptr, _Ptr)),
+        ("name", _Name),
         ("accept", ctypes.CFUNCTYPE(None, _Ptr, ctypes.c_int32)),
-        ("apply", ctypes.CFUNCTYPE(None, _Ptr, _Ptr)),
+        ("apply", _Apply),
         ("reset", ctypes.CFUNCTYPE(None, _Ptr)),
         ("clone", ctypes.CFUNCTYPE(_Ptr, _Ptr)),
         ("free", ctypes.CFUNCTYPE(None, _Ptr)),
-        ("backend_init", ctypes.CFUNCTYPE(ctypes.c_bool, _Ptr, _Ptr, ctypes.c_uint32)),
+        ("backend_init", _BackendInit),
         ("backend_accept", ctypes.CFUNCTYPE(None, _Ptr, _Ptr, _Ptr, _Ptr)),
-        ("backend_apply", ctypes.CFUNCTYPE(None, _Ptr, _Ptr, _Ptr, ctypes.POINTER(llama_cpp.llama_sampler_data))),
+        ("backend_apply", _BackendApply),
         ("backend_set_input", ctypes.CFUNCTYPE(None, _Ptr)),
         ("backend_reset", ctypes.CFUNCTYPE(None, _Ptr)),
         ("copy_state", ctypes.CFUNCTYPE(None, _Ptr, _Ptr)),
@@ -58,10 +64,14 @@ class KeepOnly:
         # Zeroed room past the fields llama.h has now: a later llama.cpp that appends a callback reads NULL there.
         self._room = (ctypes.c_void_p * (2 * len(_SamplerInterface._fields_)))()
         iface = _SamplerInterface.from_buffer(self._room)
-        iface.name = iface._fields_[0][1](self._name)
-        iface.apply = iface._fields_[2][1](self._apply)
-        iface.backend_init = iface._fields_[6][1](self._backend_init)
-        iface.backend_apply = iface._fields_[8][1](self._backend_apply)
+        # The C callbacks, held here as long as the sampler lives (llama.cpp calls them while building graphs).
+        self._callbacks = (
+            _Name(self._name),
+            _Apply(self._apply),
+            _BackendInit(self._backend_init),
+            _BackendApply(self._backend_apply),
+        )
+        iface.name, iface.apply, iface.backend_init, iface.backend_apply = self._callbacks
         self._iface = iface
         init = llama_cpp.llama_sampler_init
         self.sampler: Any = init(ctypes.cast(ctypes.pointer(iface), ctypes.POINTER(llama_cpp.llama_sampler_i)), None)
