@@ -29,6 +29,7 @@ from localspec.decoding.drafters import Drafter, NoDrafter  # noqa: E402
 from localspec.decoding.engine import Done, GenerationConfig, generate  # noqa: E402
 from localspec.decoding.policy import CostModel  # noqa: E402
 from localspec.decoding.stats import RoundStats  # noqa: E402
+from localspec.decoding.suffix_memory import SuffixMemory  # noqa: E402
 from localspec.sampling import SamplingParams  # noqa: E402
 
 SOURCE = """import csv
@@ -108,9 +109,11 @@ def replay(
     method: str,
     tok: llama_cpp.LlamaCppBackend,
     text: bool = True,
+    memory: SuffixMemory | None = None,
 ) -> tuple[float, list[RoundStats]]:
     """A scripted target writes `answer` after `prompt` at `cost`(n) a pass on a fake clock; `none`, or auto's
-    lookup from `costs` (with the tokenizer's byte resync where `text`): (decode seconds, the rounds)."""
+    lookup from `costs` (with the tokenizer's byte resync where `text`, and `memory`'s earlier answers):
+    (decode seconds, the rounds)."""
     clock = FakeClock()
     vocab = tok.n_vocab
     fn = scripted_tokens(prompt + answer, n_vocab=vocab)
@@ -118,7 +121,9 @@ def replay(
     drafter: Drafter = (
         NoDrafter()
         if method == "none"
-        else AutoDrafter(ngram=auto_lookup(target=tok if text else None), target=target, clock=clock, costs=costs)
+        else AutoDrafter(
+            ngram=auto_lookup(memory, target=tok if text else None), target=target, clock=clock, costs=costs
+        )
     )
     config = GenerationConfig(
         max_tokens=len(answer), num_draft=0 if method == "none" else 32, sampling=SamplingParams()

@@ -27,6 +27,7 @@ from localspec.decoding.calibrate import MIN_JUDGED, measure
 from localspec.decoding.drafters import ModelDrafter, NoDrafter
 from localspec.decoding.engine import Done, GenerationConfig, generate
 from localspec.decoding.policy import (
+    NEW_SIZE_CLIP,
     Controller,
     CostModel,
     expected_tokens,
@@ -163,6 +164,23 @@ def test_cost_model_interpolates_and_extrapolates() -> None:
     assert c.target_s(5) < 0.018
     c.observe_target(1, 0.020)
     assert 0.010 < c.target_s(1) < 0.020  # moves towards new measurements, smoothed
+
+
+def test_a_size_never_timed_takes_its_first_timing_and_the_pace_stays() -> None:
+    """A curve remembered to 6 tokens guesses T(33) by its power law; the first 33-token pass replaces the guess
+    (the guess was wrong, not the machine's pace), where blending it in at SHAPE_RATE kept long copies priced by
+    the guess for dozens of rounds. A size already timed still moves smoothly, and a first timing far off its guess
+    (a preempted pass) moves it by NEW_SIZE_CLIP at most."""
+    c = CostModel(target={n: cpu_like(n) for n in range(1, 7)})
+    guess = c.target_s(33)
+    c.observe_target(33, 0.85 * guess)
+    assert c.target_s(33) == pytest.approx(0.85 * guess, rel=1e-12)
+    assert c.scale == 1.0 and c.target_s(1) == cpu_like(1)
+    c.observe_target(33, 0.70 * guess)  # timed before: smoothed, and part of it is the machine's pace
+    assert 0.70 * guess < c.target_s(33) < 0.85 * guess and c.scale < 1.0
+    guess = c.target_s(20)
+    c.observe_target(20, 5.0 * guess)
+    assert c.target_s(20) == pytest.approx(NEW_SIZE_CLIP * guess, rel=1e-12)
 
 
 @pytest.mark.parametrize(

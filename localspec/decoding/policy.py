@@ -49,6 +49,7 @@ Method = Literal["none", "ngram", "model"]
 COST_DECAY = 0.15  # EMA weight of a new n-gram lookup timing
 COMMON_RATE = 0.1  # log-EMA weight of a round's timing on the machine's overall pace
 SHAPE_RATE = 0.15  # ... and on the cost of that batch size (or of a draft token) itself
+NEW_SIZE_CLIP = 1.5  # a size's first timing sets its cost, within this factor of the curve's guess
 ACCEPT_DECAY = 0.85  # per-round decay of acceptance counts: memory of roughly 7 rounds
 CONFIDENCE_SCALE = 0.5  # see Controller._with_confidence
 MARGIN = 0.03  # speculation must beat plain decoding by this much (timing noise)
@@ -241,6 +242,13 @@ class CostModel:
             return
         r = _ratio(seconds, self.target_s(n))
         base = self._base(n)
+        if n not in self.target:
+            # A size never timed had only an inter- or extrapolated guess: its first timing replaces it (within
+            # NEW_SIZE_CLIP of the guess, so one preempted pass cannot price it out), and says nothing of the
+            # machine's pace. Blending it in at SHAPE_RATE would keep a curve known to 6 tokens pricing long
+            # copies by its extrapolation for dozens of rounds, and store that guess as if it were measured.
+            self.target[n] = base * min(max(r, 1.0 / NEW_SIZE_CLIP), NEW_SIZE_CLIP)
+            return
         self.scale *= r**COMMON_RATE  # the machine's pace: moves every estimate
         self.target[n] = base * r**SHAPE_RATE  # this batch size's own cost
 
