@@ -416,6 +416,22 @@ def test_the_live_curve_keeps_t1_per_context_length_and_its_shape_apart_from_it(
     assert live.curve(500, 9)[5] == pytest.approx(0.016, rel=0.02)
 
 
+def test_a_new_text_answer_that_timed_one_batch_size_in_pairs_leaves_a_curve_for_the_next_process() -> None:
+    """Prose times T(2) a couple of times (1-token lookup drafts on the prior) and nothing longer: that is enough
+    to store, so the next answer starts from T(1) and T(2) instead of learning afresh on the prior again."""
+    from localspec.decoding.live_costs import MIN_JUDGED, LiveCurve
+
+    live = LiveCurve()
+    for i in range(MIN_JUDGED + 3):
+        live.add_plain(300, 0.033 + 0.0002 * (i % 3))
+    assert live.storable() == "too few batch sizes timed"
+    live.add_batch(300, 2, 0.057, paired=0.033)
+    assert live.storable() == "too few batch sizes timed"  # one timing of it: a preempted pass could be all it has
+    live.add_batch(300, 2, 0.058, paired=0.0332)
+    assert live.storable() == ""
+    assert live.stored_curve() == pytest.approx({1: 0.0332, 2: 0.0332 * (0.057 / 0.033 + 0.058 / 0.0332) / 2})
+
+
 def test_a_remembered_curve_follows_a_long_prompt_from_its_first_round_and_back() -> None:
     """A curve measured on a short context, then an agent's 8k-token prompt where every pass costs 2.6x:
     the first round at that length sets the pace (not twenty rounds of a slow average), and a short

@@ -47,7 +47,10 @@ def test_a_remembered_curve_the_rounds_contradict_is_dropped_said_once_and_learn
     for _ in range(CHECK_PAIRS + 1):  # a CPU: a batch of 4 costs 3.5 single tokens, not 1.02
         _feed(learner, controller, _round(0, 0.010))
         _feed(learner, controller, _round(3, 0.035))
-    assert learner.learning and learner.check is None and not store.path.exists()
+    assert learner.learning and learner.check is None
+    # The remembered curve is gone; what the rounds timed (a batch of 4 at 3.5 T(1), in pairs) is stored instead.
+    relearnt = store.load()
+    assert relearnt is not None and relearnt.target_s(4) / relearnt.target_s(1) == pytest.approx(3.5)
     note = learner.take_note()
     assert "remembered costs contradicted by live rounds" in note and "dropped, learning afresh" in note
     assert learner.take_note() == ""  # said once

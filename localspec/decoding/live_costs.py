@@ -31,7 +31,11 @@ T1_RECENT = 3  # ... the last of which set the pace a batch without a pair is co
 RATIO_KEEP = 5  # recent ratios per batch size (a spell's ratios leave soon)
 PRIOR_WEIGHT = 2  # prior slopes pooled with the rounds'
 
-STORE_SIZES = 2  # batch sizes with STORE_RATIOS ratios each before a curve may be stored (the spread judges them)
+# Batch sizes with STORE_RATIOS ratios each before a curve may be stored (the spread judges them). One: a new-text
+# answer times T(2) a couple of times and nothing longer, and with two sizes asked every such answer learnt afresh
+# on the prior (a few percent of it). A curve of T(1) and T(2) gives the next process their ratio's power law for
+# longer passes, which their first timings replace (policy.CostModel.observe_target); its checks test it.
+STORE_SIZES = 1
 STORE_RATIOS = 2
 MIN_RATIOS = 3  # a size stands on its own from this many ratios on (the median of two is their mean)
 BUCKET_BASE = 1024  # context buckets: up to 1k, 2k, 4k, 8k, 16k, ... tokens
