@@ -48,20 +48,25 @@ def record(args: argparse.Namespace, cases: list[str]) -> dict:
         for name in cases:
             case = CASES[name]
             prompt = chat_prompt_tokens(target, [ChatMessage("user", case.prompt)], None)
-            answer: list[int] = []
-            target.rollback(0)
-            row = target.forward(prompt, all_logits=False)[-1]
-            for _ in range(case.tokens):
-                tok = int(row.argmax())
-                if tok in target.eog_ids:
-                    break
-                answer.append(tok)
-                row = target.forward([tok], all_logits=False)[-1]
-            out["prompts"][name], out["answers"][name] = prompt, answer
+            out["prompts"][name], out["answers"][name] = prompt, greedy_answer(target, prompt, case.tokens)
         out["curve"] = measure_curve(target, out["prompts"][cases[0]] + out["answers"][cases[0]])
         return out
     finally:
         target.close()
+
+
+def greedy_answer(target: llama_cpp.LlamaCppBackend, prompt: list[int], n: int) -> list[int]:
+    """The target's plain greedy answer to `prompt` (one token a pass), up to n tokens, its end of generation left out."""
+    target.rollback(0)
+    row = target.forward(prompt, all_logits=False)[-1]
+    answer: list[int] = []
+    for _ in range(n):
+        tok = int(row.argmax())
+        if tok in target.eog_ids:
+            break
+        answer.append(tok)
+        row = target.forward([tok], all_logits=False)[-1]
+    return answer
 
 
 def measure_curve(target: llama_cpp.LlamaCppBackend, text: list[int], reps: int = 3) -> dict[int, float]:

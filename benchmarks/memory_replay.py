@@ -27,29 +27,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from copy_edits_sim import replay  # noqa: E402
-from edit_replay import cost_fn, measure_curve, remembered, remembered_spec  # noqa: E402
+from copy_edits_sim import replay, report  # noqa: E402
+from edit_replay import cost_fn, greedy_answer, measure_curve, remembered, remembered_spec  # noqa: E402
 
 from localspec.backends.base import chat_prompt_tokens  # noqa: E402
 from localspec.backends.llama import backend as llama_cpp  # noqa: E402
 from localspec.bench.suites import suites  # noqa: E402
-from localspec.decoding.stats import RoundStats  # noqa: E402
 from localspec.decoding.suffix_memory import SuffixMemory  # noqa: E402
+from localspec.errors import LocalspecError  # noqa: E402
 
 PASS_SIZES = (4, 8, 17, 33)
-
-
-def _plain(target: llama_cpp.LlamaCppBackend, prompt: list[int], n: int) -> list[int]:
-    target.rollback(0)
-    row = target.forward(prompt, all_logits=False)[-1]
-    answer: list[int] = []
-    while len(answer) < n:
-        tok = int(row.argmax())
-        if tok in target.eog_ids:
-            break
-        answer.append(tok)
-        row = target.forward([tok], all_logits=False)[-1]
-    return answer
 
 
 def _copied(target: llama_cpp.LlamaCppBackend, prompt: list[int], a: list[int], size: int) -> list[int]:
@@ -58,7 +45,7 @@ def _copied(target: llama_cpp.LlamaCppBackend, prompt: list[int], a: list[int], 
     last = target.forward(prompt, all_logits=False)[-1]
     out = [int(last.argmax())]
     if out != a[:1]:
-        return _plain(target, prompt, len(a))
+        return greedy_answer(target, prompt, len(a))
     while len(out) < len(a):
         chunk = a[len(out) - 1 : len(out) - 1 + size]  # the last emitted token, then the copy's next ones
         rows = target.forward(chunk, all_logits=True)
@@ -81,7 +68,7 @@ def record(args: argparse.Namespace) -> dict:
         cases = []
         for messages in [*suites()["memory"].prompts, *suites()["code-gen"].prompts]:
             prompt = chat_prompt_tokens(target, list(messages), None)
-            a = _plain(target, prompt, args.tokens)
+            a = greedy_answer(target, prompt, args.tokens)
             seen: list[list[int]] = []
             for size in PASS_SIZES:
                 b = _copied(target, prompt, a, size)
@@ -121,27 +108,19 @@ def main() -> None:
             prompt, a, b = case["prompt"], case["a"], case["b"]
             memory = SuffixMemory(tok.vocab_info, root=Path(tempfile.mkdtemp()))
             memory.remember([*prompt, *a])
-            cost, costs = cost_fn(curve), remembered(curve, args.remembered)
-            plain, _ = replay(prompt, b, cost, costs, "none", tok)
+            cost = cost_fn(curve)
+            plain, _ = replay(prompt, b, cost, None, "none", tok)
             auto, rounds = replay(prompt, b, cost, remembered(curve, args.remembered), "auto", tok, memory=memory)
             speeds.append(plain / auto)
-            print(f"{i}: passes of {case['size']:2d} part at {case['part']}: {len(b)} tokens, auto {plain / auto:.3f}x "
-                  f"plain; {len(rounds)} rounds, {sum(r.n_drafted for r in rounds)} drafted, "
-                  f"{sum(r.n_accepted for r in rounds)} accepted")  # fmt: skip
-            if args.show == i:
-                _show(rounds, b, tok)
+            name = f"{i}: passes of {case['size']:2d} part at {case['part']}"
+            report(name, b, plain, auto, rounds, args.show == i, tok)
     finally:
         tok.close()
     print(f"median {statistics.median(speeds):.3f}x, mean {statistics.mean(speeds):.3f}x")
 
 
-def _show(rounds: list[RoundStats], answer: list[int], tok: llama_cpp.LlamaCppBackend) -> None:
-    at = 0
-    for r in rounds:
-        text = tok.detokenizer().add(answer[at : at + r.n_emitted])
-        print(f"  {at:4d} drafted {r.n_drafted:2d} accepted {r.n_accepted:2d} {r.note[:72]:72} | {text!r}")
-        at += r.n_emitted
-
-
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except LocalspecError as e:  # a missing or unreadable model: its message and hint, not a traceback
+        raise SystemExit(f"memory_replay.py: {e}") from None
