@@ -119,7 +119,18 @@ def record(side: Side, out: dict) -> None:
     if plain:
         side.plain_verify_ms.append(statistics.median(plain))
     side.did.append(f"{s['n_rounds']} rounds, {s['n_drafted']} drafted, {s['n_accepted']} accepted, "
-                    f"draft_s {s['draft_s']:.2f}")  # fmt: skip
+                    f"draft_s {s['draft_s']:.2f}{check_cost(out, plain)}")  # fmt: skip
+
+
+def check_cost(out: dict, plain_ms: list[float]) -> str:
+    """What the rounds that checked or timed the cost curve (source "check") cost over the plain rounds they
+    replaced (a plain round's median time for each token they gave), as a share of the answer's decode time."""
+    checks = [r for r in out["rounds"] if r["source"] == "check"]
+    if not checks or not plain_ms:
+        return ""
+    t1 = statistics.median(plain_ms) / 1000
+    extra = sum(max(r["verify_s"] - t1 * (1 + r["n_accepted"]), 0.0) for r in checks)
+    return f", {len(checks)} check rounds costing {100 * extra / out['stats']['decode_s']:.2f}%"
 
 
 def prepared_home(args: argparse.Namespace, case: Case, root: Path) -> str:

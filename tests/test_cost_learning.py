@@ -4,14 +4,15 @@ learn a curve. Pure: rounds are RoundStats with exact seconds; the store is a fi
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 from fakes import FakeBackend, hashed_logits
 
 from localspec.decoding.cost_cache import CHECK_PAIRS, CostStore
-from localspec.decoding.cost_learning import CostLearner
-from localspec.decoding.policy import Controller, CostModel, Plan
+from localspec.decoding.cost_learning import CHECK_SHARE, CostLearner
+from localspec.decoding.policy import MAX_BACKOFF, Controller, CostModel, Plan
 from localspec.decoding.stats import RoundStats
 from localspec.draft import Draft
 
@@ -79,6 +80,72 @@ def test_a_check_round_in_a_plain_run_drafts_the_lookups_next_token(tmp_path: Pa
     # Paid from CHECK_SHARE of the plain rounds' time, backing off while the curve holds: fewer and fewer.
     assert checks and len([i for i in checks if i < 100]) > len([i for i in checks if i >= 300]) >= 1
     assert not learner.learning and learner.check is not None  # the curve held
+
+
+CPU = {1: 0.040, 2: 0.0688, 4: 0.112, 8: 0.22}  # this 2-core CPU's shape: T(2) = 1.72 T(1)
+
+
+def _plain_answer(store: CostStore, rounds: int, lookup: int, t2: float = CPU[2]) -> tuple[list[int], float]:
+    """One process's plain answer on the stored curve: the rounds that checked it (a 1-token draft that fails,
+    timed `t2`), and what those checks cost over plain rounds, as a share of the answer's time."""
+    learner = CostLearner(target=FakeBackend(hashed_logits(1)), store=store)
+    controller = Controller(learner.initial)
+    learner.new_generation(8)
+    checks: list[int] = []
+    total = extra = 0.0
+    for i in range(rounds):
+        learner.steer(Plan("none", 0, 0.0, 0.0), 8, lookup)
+        seconds = t2 if learner.checking else CPU[1]
+        if learner.checking:
+            checks.append(i)
+            extra += seconds - CPU[1]
+        total += seconds
+        _feed(learner, controller, _round(1 if learner.checking else 0, seconds))
+    learner.save(controller)
+    return checks, extra / total
+
+
+def test_a_plain_answer_with_nothing_to_copy_pays_at_most_check_share_for_checks_in_every_run(tmp_path: Path) -> None:
+    """New text, one process an answer (`localspec run`): checks are paid before they run, never from an overdraft,
+    and a curve that held is checked less often in the runs after it."""
+    store = _store(tmp_path)
+    store.save(CostModel(target=dict(CPU)))
+    runs = [_plain_answer(store, 96, lookup=0) for _ in range(5)]
+    assert all(share <= CHECK_SHARE for _, share in runs), runs
+    first_checks, _ = runs[0]
+    assert first_checks and first_checks[0] >= 60  # 0.72 T(1) saved at 1% of ~T(1) a round: about 72 rounds
+    assert store.held() >= 1 and store.load() is not None  # checked, held, remembered as held
+    assert not any(checks for checks, _ in runs[1:])  # a curve that held: the next check is due later than 96 rounds
+
+
+def test_a_curve_that_held_is_checked_less_in_the_next_run_and_one_doubt_brings_the_checks_back(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    store.save(CostModel(target=dict(CPU)))
+    assert store.held() == 0
+    checks, _ = _plain_answer(store, 20, lookup=2)  # a curve not yet held, a guess to draft: checked at once
+    held = store.held()
+    assert checks == [1] and held == 2  # round 0 times T(1), round 1 checks: two pairs (plain, check; check, plain)
+    checks, _ = _plain_answer(store, 400, lookup=2)  # held twice: 2**2 x its price (0.72 T(1)) saved first
+    assert checks and 0.9 * 72 * 2**held <= checks[0] <= 1.1 * 72 * 2**held and store.held() > held
+    rounds = 80 * 2 ** min(store.held(), MAX_BACKOFF)  # a long answer reaches its check
+    checks, _ = _plain_answer(store, rounds, lookup=2, t2=3 * CPU[2])  # a pair far off (a busy spell, a new machine)
+    assert checks and store.held() == 0
+    checks, _ = _plain_answer(store, 20, lookup=2)  # doubted: checked at once again
+    assert checks == [1]
+
+
+def test_a_stored_curve_without_a_check_count_or_with_a_damaged_one_counts_as_never_held(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    store.save(CostModel(target=dict(CPU)), held=3)
+    assert store.held() == 3
+    data = json.loads(store.path.read_text())
+    for value in (None, "many", -2):
+        data["checks_held"] = value
+        store.path.write_text(json.dumps(data))
+        assert store.held() == 0 and store.load() is not None
+    del data["checks_held"]  # a file an earlier version wrote
+    store.path.write_text(json.dumps(data))
+    assert store.held() == 0 and store.load() is not None
 
 
 def test_a_learnt_curve_is_stored_once_consistent_with_the_settled_draft_cost_only(tmp_path: Path) -> None:

@@ -112,8 +112,17 @@ class CostStore:
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None
 
-    def save(self, costs: CostModel) -> None:
-        """Store the costs as seconds on today's pace (the model's common scale folded in)."""
+    def held(self) -> int:
+        """How many check pairs in a row the stored curve has passed, over the runs that used it (0: none yet,
+        or the last one disagreed): auto checks a curve that keeps holding less and less often."""
+        try:
+            held = json.loads(self.path.read_text(encoding="utf-8")).get("checks_held", 0)
+            return max(int(held), 0)
+        except (OSError, ValueError, TypeError, AttributeError):
+            return 0
+
+    def save(self, costs: CostModel, held: int = 0) -> None:
+        """Store the costs as seconds on today's pace (the model's common scale folded in); `held`: see held()."""
         if not plausible({n: costs.target_s(n) for n in costs.target}):
             return  # one busy spell must not stand for this machine in every later run
         data = {
@@ -122,6 +131,7 @@ class CostStore:
             "saved": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "target_s": {str(n): costs.target_s(n) for n in sorted(costs.target)},
             "draft_token_s": costs.draft_s(),
+            "checks_held": held,
         }
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -13,8 +13,10 @@ A curve from the cache is a hypothesis: pairs of neighbouring rounds (one a 1-to
 test it (cost_cache.CurveCheck), and where the rounds do not form such pairs by themselves (a run that
 decodes plainly throughout, or drafts throughout) a check round makes one now and then: a draft of one
 token in a plain run (the lookup's next one where it has one), paid for from CHECK_SHARE (1%) of the plain
-rounds' time, and a plain round in a drafting one, from EXPLORE of the drafting rounds' time. A curve the
-rounds contradict is dropped from the cache and learnt afresh from the rounds.
+rounds' time, and a plain round in a drafting one, from EXPLORE of the drafting rounds' time. Checks back off
+while the curve holds: the store keeps how many pairs in a row held, over the runs, and a curve that held is
+checked only on credit saved up first (twice as much for each pair that held), so a trusted curve costs a short
+plain answer nothing. A curve the rounds contradict is dropped from the cache and learnt afresh from the rounds.
 
 CostLearner holds all of that for one AutoDrafter, which keeps the choice of drafter and length: it asks the
 learner for the curve at this context length (`at_context`), how long a draft may be while learning
@@ -90,7 +92,8 @@ class CostLearner:
         self._bucket_scale: dict[int, float] = {}
         self._fresh_bucket = False
         self._check_credit = 0.0  # seconds check rounds may still cost (a share of the rounds' time)
-        self._checks_agreed = 0  # pairs in a row that agreed with the curve: checks back off
+        # Pairs in a row that agreed with the curve, this run's and (from the store) the runs' before: checks back off.
+        self._checks_agreed = min(store.held(), MAX_BACKOFF) if self.check is not None and store is not None else 0
         self._note = ""  # what became of the costs, said once in the next round's note
 
     # -- a generation's rounds ----------------------------------------------------------------------
@@ -181,7 +184,8 @@ class CostLearner:
             self._since_save = 0
             self.store.save(CostModel(target=self.live.stored_curve(), draft_token=draft))
             return
-        self.store.save(replace(costs.copy(), draft_token=None if draft is None else costs.draft_token))
+        held = self._checks_agreed if self.check is not None else 0
+        self.store.save(replace(costs.copy(), draft_token=None if draft is None else costs.draft_token), held=held)
 
     # -- idle time (serve between requests, chat between turns) -------------------------------------
 
@@ -263,7 +267,25 @@ class CostLearner:
                 return paid and lookup > 0 and self._prev_plain is not None
             return paid and not plan.probe and self.live.wants_t1(self._context)
         last = self.check.last if self.check is not None else None
-        return last is not None and (plan.method == "none") == (last[0] == 1)
+        return last is not None and (plan.method == "none") == (last[0] == 1) and self._check_paid(plan, lookup)
+
+    def _check_paid(self, plan: Plan, lookup: int) -> bool:
+        """Whether the allowance covers a check now. A curve that has held is checked only on credit saved up (its
+        price, backed off); one not yet held may overdraw once where the check can pay for itself (the lookup's
+        next token) or the run drafts (a wrong curve costs most there), so a wrong curve is caught early while a
+        plain answer with nothing to copy never pays more than CHECK_SHARE for checks."""
+        if self._checks_agreed == 0 and (lookup > 0 or plan.method != "none"):
+            return True
+        return self._check_credit >= self._check_price() * 2 ** min(self._checks_agreed, MAX_BACKOFF)
+
+    def _check_price(self) -> float:
+        """What a check round costs over the round it replaces, in seconds, by the curve's shape and the last
+        round's time: a batch of 2 for a 1-token pass in a plain run, a whole plain round where the run drafts."""
+        assert self.check is not None and self.check.last is not None
+        n, seconds = self.check.last
+        shape = CostModel(target=self.check.curve)
+        t1 = seconds * shape.target_s(1) / shape.target_s(n)  # this round's T(1), by the curve
+        return max(shape.target_s(2) / shape.target_s(1) - 1.0, 0.0) * t1 if n == 1 else t1
 
     def _check_curve(self, stats: RoundStats) -> None:
         """Test the remembered curve against this round, pay for a check round; drop a contradicted curve."""
