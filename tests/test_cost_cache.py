@@ -182,9 +182,9 @@ def test_auto_loads_the_draft_model_only_when_a_round_wants_it(tiny_ggufs, monke
         parsed.append(path)
         return real_parse(path, *args)
 
-    monkeypatch.setattr(gguf_meta, "_parsed", spy)
-    warm = load_pipeline(opts)
-    monkeypatch.undo()
+    with monkeypatch.context() as patched:  # undoing only the spy: monkeypatch.undo() would also undo conftest's
+        patched.setattr(gguf_meta, "_parsed", spy)  # private cost cache, and the rest would write the user's
+        warm = load_pipeline(opts)
     try:
         # Decided before the target loads: the draft's file is not even opened (its header is a tenth of
         # a second of Python for a 150k-token vocabulary).
