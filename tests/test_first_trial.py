@@ -16,13 +16,17 @@ from pathlib import Path
 
 import pytest
 
-ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+def _env() -> dict[str, str]:
+    """This test's environment, read when a process starts (conftest's private cache directory included: a copy
+    taken at import would send the processes' remembered costs and suffix memory to the user's cache)."""
+    return {**os.environ, "PYTHONUNBUFFERED": "1"}
 
 
 def _start(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "localspec.cli", *args],
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env or ENV,
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env or _env(),
     )  # fmt: skip
 
 
@@ -139,7 +143,7 @@ def silent_endpoint() -> Iterator[str]:
 
 
 def test_pull_from_a_silent_endpoint_times_out_with_a_hint(silent_endpoint: str, tmp_path: Path) -> None:
-    env = {**ENV, "HF_ENDPOINT": silent_endpoint, "LOCALSPEC_HUB_TIMEOUT": "1", "HF_HUB_CACHE": str(tmp_path / "hub"),
+    env = {**_env(), "HF_ENDPOINT": silent_endpoint, "LOCALSPEC_HUB_TIMEOUT": "1", "HF_HUB_CACHE": str(tmp_path / "hub"),
            "HF_HUB_DISABLE_XET": "1"}  # fmt: skip
     env.pop("HF_HUB_OFFLINE", None)
     t0 = time.monotonic()
@@ -185,7 +189,7 @@ def test_run_on_gemma_says_which_format_and_writes_no_chatml(gemma_path: Path) -
     r = subprocess.run(
         [sys.executable, "-m", "localspec.cli", "run", "Say hello in French.", "--target", str(gemma_path),
          "--draft-method", "none", "--max-tokens", "16"],
-        stdin=subprocess.DEVNULL, capture_output=True, text=True, env=ENV, timeout=300,
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, env=_env(), timeout=300,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert "using the gemma format" in r.stderr
@@ -204,7 +208,7 @@ def test_unrecognised_model_falls_back_to_plain_text_and_says_so(tmp_path: Path,
     r = subprocess.run(
         [sys.executable, "-m", "localspec.cli", "run", "Once upon a time", "--target", str(plain),
          "--draft-method", "none", "--max-tokens", "4"],
-        stdin=subprocess.DEVNULL, capture_output=True, text=True, env=ENV, timeout=300,
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, env=_env(), timeout=300,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert "plain text" in r.stderr and "--chat-template" in r.stderr
@@ -243,7 +247,7 @@ def test_json_marks_greedy_near_ties(smollm2_path: Path) -> None:
     r = subprocess.run(
         [sys.executable, "-m", "localspec.cli", "run", "Write a long story about a fox.", "--target",
          str(smollm2_path), "--draft-method", "ngram", "--max-tokens", "200", "--json"],
-        stdin=subprocess.DEVNULL, capture_output=True, text=True, env=ENV, timeout=300,
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, env=_env(), timeout=300,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
@@ -271,7 +275,7 @@ def test_bad_numbers_are_refused_before_any_model_loads(args: list[str], message
     t0 = time.monotonic()
     r = subprocess.run(
         [sys.executable, "-m", "localspec.cli", "run", "Say hi", "--target", str(t), "--draft", str(d), *args],
-        stdin=subprocess.DEVNULL, capture_output=True, text=True, env=ENV, timeout=120,
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, env=_env(), timeout=120,
     )  # fmt: skip
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
     assert "loading" not in r.stderr  # refused up front: no work that grows with k
@@ -283,7 +287,7 @@ def test_draft_given_to_a_method_that_ignores_it_is_said(tiny_ggufs) -> None:  #
     r = subprocess.run(
         [sys.executable, "-m", "localspec.cli", "run", "Say hi", "--target", str(t), "--draft", str(other),
          "--draft-method", "ngram", "--max-tokens", "4"],
-        stdin=subprocess.DEVNULL, capture_output=True, text=True, env=ENV, timeout=120,
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, env=_env(), timeout=120,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert "--draft is not used by --draft-method ngram" in r.stderr
