@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("slow") is None and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(FAST_TEST_TIMEOUT, func_only=True))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """What starts outside a test's own fixtures (a module's server, started before them) keeps off the user's
+    cache too: a directory for the whole session, which each test's own (_private_cost_cache) overrides."""
+    d = tmp_path_factory.mktemp("session-cache")
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setenv("LOCALSPEC_CACHE_DIR", str(d))
+        yield d
 
 
 @pytest.fixture(autouse=True)
