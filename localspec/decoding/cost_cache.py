@@ -166,6 +166,14 @@ class CurveCheck:
     curve: dict[int, float]  # seconds by batch size, as stored
     deviations: list[float] = field(default_factory=list)
     last: tuple[int, float] | None = None  # the previous round's (batch size, seconds)
+    _shape: CostModel = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._shape = CostModel(target=self.curve)  # interpolates the sizes the curve does not hold
+
+    def ratio(self, n: int) -> float:
+        """T(n) / T(1) by the curve."""
+        return self._shape.target_s(n) / self._shape.target_s(1)
 
     def observe(self, n: int, seconds: float) -> float | None:
         """One round; the deviation of the pair it closes with the round before (None: no pair)."""
@@ -173,8 +181,7 @@ class CurveCheck:
         if prev is None or (prev[0] == 1) == (n == 1) or min(prev[1], seconds) <= 0:
             return None
         (_, t1), (nb, tb) = sorted([prev, (n, seconds)])
-        shape = CostModel(target=self.curve)
-        deviation = (tb / t1) / (shape.target_s(nb) / shape.target_s(1))
+        deviation = (tb / t1) / self.ratio(nb)
         self.deviations = [*self.deviations[-(CHECK_PAIRS - 1) :], deviation]
         return deviation
 

@@ -283,9 +283,8 @@ class CostLearner:
         round's time: a batch of 2 for a 1-token pass in a plain run, a whole plain round where the run drafts."""
         assert self.check is not None and self.check.last is not None
         n, seconds = self.check.last
-        shape = CostModel(target=self.check.curve)
-        t1 = seconds * shape.target_s(1) / shape.target_s(n)  # this round's T(1), by the curve
-        return max(shape.target_s(2) / shape.target_s(1) - 1.0, 0.0) * t1 if n == 1 else t1
+        t1 = seconds / self.check.ratio(n)  # this round's T(1), by the curve
+        return max(self.check.ratio(2) - 1.0, 0.0) * t1 if n == 1 else t1
 
     def _check_curve(self, stats: RoundStats) -> None:
         """Test the remembered curve against this round, pay for a check round; drop a contradicted curve."""
